@@ -1,0 +1,67 @@
+"""What a result was measured on: recorded beside every number we publish."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def git_sha(cwd: Path | None = None) -> str:
+    """The checkout's commit, with ``-dirty`` when the tree has uncommitted changes."""
+    where = cwd or Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nccl_version() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def environment(backend: str | None = None, world_size: int | None = None) -> dict:
+    """Versions, hardware and run shape; cheap enough to call once per run on rank 0."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return {
+        "git_sha": git_sha(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl_version(),
+        "gloo_available": dist.is_gloo_available(),
+        "backend": backend,
+        "world_size": world_size,
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu_count": len(gpus),
+        "gpu_models": sorted(set(gpus)),
+        "hostname_hash": hex(abs(hash(platform.node())) % (1 << 32)),
+    }

@@ -1,0 +1,173 @@
+"""Every error the suite raises on purpose, and the exit code each maps to.
+
+Exit codes are fixed for the whole project: 0 ok, 2 bad input, 3 a consistency check fired,
+4 timeout/hang, 1 anything else (a crashed rank, named).
+
+Consistency errors carry *who* and *where* (step, bucket, parameters, ranks) as plain fields so
+they pickle across process boundaries and land verbatim in the run JSON's ``events``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+EXIT_CHECK_FIRED = 3
+EXIT_TIMEOUT = 4
+
+
+class OpenClawError(Exception):
+    exit_code = EXIT_FAILURE
+
+
+class BadInput(OpenClawError, ValueError):
+    """Invalid user input, raised before any process is spawned where possible."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+@dataclass
+class Event:
+    """One detected problem, as written to the run JSON's ``events`` list."""
+
+    kind: str
+    step: int | None
+    ranks: list[int] = field(default_factory=list)
+    bucket: int | None = None
+    params: list[str] = field(default_factory=list)
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class ConsistencyError(OpenClawError):
+    """A rank-consistency check fired. Subclasses name the check."""
+
+    exit_code = EXIT_CHECK_FIRED
+
+    def __init__(self, detail: str, *, step: int | None = None, ranks: list[int] | None = None,
+                 bucket: int | None = None, params: list[str] | None = None) -> None:
+        self.detail = detail
+        self.step = step
+        self.ranks = sorted(ranks or [])
+        self.bucket = bucket
+        self.params = list(params or [])
+        super().__init__(self._message())
+
+    def __reduce__(self):  # keyword-only fields must survive pickling between processes
+        return (_rebuild_consistency_error,
+                (type(self), self.detail, self.step, self.ranks, self.bucket, self.params))
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def _message(self) -> str:
+        where = [f"step {self.step}"] if self.step is not None else []
+        if self.bucket is not None:
+            where.append(f"bucket {self.bucket}")
+        if self.ranks:
+            where.append(f"ranks {self.ranks}")
+        params = ""
+        if self.params:
+            shown = ", ".join(self.params[:4]) + (" …" if len(self.params) > 4 else "")
+            params = f" [params: {shown}]"
+        return f"{self.kind} at {', '.join(where) or 'construction'}: {self.detail}{params}"
+
+    def event(self) -> Event:
+        return Event(self.kind, self.step, self.ranks, self.bucket, self.params, self.detail)
+
+
+def _rebuild_consistency_error(cls, detail, step, ranks, bucket, params):
+    return cls(detail, step=step, ranks=ranks, bucket=bucket, params=params)
+
+
+class ClockMismatch(ConsistencyError):
+    """Ranks reduced the same bucket at different logical steps (a rank ran ahead or behind)."""
+
+
+class BucketMisalignment(ConsistencyError):
+    """Ranks put different parameters into the same bucket slot (the seed's M3)."""
+
+
+class ScaleMismatch(ConsistencyError):
+    """Ranks pre-scaled FP16 gradients by different factors (the seed's M4)."""
+
+
+class ShapeMismatch(ConsistencyError):
+    """Gradient manifests (names, shapes, dtypes, presence) differ between ranks."""
+
+
+class ParameterMismatch(ConsistencyError):
+    """Parameter names, shapes, dtypes or order differ between ranks at construction."""
+
+
+class ReplicaDivergence(ConsistencyError):
+    """Parameters that must be bitwise equal on all ranks differ."""
+
+
+class NonFiniteGradient(ConsistencyError):
+    """A NaN or inf gradient entered the sum that is not an FP16 overflow to be skipped."""
+
+
+class SyncTimeout(OpenClawError):
+    """A collective or a whole run passed its deadline; ``ranks`` are those that had not arrived."""
+
+    exit_code = EXIT_TIMEOUT
+
+    def __init__(self, detail: str, *, ranks: list[int] | None = None, step: int | None = None,
+                 bucket: int | None = None) -> None:
+        self.detail = detail
+        self.ranks = sorted(ranks or [])
+        self.step = step
+        self.bucket = bucket
+        super().__init__(f"{detail} (late ranks: {self.ranks})")
+
+    def __reduce__(self):
+        return (_rebuild_timeout, (self.detail, self.ranks, self.step, self.bucket))
+
+    def event(self) -> Event:
+        return Event("SyncTimeout", self.step, self.ranks, self.bucket, [], self.detail)
+
+
+def _rebuild_timeout(detail, ranks, step, bucket):
+    return SyncTimeout(detail, ranks=ranks, step=step, bucket=bucket)
+
+
+class RankFailed(OpenClawError):
+    """A rank raised or died. ``cause`` is the rank's own exception where it could be sent back."""
+
+    def __init__(self, rank: int, summary: str, traceback_text: str = "",
+                 cause: BaseException | None = None) -> None:
+        self.rank = rank
+        self.summary = summary
+        self.traceback_text = traceback_text
+        self.cause = cause
+        super().__init__(f"rank {rank} failed: {summary}")
+
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        if isinstance(self.cause, OpenClawError):
+            return self.cause.exit_code
+        return EXIT_FAILURE
+
+    def __reduce__(self):
+        return (RankFailed, (self.rank, self.summary, self.traceback_text, self.cause))
+
+
+class LaunchTimeout(SyncTimeout):
+    """The launcher's own deadline passed; ``ranks`` had not finished."""
+
+    def __reduce__(self):
+        return (_rebuild_launch_timeout, (self.detail, self.ranks))
+
+
+def _rebuild_launch_timeout(detail, ranks):
+    return LaunchTimeout(detail, ranks=ranks)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    return exc.exit_code if isinstance(exc, OpenClawError) else EXIT_FAILURE

@@ -1,0 +1,342 @@
+"""Run a function on N ranks of a real torch.distributed process group.
+
+Two ways in, one contract:
+
+* ``RankPool(cfg)`` spawns N processes once, joins them into one process group through a
+  ``TCPStore`` that the parent hosts on a loopback socket it bound to port 0 (never a fixed
+  port, never a public interface), and then runs any number of tasks on them. Tests reuse one
+  pool across cases because spawning 8 ranks costs ~12 s here. ``launch()`` is a pool used once.
+* Under ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment) ``launch()`` runs the function
+  in this very process, initialised through ``env://`` — multi-node included.
+
+Failure contract (what the parent guarantees):
+  - a rank that raises sends its traceback back; the parent raises ``RankFailed`` naming that rank
+    and kills the siblings at once;
+  - a rank that dies without a word (SIGABRT from gloo on a size mismatch, ``os._exit``) is named
+    with its exit code or signal;
+  - a task past its deadline makes the pending ranks dump their stacks (faulthandler, SIGUSR1),
+    then all ranks are killed and ``LaunchTimeout`` names the ranks that had not finished;
+  - no rank outlives the parent (``PR_SET_PDEATHSIG``) or a broken pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from openclaw_ref.errors import BadInput, LaunchTimeout, RankFailed
+
+BACKENDS = ("auto", "gloo", "nccl")
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    world_size: int
+    backend: str = "auto"
+    timeout_s: float = 600.0  # deadline of one task on the pool
+    pg_timeout_s: float = 120.0  # torch's own collective timeout (gloo's default is 30 min)
+    threads_per_rank: int | None = None  # default: cores // local ranks, at least 1
+    host: str = "127.0.0.1"  # the rendezvous store listens here and nowhere else
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise BadInput(f"world size must be >= 1; got {self.world_size}")
+        if self.backend not in BACKENDS:
+            raise BadInput(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        if self.timeout_s <= 0 or self.pg_timeout_s <= 0:
+            raise BadInput("timeouts must be positive")
+
+
+@dataclass
+class RankContext:
+    """What a task function learns about where it runs."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+    store: dist.Store  # the rendezvous store: heartbeats and watchdog keys live here
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_backend(backend: str, local_world_size: int) -> str:
+    """``auto``: NCCL with one GPU per local rank when that many GPUs exist, else gloo."""
+    if backend == "auto":
+        if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
+            return "nccl"
+        return "gloo"
+    if backend == "nccl" and not (torch.cuda.is_available()
+                                  and torch.cuda.device_count() >= local_world_size):
+        raise BadInput(f"backend nccl needs {local_world_size} GPUs on this node; "
+                       f"found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+    return backend
+
+
+def under_torchrun() -> bool:
+    return all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _set_threads(cfg: LaunchConfig, local_world_size: int) -> None:
+    n = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world_size)
+    torch.set_num_threads(n)
+
+
+def _device_for(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _send(conn: mpc.Connection, message: tuple) -> None:
+    conn.send(message)
+
+
+def _failure_message(exc: BaseException) -> tuple:
+    try:
+        cause = pickle.loads(pickle.dumps(exc))
+    except Exception:  # an exception that cannot travel still sends its text
+        cause = None
+    return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), cause)
+
+
+def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.Connection) -> None:
+    """A spawned rank: join the group, then serve tasks until told to stop."""
+    _die_with_parent()
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: gloo pairs on loopback too
+    _set_threads(cfg, cfg.world_size)
+    timeout = datetime.timedelta(seconds=cfg.pg_timeout_s)
+    try:
+        store = dist.TCPStore(cfg.host, port, cfg.world_size + 1, False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
+                                timeout=timeout)
+        ctx = RankContext(rank, cfg.world_size, rank, cfg.world_size, backend,
+                          _device_for(backend, rank), store)
+        _send(conn, ("ready",))
+    except BaseException as exc:
+        _send(conn, _failure_message(exc))
+        os._exit(1)
+    while True:
+        task = conn.recv()
+        if task is None:
+            break
+        fn, args = task
+        try:
+            _send(conn, ("ok", fn(ctx, *args)))
+        except BaseException as exc:
+            _send(conn, _failure_message(exc))
+            sys.stderr.flush()
+            os._exit(1)  # the group may be wedged; destroy_process_group can hang here
+    try:
+        dist.destroy_process_group()
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def _loopback_listener(host: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(256)
+    return sock
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class RankPool:
+    """N spawned ranks in one process group, reused across tasks (see module docstring)."""
+
+    def __init__(self, cfg: LaunchConfig, start_timeout_s: float = 180.0) -> None:
+        self.cfg = cfg
+        self.backend = resolve_backend(cfg.backend, cfg.world_size)
+        self._procs: list[mp.process.BaseProcess] = []
+        self._conns: list[mpc.Connection] = []
+        self._broken = False
+        self._listener = _loopback_listener(cfg.host)
+        port = self._listener.getsockname()[1]
+        self._store = dist.TCPStore(
+            cfg.host, port, cfg.world_size + 1, True,
+            timeout=datetime.timedelta(seconds=cfg.pg_timeout_s),
+            wait_for_workers=False, master_listen_fd=self._listener.fileno())
+        ctx = mp.get_context("spawn")
+        for rank in range(cfg.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_rank_main, args=(rank, cfg, self.backend, port, child_end),
+                            name=f"openclaw-rank{rank}", daemon=True)
+            p.start()
+            child_end.close()
+            self._procs.append(p)
+            self._conns.append(parent_end)
+        try:
+            self._collect(start_timeout_s, "starting the process group")
+        except BaseException:
+            self.kill()
+            raise
+
+    @property
+    def store(self) -> dist.Store:
+        """The parent's handle on the rendezvous store (e.g. to read heartbeats)."""
+        return self._store
+
+    @property
+    def broken(self) -> bool:
+        """True once a failure or ``close`` stopped the ranks; make a new pool then."""
+        return self._broken
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.pid is not None]
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """Run ``fn(ctx, *args)`` on every rank; results in rank order. ``fn`` must be importable."""
+        if self._broken:
+            raise RuntimeError("this RankPool was stopped after a failure; make a new one")
+        for conn in self._conns:
+            conn.send((fn, args))
+        try:
+            return self._collect(timeout_s or self.cfg.timeout_s, getattr(fn, "__name__", "task"))
+        except BaseException:
+            self.kill()
+            raise
+
+    def _collect(self, timeout_s: float, what: str) -> list[Any]:
+        deadline = time.monotonic() + timeout_s
+        results: dict[int, Any] = {}
+        pending = {self._conns[r]: r for r in range(self.cfg.world_size)}
+        sentinels = {self._procs[r].sentinel: r for r in range(self.cfg.world_size)}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._dump_stacks(sorted(pending.values()))
+                raise LaunchTimeout(
+                    f"{what} did not finish within {timeout_s:.0f} s",
+                    ranks=sorted(pending.values()))
+            ready = mpc.wait(list(pending) + [s for s, r in sentinels.items()
+                                              if r in pending.values()], timeout=remaining)
+            for obj in ready:
+                if obj in pending:
+                    rank = pending[obj]
+                    try:
+                        msg = obj.recv()
+                    except EOFError:
+                        continue  # the sentinel reports the death
+                    if msg[0] == "error":
+                        _, summary, tb, cause = msg
+                        raise RankFailed(rank, summary, tb, cause)
+                    results[rank] = msg[1] if len(msg) > 1 else None
+                    del pending[obj]
+                elif obj in sentinels:
+                    rank = sentinels[obj]
+                    conn = self._conns[rank]
+                    if conn in pending and conn.poll():
+                        continue  # read its last words first
+                    if conn in pending:
+                        self._procs[rank].join(0.1)
+                        raise RankFailed(rank, _describe_exit(self._procs[rank].exitcode))
+        return [results[r] for r in range(self.cfg.world_size)]
+
+    def _dump_stacks(self, ranks: list[int]) -> None:
+        for r in ranks:
+            p = self._procs[r]
+            if p.is_alive() and p.pid:
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.5)
+
+    def close(self, grace_s: float = 10.0) -> None:
+        """Stop every rank: politely when healthy, by SIGKILL otherwise. Idempotent."""
+        if not self._broken:
+            for conn in self._conns:
+                try:
+                    conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+            deadline = time.monotonic() + grace_s
+            for p in self._procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        self._broken = True
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._listener.close()
+
+    def kill(self) -> None:
+        """Stop every rank at once: after a failure the siblings are stuck in collectives."""
+        self._broken = True
+        self.close()
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def init_from_torchrun(cfg: LaunchConfig) -> RankContext:
+    """Join the job torchrun set up (``env://``); works multi-node. Idempotent."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    backend = resolve_backend(cfg.backend, local_world)
+    _set_threads(cfg, local_world)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method="env://",
+                                timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
+    store = dist.distributed_c10d._get_default_store()
+    return RankContext(rank, world, local_rank, local_world, backend,
+                       _device_for(backend, local_rank), store)
+
+
+def launch(fn: Callable[..., Any], cfg: LaunchConfig, *args: Any) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on ``cfg.world_size`` ranks and return their results.
+
+    Under torchrun this process is one rank: the list holds only this rank's result and
+    ``cfg.world_size`` is ignored in favour of ``WORLD_SIZE``.
+    """
+    if under_torchrun():
+        return [fn(init_from_torchrun(cfg), *args)]
+    with RankPool(cfg) as pool:
+        return pool.run(fn, *args)

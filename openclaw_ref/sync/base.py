@@ -1,0 +1,88 @@
+"""The one small interface every gradient-synchronization strategy implements.
+
+A strategy turns a built model into the module the training loop calls, and owns everything
+between ``loss.backward()`` and ``optimizer.step()``. The training loop knows nothing else about
+it, so stock DDP, the hardened hook and the bucketed engine are compared on identical loops.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from openclaw_ref.errors import BadInput, Event
+from openclaw_ref.launch import RankContext
+
+WIRES = ("fp32", "fp16", "bf16")
+PLANNERS = ("static", "norm-ema", "norm-ema-agreed")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """Every knob of every strategy; each strategy validates the ones it reads."""
+
+    name: str = "ddp"
+    wire: str = "fp32"
+    scale: str = "4096"  # a power of two, or "auto" (dynamic, identical on every rank)
+    planner: str = "static"
+    bucket_cap_mb: float = 25.0  # torch DDP's default
+    replica_check_every: int = 0  # steps between parameter-digest comparisons; 0 = off
+    watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
+    per_rank_scale: dict[int, int] = field(default_factory=dict)  # fault hook: rank -> exponent
+
+    def __post_init__(self) -> None:
+        if self.wire not in WIRES:
+            raise BadInput(f"--wire must be one of {', '.join(WIRES)}; got {self.wire!r}")
+        if self.planner not in PLANNERS:
+            raise BadInput(f"--planner must be one of {', '.join(PLANNERS)}; got {self.planner!r}")
+        if self.scale != "auto":
+            try:
+                value = int(self.scale)
+            except ValueError:
+                value = 0
+            if value < 1 or value & (value - 1):
+                raise BadInput(f"--scale must be a power of two or 'auto'; got {self.scale!r}")
+        if self.bucket_cap_mb <= 0:
+            raise BadInput(f"bucket cap must be positive; got {self.bucket_cap_mb}")
+        if self.replica_check_every < 0:
+            raise BadInput("replica check interval must be >= 0 (0 = off)")
+        if self.watchdog_s <= 0:
+            raise BadInput("watchdog deadline must be positive")
+
+
+class SyncStrategy(abc.ABC):
+    """Lifecycle per run: ``wrap`` once, then per step ``begin_step`` → forward/backward →
+    ``finish_step`` (→ optimizer step only if it returned True); ``close`` at the end.
+
+    Invariant every implementation keeps: after ``finish_step`` returns, every rank holds the
+    same averaged gradients, or every rank got False (skip the step together), or it raised.
+    """
+
+    name: str = "?"
+
+    def __init__(self, cfg: SyncConfig) -> None:
+        self.cfg = cfg
+        self.events: list[Event] = []
+
+    @abc.abstractmethod
+    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+        """Return the module to run forward on (DDP wrapper, or the model itself)."""
+
+    def begin_step(self, step: int) -> None:
+        """Called before the forward of ``step``."""
+
+    def finish_step(self, step: int) -> bool:
+        """Complete synchronization; False means every rank skips this optimizer step."""
+        return True
+
+    def step_metrics(self) -> dict:
+        """Figures of the last step for the run JSON (sync ms, skew, overflow, checks …)."""
+        return {}
+
+    def summary(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        """Release hooks and threads; must not block on other ranks."""

@@ -1,0 +1,40 @@
+"""Stock PyTorch DDP, the baseline: exactly what a user gets without this suite."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from openclaw_ref.launch import RankContext
+from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+
+
+def wrap_ddp(model: nn.Module, ctx: RankContext, cfg: SyncConfig) -> DDP:
+    """DDP as the openclaw model needs it: unused parameters (idle experts) are expected, and
+    buffers are never broadcast (the model's routing statistics are per-rank by design)."""
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DDP(model, device_ids=device_ids, find_unused_parameters=True,
+               broadcast_buffers=False, bucket_cap_mb=cfg.bucket_cap_mb)
+
+
+class StockDDP(SyncStrategy):
+    """``ddp``: DistributedDataParallel with its default fp32 allreduce."""
+
+    name = "ddp"
+
+    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+        self.ddp = wrap_ddp(model, ctx, self.cfg)
+        return self.ddp
+
+
+class StockDDPFP16(StockDDP):
+    """``ddp-fp16``: DDP with PyTorch's ``fp16_compress_hook`` (casts to fp16 *before* dividing
+    by the world size, so a local element at or above 65520 becomes inf on the wire)."""
+
+    name = "ddp-fp16"
+
+    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+        ddp = super().wrap(model, ctx)
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return ddp

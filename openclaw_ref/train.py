@@ -1,0 +1,275 @@
+"""The training loop every strategy is measured on, and the run JSON it writes.
+
+One loop for all strategies: the strategy owns synchronization, the fault injector owns the
+faults, this file owns the order of events and the records. Per-rank figures are kept locally
+and gathered once at the end of the run, so recording adds no collective to any step.
+
+Run JSON (written by rank 0, atomically, also when a check stops the run):
+  ``config``, ``environment``, ``steps`` (global records: step, loss, step_ms = slowest rank,
+  per-rank lists, sync metrics), ``summary`` (final_loss, param_digest, replicas_equal, …),
+  ``events`` (detected problems; empty in a clean run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from openclaw_ref.checks import params_digest
+from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.environment import environment
+from openclaw_ref.errors import BadInput, ConsistencyError, SyncTimeout
+from openclaw_ref.faults import FaultInjector, FaultSpec, validate_faults
+from openclaw_ref.jsonio import write_json_atomic
+from openclaw_ref.launch import LaunchConfig, RankContext, launch
+from openclaw_ref.metrics import GradientProbe, StepTimer, peak_memory_mb
+from openclaw_ref.model import EVAL_STEP, OpenClawConfig, build_model, preset
+from openclaw_ref.sync import make_strategy
+from openclaw_ref.sync.base import SyncConfig
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "tiny"
+    world_size: int = 1
+    steps: int = 50
+    global_batch: int = 32
+    seed: int = 1
+    lr: float = 3e-3
+    optimizer: str = "adamw"
+    sparsity_range: tuple[float, float] | None = None  # None: the preset's (the seed's range)
+    eval_every: int = 10  # 0 = only at the end
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    faults: tuple[FaultSpec, ...] = ()
+    backend: str = "auto"
+    timeout_s: float = 600.0
+    progress: bool = True
+    out: str | None = None
+
+    def model_config(self) -> OpenClawConfig:
+        overrides: dict = {"seed": self.seed}
+        if self.sparsity_range is not None:
+            overrides["sparsity_range"] = tuple(self.sparsity_range)
+        return preset(self.preset, **overrides)
+
+    def validate(self) -> None:
+        """Every check that can run before a process is spawned; raises BadInput."""
+        if self.world_size < 1:
+            raise BadInput(f"world size must be >= 1; got {self.world_size}")
+        if self.steps < 1:
+            raise BadInput(f"steps must be >= 1; got {self.steps}")
+        if self.global_batch < 1 or self.global_batch % self.world_size:
+            raise BadInput(f"global batch {self.global_batch} is not a positive multiple of "
+                           f"world size {self.world_size}")
+        if self.optimizer not in OPTIMIZERS:
+            raise BadInput(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if self.lr <= 0:
+            raise BadInput(f"learning rate must be positive; got {self.lr}")
+        try:
+            self.model_config()
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        validate_faults(self.faults, self.world_size, self.steps)
+
+    def launch_config(self) -> LaunchConfig:
+        return LaunchConfig(self.world_size, backend=self.backend, timeout_s=self.timeout_s,
+                            pg_timeout_s=max(30.0, self.sync.watchdog_s * 2))
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["faults"] = [dataclasses.asdict(f) for f in self.faults]
+        return d
+
+
+def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, ds: SkillDataset, device: torch.device) -> float:
+    """Loss on the whole validation split at the middle sparsity; identical on every rank."""
+    model.eval()
+    batch = ds.validation().to(device)
+    loss = F.cross_entropy(model(batch.tokens, batch.sample_ids, EVAL_STEP), batch.labels)
+    model.train()
+    return float(loss)
+
+
+@dataclass
+class RankLog:
+    """What one rank measured, gathered to rank 0 at the end of the run."""
+
+    rank: int
+    loss: list[float] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    grad_norms: list[dict] = field(default_factory=list)
+    missing_grads: list[list[str]] = field(default_factory=list)
+    realized_sparsity: list[float] = field(default_factory=list)
+    mask_entropy: list[float] = field(default_factory=list)
+    sync: list[dict] = field(default_factory=list)
+    applied: list[bool] = field(default_factory=list)
+    peak_memory_mb: float = 0.0
+    param_digest: str = ""
+
+
+def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict | None:
+    """One rank's run. Returns the run record on rank 0 and None elsewhere."""
+    model_cfg = cfg.model_config()
+    ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
+    faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size)
+    model = build_model(model_cfg).to(ctx.device)
+    faults.on_model_built(model)
+    strategy = make_strategy(faults.sync_config(cfg.sync))
+    probe = GradientProbe(model)
+    module = strategy.wrap(model, ctx)
+    opt = make_optimizer(cfg, model)
+    timer = StepTimer(ctx.device)
+    log = RankLog(ctx.rank)
+    val_curve: list[tuple[int, float]] = []
+    t_start = time.perf_counter()
+    bar = _progress(ctx, cfg)
+    try:
+        for step in range(cfg.steps):
+            batch = rank_batch(ds, step, cfg.global_batch, ctx.rank, ctx.world_size).to(ctx.device)
+            timer.start()
+            probe.begin_step()
+            strategy.begin_step(step)
+            faults.before_forward(step, model)
+            logits = module(batch.tokens, batch.sample_ids, step)
+            loss = F.cross_entropy(logits, batch.labels)
+            faults.before_backward(step)
+            loss.backward()
+            applied = strategy.finish_step(step)
+            if applied:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            faults.after_step(step, model)
+            log.step_ms.append(timer.stop_ms())
+            log.loss.append(float(loss.detach()))
+            log.applied.append(applied)
+            log.grad_norms.append(probe.norms())
+            log.missing_grads.append(probe.missing())
+            log.realized_sparsity.append(model.realized_sparsity())
+            log.mask_entropy.append(model.sparse_mask_entropy())
+            log.sync.append(strategy.step_metrics())
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                val_curve.append((step, validation_loss(model, ds, ctx.device)))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{log.loss[-1]:.3f}")
+        val_curve.append((cfg.steps - 1, validation_loss(model, ds, ctx.device)))
+    except (ConsistencyError, SyncTimeout) as exc:
+        if ctx.is_main and cfg.out:
+            record = _partial_record(ctx, cfg, log, strategy.events + [exc.event()])
+            write_json_atomic(cfg.out, record)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        probe.remove()
+        strategy.close()
+    log.peak_memory_mb = peak_memory_mb(ctx.device)
+    log.param_digest = params_digest(model.named_parameters())
+    logs: list[RankLog] = [None] * ctx.world_size  # type: ignore[list-item]
+    dist.all_gather_object(logs, log)
+    events = [e.to_json() for e in strategy.events]
+    if not ctx.is_main:
+        return None
+    record = _record(ctx, cfg, logs, val_curve, events, strategy.summary(),
+                     wall_s=time.perf_counter() - t_start)
+    if cfg.out:
+        write_json_atomic(cfg.out, record)
+    return record
+
+
+def _progress(ctx: RankContext, cfg: TrainConfig):
+    if not (cfg.progress and ctx.is_main):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, desc=f"{cfg.sync.name} ×{ctx.world_size}", unit="step",
+                leave=False, mininterval=0.5)
+
+
+def _record_head(ctx: RankContext, cfg: TrainConfig) -> dict:
+    return {
+        "config": cfg.to_json(),
+        "environment": environment(ctx.backend, ctx.world_size),
+    }
+
+
+def _record(ctx: RankContext, cfg: TrainConfig, logs: list[RankLog],
+            val_curve: list[tuple[int, float]], events: list[dict], sync_summary: dict,
+            wall_s: float) -> dict:
+    steps = []
+    for i in range(len(logs[0].loss)):
+        per_rank_ms = [lg.step_ms[i] for lg in logs]
+        steps.append({
+            "step": i,
+            "loss": sum(lg.loss[i] for lg in logs) / len(logs),  # equal shards: the global mean
+            "step_ms": max(per_rank_ms),
+            "rank_step_ms": per_rank_ms,
+            "rank_loss": [lg.loss[i] for lg in logs],
+            "applied": all(lg.applied[i] for lg in logs),
+            "realized_sparsity": logs[0].realized_sparsity[i],
+            "mask_entropy_bits": logs[0].mask_entropy[i],
+            "missing_grads": [len(lg.missing_grads[i]) for lg in logs],
+            "grad_norms": {n: [lg.grad_norms[i].get(n) for lg in logs]
+                           for n in logs[0].grad_norms[i]},
+            "sync": logs[0].sync[i],
+        })
+    digests = [lg.param_digest for lg in logs]
+    step_ms = [s["step_ms"] for s in steps]
+    timed = step_ms[min(len(step_ms) - 1, 2):]  # the first steps warm up allocators and DDP
+    record = _record_head(ctx, cfg)
+    record.update({
+        "steps": steps,
+        "validation": [{"step": s, "loss": v} for s, v in val_curve],
+        "summary": {
+            "final_loss": steps[-1]["loss"],
+            "first_loss": steps[0]["loss"],
+            "final_val_loss": val_curve[-1][1],
+            "param_digest": digests[0],
+            "replicas_equal": len(set(digests)) == 1,
+            "median_step_ms": statistics.median(timed),
+            "step_ms_cv": (statistics.pstdev(timed) / statistics.mean(timed)) if len(timed) > 1
+            else 0.0,
+            "peak_memory_mb": [lg.peak_memory_mb for lg in logs],
+            "skipped_steps": sum(not s["applied"] for s in steps),
+            "wall_s": wall_s,
+            "sync": sync_summary,
+        },
+        "events": events,
+    })
+    return record
+
+
+def _partial_record(ctx: RankContext, cfg: TrainConfig, log: RankLog, events: list) -> dict:
+    """What rank 0 alone knows when a check stopped the run (no collective is safe then)."""
+    record = _record_head(ctx, cfg)
+    record.update({
+        "steps": [{"step": i, "rank0_loss": loss, "rank0_step_ms": ms}
+                  for i, (loss, ms) in enumerate(zip(log.loss, log.step_ms))],
+        "summary": {"stopped": True, "completed_steps": len(log.loss)},
+        "events": [e.to_json() for e in events],
+    })
+    return record
+
+
+def run_training(cfg: TrainConfig) -> dict | None:
+    """Validate, launch ``cfg.world_size`` ranks (or join torchrun's), return rank 0's record."""
+    cfg.validate()
+    results = launch(train_rank, cfg.launch_config(), cfg)
+    return results[0]
