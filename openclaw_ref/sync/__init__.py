@@ -7,10 +7,12 @@ from typing import Callable
 from openclaw_ref.errors import BadInput
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.ddp import StockDDP, StockDDPFP16
+from openclaw_ref.sync.local import LocalOnly
 
 STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {
     "ddp": StockDDP,
     "ddp-fp16": StockDDPFP16,
+    "local": LocalOnly,
 }
 
 

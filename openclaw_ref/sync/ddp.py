@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -14,6 +16,7 @@ def wrap_ddp(model: nn.Module, ctx: RankContext, cfg: SyncConfig) -> DDP:
     """DDP as the openclaw model needs it: unused parameters (idle experts) are expected, and
     buffers are never broadcast (the model's routing statistics are per-rank by design)."""
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    warnings.filterwarnings("ignore", message="find_unused_parameters=True was specified")
     return DDP(model, device_ids=device_ids, find_unused_parameters=True,
                broadcast_buffers=False, bucket_cap_mb=cfg.bucket_cap_mb)
 
