@@ -31,9 +31,10 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -74,10 +75,20 @@ class RankContext:
     backend: str
     device: torch.device
     store: dist.Store  # the rendezvous store: heartbeats and watchdog keys live here
+    # How any thread of this rank reports a fatal error and leaves (set by the launcher).
+    fatal: Callable[[BaseException], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def report_fatal(self, exc: BaseException) -> None:
+        """Send ``exc`` to the parent as this rank's failure and exit the process at once with
+        its exit code. Callable from any thread — a watchdog's, while the main thread is stuck
+        inside a collective. Never returns."""
+        if self.fatal is not None:
+            self.fatal(exc)
+        _exit_with(exc)
 
 
 def resolve_backend(backend: str, local_world_size: int) -> str:
@@ -117,8 +128,36 @@ def _device_for(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _send(conn: mpc.Connection, message: tuple) -> None:
-    conn.send(message)
+def _send(conn: mpc.Connection, message: tuple, lock: threading.Lock | None = None) -> None:
+    if lock is None:
+        conn.send(message)
+        return
+    with lock:  # the main thread and a watchdog thread may both report
+        conn.send(message)
+
+
+def _exit_with(exc: BaseException) -> None:
+    """Last words on stderr, then leave without unwinding (the group may be wedged)."""
+    code = getattr(exc, "exit_code", 1)
+    try:
+        sys.stderr.write(f"fatal: {type(exc).__name__}: {exc}\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(code if isinstance(code, int) else 1)
+
+
+def _fatal_reporter(conn: mpc.Connection, lock: threading.Lock) -> Callable[[BaseException], None]:
+    def report(exc: BaseException) -> None:
+        try:
+            cause = pickle.loads(pickle.dumps(exc))
+        except Exception:
+            cause = None
+        stack = "".join(traceback.format_stack())
+        try:
+            _send(conn, ("error", f"{type(exc).__name__}: {exc}", stack, cause), lock)
+        finally:
+            _exit_with(exc)
+    return report
 
 
 def _failure_message(exc: BaseException) -> tuple:
@@ -136,16 +175,18 @@ def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: gloo pairs on loopback too
     _set_threads(cfg, cfg.world_size)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # NCCL errors abort, not hang
     timeout = datetime.timedelta(seconds=cfg.pg_timeout_s)
+    send_lock = threading.Lock()
     try:
         store = dist.TCPStore(cfg.host, port, cfg.world_size + 1, False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
                                 timeout=timeout)
         ctx = RankContext(rank, cfg.world_size, rank, cfg.world_size, backend,
-                          _device_for(backend, rank), store)
-        _send(conn, ("ready",))
+                          _device_for(backend, rank), store, _fatal_reporter(conn, send_lock))
+        _send(conn, ("ready",), send_lock)
     except BaseException as exc:
-        _send(conn, _failure_message(exc))
+        _send(conn, _failure_message(exc), send_lock)
         os._exit(1)
     while True:
         task = conn.recv()
@@ -153,9 +194,9 @@ def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.
             break
         fn, args = task
         try:
-            _send(conn, ("ok", fn(ctx, *args)))
+            _send(conn, ("ok", fn(ctx, *args)), send_lock)
         except BaseException as exc:
-            _send(conn, _failure_message(exc))
+            _send(conn, _failure_message(exc), send_lock)
             sys.stderr.flush()
             os._exit(1)  # the group may be wedged; destroy_process_group can hang here
     try:
@@ -322,6 +363,7 @@ def init_from_torchrun(cfg: LaunchConfig) -> RankContext:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     backend = resolve_backend(cfg.backend, local_world)
     _set_threads(cfg, local_world)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # NCCL errors abort, not hang
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method="env://",
                                 timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))

@@ -129,7 +129,10 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        # No key bias: it shifts every logit of a query equally, so softmax makes its gradient
+        # exactly zero in theory and pure round-off in practice, which Adam amplifies to ±lr
+        # steps that differ between 1 and N ranks.
+        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model)
 

@@ -13,12 +13,13 @@ from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 
 
 def wrap_ddp(model: nn.Module, ctx: RankContext, cfg: SyncConfig) -> DDP:
-    """DDP as the openclaw model needs it: unused parameters (idle experts) are expected, and
-    buffers are never broadcast (the model's routing statistics are per-rank by design)."""
+    """DDP as the openclaw model needs it: unused parameters (idle experts) are expected. The
+    model has no buffers (its routing statistics are plain per-rank attributes), so DDP issues
+    no buffer broadcast."""
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     warnings.filterwarnings("ignore", message="find_unused_parameters=True was specified")
     return DDP(model, device_ids=device_ids, find_unused_parameters=True,
-               broadcast_buffers=False, bucket_cap_mb=cfg.bucket_cap_mb)
+               bucket_cap_mb=cfg.bucket_cap_mb)
 
 
 class StockDDP(SyncStrategy):

@@ -1,0 +1,122 @@
+"""The launcher: rendezvous on loopback, errors and hangs surface with ranks named, no orphans."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from openclaw_ref.errors import BadInput, LaunchTimeout, RankFailed
+from openclaw_ref.launch import LaunchConfig, RankPool, launch
+
+
+def sum_of_ranks(ctx) -> float:
+    t = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(t)
+    return float(t)
+
+
+def raise_on_rank_one(ctx) -> None:
+    if ctx.rank == 1:
+        raise ValueError("boom on purpose")
+    dist.barrier()  # the siblings wait here until the parent kills them
+
+
+def hang_on_last_rank(ctx) -> None:
+    if ctx.rank == ctx.world_size - 1:
+        time.sleep(3600)
+    dist.barrier()
+
+
+def abort_on_rank_zero(ctx) -> None:
+    if ctx.rank == 0:
+        os.abort()  # what gloo does on a size mismatch
+    dist.barrier()
+
+
+def store_endpoint(ctx) -> tuple[str, int]:
+    return os.environ.get("GLOO_SOCKET_IFNAME", ""), torch.get_num_threads()
+
+
+def _all_dead(pids: list[int], within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_pool_runs_many_tasks_on_one_process_group(pools):
+    pool = pools.get(2)
+    assert pool.run(sum_of_ranks) == [1.0, 1.0]
+    assert pool.run(sum_of_ranks) == [1.0, 1.0]
+
+
+def test_ranks_use_one_thread_each_and_pair_on_loopback(pools):
+    assert pools.get(2).run(store_endpoint) == [("lo", 1), ("lo", 1)]
+
+
+def test_the_rendezvous_store_listens_on_loopback_only(pools):
+    pool = pools.get(2)
+    listening = [c for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.pid == os.getpid()]
+    assert listening, "the parent hosts the rendezvous store"
+    assert all(c.laddr.ip == "127.0.0.1" for c in listening)
+    assert pool.run(sum_of_ranks) == [1.0, 1.0]
+
+
+def test_a_raising_rank_is_named_with_its_traceback_and_siblings_stop():
+    pool = RankPool(LaunchConfig(3, backend="gloo", timeout_s=60))
+    pids = pool.pids
+    started = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        pool.run(raise_on_rank_one)
+    assert info.value.rank == 1
+    assert "boom on purpose" in info.value.traceback_text
+    assert isinstance(info.value.cause, ValueError)
+    assert time.monotonic() - started < 30  # stopped at once, not at the collective timeout
+    assert _all_dead(pids)
+
+
+def test_a_hung_rank_ends_in_a_timeout_naming_unfinished_ranks():
+    pool = RankPool(LaunchConfig(2, backend="gloo", timeout_s=3))
+    pids = pool.pids
+    with pytest.raises(LaunchTimeout) as info:
+        pool.run(hang_on_last_rank)
+    assert info.value.ranks == [0, 1]  # both: rank 0 waits in the barrier for rank 1
+    assert info.value.exit_code == 4
+    assert _all_dead(pids)
+
+
+def test_a_rank_killed_by_a_signal_is_named():
+    with pytest.raises(RankFailed, match="SIGABRT") as info:
+        launch(abort_on_rank_zero, LaunchConfig(2, backend="gloo", timeout_s=60))
+    assert info.value.rank == 0
+
+
+def test_a_broken_pool_refuses_further_tasks():
+    pool = RankPool(LaunchConfig(2, backend="gloo", timeout_s=60))
+    with pytest.raises(RankFailed):
+        pool.run(raise_on_rank_one)
+    with pytest.raises(RuntimeError, match="make a new one"):
+        pool.run(sum_of_ranks)
+
+
+@pytest.mark.parametrize("kwargs", [{"world_size": 0}, {"world_size": 2, "backend": "mpi"},
+                                    {"world_size": 2, "timeout_s": 0}])
+def test_bad_launch_config_is_rejected_before_spawning(kwargs):
+    with pytest.raises(BadInput):
+        LaunchConfig(**kwargs)
+
+
+def test_nccl_without_gpus_is_rejected_before_spawning():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    with pytest.raises(BadInput, match="GPUs"):
+        RankPool(LaunchConfig(2, backend="nccl"))
