@@ -7,6 +7,7 @@ hang, 1 anything else (a crashed rank, named). Bad input is rejected before any 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -36,7 +37,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("train", help="train the openclaw model on N ranks and print a summary")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks to spawn (default 2; under torchrun: its WORLD_SIZE)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--seed", type=int, default=1)
@@ -59,6 +61,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default=None, help="write the run JSON here (rank 0)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on 127.0.0.1:PORT+rank (0: a free port per "
+                        "rank, logged); needs the metrics extra")
+    p.add_argument("--skew-barrier-ms", type=float, default=None, metavar="MS",
+                   help="seed P2: barrier before the next backward when the across-rank std of "
+                        "the sync time exceeds MS (the seed used 1.5); off by default")
     p.set_defaults(func=_cmd_train)
 
 
@@ -66,21 +74,31 @@ def train_config_from_args(args: argparse.Namespace):
     """Build and validate a TrainConfig from parsed arguments (raises BadInput)."""
     from openclaw_ref.data import DataConfig
     from openclaw_ref.faults import parse_fault
+    from openclaw_ref.prometheus import MetricsConfig
     from openclaw_ref.sync.base import SyncConfig
     from openclaw_ref.train import TrainConfig
 
+    from openclaw_ref.launch import under_torchrun
+
+    world_size = args.world_size if args.world_size is not None else 2
+    if under_torchrun():
+        world_size = int(os.environ["WORLD_SIZE"])
+        if args.world_size not in (None, world_size):
+            raise BadInput(f"--world-size {args.world_size} disagrees with torchrun's "
+                           f"WORLD_SIZE {world_size}")
     try:
         data = DataConfig(imbalance=args.imbalance)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     cfg = TrainConfig(
-        preset=args.preset, world_size=args.world_size, steps=args.steps,
+        preset=args.preset, world_size=world_size, steps=args.steps,
         global_batch=args.global_batch, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
         sparsity_range=args.sparsity, eval_every=args.eval_every,
         sync=SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
                         bucket_cap_mb=args.bucket_cap_mb,
                         replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s),
         data=data, faults=tuple(parse_fault(f) for f in args.inject), backend=args.backend,
+        metrics=MetricsConfig(port=args.metrics_port, skew_barrier_ms=args.skew_barrier_ms),
         timeout_s=args.timeout_s, progress=not args.no_progress, out=args.out,
     )
     cfg.validate()
@@ -103,7 +121,94 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train]
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="print torch/CUDA/NCCL/gloo facts and lint NCCL variables "
+                                      "(exit 2 on an error, or on a warning with --strict)")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                   help="the backend you intend to run (nccl is refused below NCCL 2.13.4)")
+    p.add_argument("--strict", action="store_true", help="warnings fail too (exit 2)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_doctor)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from openclaw_ref.doctor import run_doctor
+
+    text, code = run_doctor(backend=args.backend, strict=args.strict, as_json=args.json)
+    print(text)
+    return code
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    from openclaw_ref.compare import SECTIONS
+
+    p = sub.add_parser("compare", help="run the main comparison and write results/<machine>/")
+    p.add_argument("--world-sizes", default=None,
+                   help="comma-separated (default: 1,2,4 on CPU; powers of two up to the GPUs)")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--curve-steps", type=int, default=300)
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated subset of: {', '.join(SECTIONS)}")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--out-root", default="results")
+    p.add_argument("--tag", default=None, help="results sub-directory (default: machine class)")
+    p.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from openclaw_ref.compare import CompareConfig, CompareInterrupted, run_compare, write_results
+
+    kw: dict = {}
+    if args.world_sizes:
+        try:
+            kw["world_sizes"] = tuple(int(x) for x in args.world_sizes.split(","))
+        except ValueError:
+            raise BadInput(f"--world-sizes must be integers; got {args.world_sizes!r}") from None
+    cfg = CompareConfig(preset=args.preset, steps=args.steps, repeats=args.repeats,
+                        curve_steps=args.curve_steps, backend=args.backend,
+                        sections=tuple(x for x in args.sections.split(",") if x),
+                        out_root=args.out_root, tag=args.tag, **kw)
+    cfg.validate()
+    out_dir = cfg.out_dir()
+    try:
+        raw = run_compare(cfg)
+    except CompareInterrupted as exc:
+        sys.stderr.write(f"openclaw-bench compare: {exc}. Nothing was written; the previous "
+                         f"results in {out_dir} are unchanged.\n")
+        return 1
+    for path in write_results(raw, out_dir):
+        print(f"wrote {path}")
+    return 0
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="re-render tables, plots and the claims ledger from raw.json")
+    p.add_argument("dirs", nargs="*", help="results/<machine> directories (default: all)")
+    p.add_argument("--out-root", default="results")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from openclaw_ref.report import render_all
+
+    dirs = [Path(d) for d in args.dirs] or sorted(
+        p.parent for p in Path(args.out_root).glob("*/raw.json"))
+    if not dirs:
+        raise BadInput(f"no results found under {args.out_root}/*/raw.json; run compare first")
+    for d in dirs:
+        if not (d / "raw.json").is_file():
+            raise BadInput(f"{d} has no raw.json")
+        for path in render_all(d):
+            print(f"wrote {path}")
+    return 0
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train, _add_compare,
+                                                                 _add_report, _add_doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from openclaw_ref.errors import BadInput, LaunchTimeout, RankFailed
+from openclaw_ref.errors import EXIT_CHECK_FIRED, BadInput, LaunchTimeout, RankFailed
 
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -230,12 +230,13 @@ class RankPool:
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[mpc.Connection] = []
         self._broken = False
-        self._listener = _loopback_listener(cfg.host)
-        port = self._listener.getsockname()[1]
+        self._closed = False
+        listener = _loopback_listener(cfg.host)
+        port = listener.getsockname()[1]
         self._store = dist.TCPStore(
             cfg.host, port, cfg.world_size + 1, True,
             timeout=datetime.timedelta(seconds=cfg.pg_timeout_s),
-            wait_for_workers=False, master_listen_fd=self._listener.fileno())
+            wait_for_workers=False, master_listen_fd=listener.detach())
         ctx = mp.get_context("spawn")
         for rank in range(cfg.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
@@ -300,6 +301,10 @@ class RankPool:
                         continue  # the sentinel reports the death
                     if msg[0] == "error":
                         _, summary, tb, cause = msg
+                        if getattr(cause, "exit_code", None) == EXIT_CHECK_FIRED:
+                            # a consistency check fires on every rank at once: let the siblings
+                            # (rank 0 writes the run JSON first) finish before they are killed
+                            self._await_last_words([c for c in pending if c is not obj])
                         raise RankFailed(rank, summary, tb, cause)
                     results[rank] = msg[1] if len(msg) > 1 else None
                     del pending[obj]
@@ -313,6 +318,17 @@ class RankPool:
                         raise RankFailed(rank, _describe_exit(self._procs[rank].exitcode))
         return [results[r] for r in range(self.cfg.world_size)]
 
+    def _await_last_words(self, conns: list[mpc.Connection], grace_s: float = 5.0) -> None:
+        """Wait (bounded) until each of ``conns`` has a message waiting or its rank died."""
+        deadline = time.monotonic() + grace_s
+        waiting = {c: self._procs[self._conns.index(c)].sentinel for c in conns}
+        while waiting and time.monotonic() < deadline:
+            ready = mpc.wait(list(waiting) + list(waiting.values()),
+                             timeout=deadline - time.monotonic())
+            for c, sentinel in list(waiting.items()):
+                if c in ready or sentinel in ready:
+                    del waiting[c]
+
     def _dump_stacks(self, ranks: list[int]) -> None:
         for r in ranks:
             p = self._procs[r]
@@ -325,6 +341,9 @@ class RankPool:
 
     def close(self, grace_s: float = 10.0) -> None:
         """Stop every rank: politely when healthy, by SIGKILL otherwise. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         if not self._broken:
             for conn in self._conns:
                 try:
@@ -342,7 +361,7 @@ class RankPool:
             p.join(5)
         for conn in self._conns:
             conn.close()
-        self._listener.close()
+        self._store = None  # the store owns the listening socket and closes it with itself
 
     def kill(self) -> None:
         """Stop every rank at once: after a failure the siblings are stuck in collectives."""

@@ -31,10 +31,14 @@ from openclaw_ref.jsonio import write_json_atomic
 from openclaw_ref.launch import LaunchConfig, RankContext, launch
 from openclaw_ref.metrics import GradientProbe, StepTimer, peak_memory_mb
 from openclaw_ref.model import EVAL_STEP, OpenClawConfig, build_model, preset
+from openclaw_ref.prometheus import MetricsConfig, StepObserver, StepObservers
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
 
 OPTIMIZERS = ("adamw", "sgd")
+# Seed 004's AMP (claim L3): bf16 autocast on CPU, fp16 on GPU. Forward and loss only; no
+# GradScaler, so fp16 runs time the autocast cost, not a loss-scaled recipe.
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class TrainConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     data: DataConfig = field(default_factory=DataConfig)
     faults: tuple[FaultSpec, ...] = ()
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # exporter, P2 barrier
+    amp: str | None = None  # autocast dtype of forward + loss: None (fp32), "bf16" or "fp16"
     backend: str = "auto"
     timeout_s: float = 600.0
     progress: bool = True
@@ -75,6 +81,9 @@ class TrainConfig:
             raise BadInput(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
         if self.lr <= 0:
             raise BadInput(f"learning rate must be positive; got {self.lr}")
+        if self.amp is not None and self.amp not in AMP_DTYPES:
+            raise BadInput(f"amp must be one of {', '.join(AMP_DTYPES)} (or unset); "
+                           f"got {self.amp!r}")
         try:
             self.model_config()
         except ValueError as exc:
@@ -124,8 +133,23 @@ class RankLog:
     param_digest: str = ""
 
 
-def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict | None:
-    """One rank's run. Returns the run record on rank 0 and None elsewhere."""
+@dataclass
+class TrainResult:
+    model: nn.Module  # this rank's trained replica (unwrapped)
+    record: dict | None  # the run record on rank 0, None elsewhere
+
+
+def train_rank(ctx: RankContext, cfg: TrainConfig,
+               extra_observers: tuple[StepObserver, ...] = ()) -> dict | None:
+    """One rank's run. Returns the run record on rank 0 and None elsewhere.
+
+    ``extra_observers`` see every step like the exporter does (tests scrape from one)."""
+    return train_model(ctx, cfg, extra_observers).record
+
+
+def train_model(ctx: RankContext, cfg: TrainConfig,
+                extra_observers: tuple[StepObserver, ...] = ()) -> TrainResult:
+    """The training loop on one rank; also hands back the replica for equivalence checks."""
     model_cfg = cfg.model_config()
     ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
     faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size)
@@ -134,6 +158,8 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict | None:
     strategy = make_strategy(faults.sync_config(cfg.sync))
     probe = GradientProbe(model)
     module = strategy.wrap(model, ctx)
+    observers = StepObservers.from_config(cfg.metrics, ctx.rank, ctx.world_size, ctx.device,
+                                          ctx.store, extra_observers)
     opt = make_optimizer(cfg, model)
     timer = StepTimer(ctx.device)
     log = RankLog(ctx.rank)
@@ -147,11 +173,15 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict | None:
             probe.begin_step()
             strategy.begin_step(step)
             faults.before_forward(step, model)
-            logits = module(batch.tokens, batch.sample_ids, step)
-            loss = F.cross_entropy(logits, batch.labels)
+            with torch.autocast(ctx.device.type, dtype=AMP_DTYPES.get(cfg.amp or ""),
+                                enabled=cfg.amp is not None):
+                logits = module(batch.tokens, batch.sample_ids, step)
+                loss = F.cross_entropy(logits, batch.labels)
             faults.before_backward(step)
+            observers.before_backward(step)
             loss.backward()
             applied = strategy.finish_step(step)
+            faults.after_sync(step, model)
             if applied:
                 opt.step()
             opt.zero_grad(set_to_none=True)
@@ -163,7 +193,8 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict | None:
             log.missing_grads.append(probe.missing())
             log.realized_sparsity.append(model.realized_sparsity())
             log.mask_entropy.append(model.sparse_mask_entropy())
-            log.sync.append(strategy.step_metrics())
+            log.sync.append(observers.after_step(step, strategy.step_metrics(), applied,
+                                                 strategy.events))
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 val_curve.append((step, validation_loss(model, ds, ctx.device)))
             if bar is not None:
@@ -171,6 +202,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict | None:
                 bar.set_postfix(loss=f"{log.loss[-1]:.3f}")
         val_curve.append((cfg.steps - 1, validation_loss(model, ds, ctx.device)))
     except (ConsistencyError, SyncTimeout) as exc:
+        observers.on_event(exc.event())
         if ctx.is_main and cfg.out:
             record = _partial_record(ctx, cfg, log, strategy.events + [exc.event()])
             write_json_atomic(cfg.out, record)
@@ -180,18 +212,19 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict | None:
             bar.close()
         probe.remove()
         strategy.close()
+        observers.close()
     log.peak_memory_mb = peak_memory_mb(ctx.device)
     log.param_digest = params_digest(model.named_parameters())
     logs: list[RankLog] = [None] * ctx.world_size  # type: ignore[list-item]
     dist.all_gather_object(logs, log)
     events = [e.to_json() for e in strategy.events]
     if not ctx.is_main:
-        return None
+        return TrainResult(model, None)
     record = _record(ctx, cfg, logs, val_curve, events, strategy.summary(),
                      wall_s=time.perf_counter() - t_start)
     if cfg.out:
         write_json_atomic(cfg.out, record)
-    return record
+    return TrainResult(model, record)
 
 
 def _progress(ctx: RankContext, cfg: TrainConfig):
@@ -226,6 +259,7 @@ def _record(ctx: RankContext, cfg: TrainConfig, logs: list[RankLog],
             "realized_sparsity": logs[0].realized_sparsity[i],
             "mask_entropy_bits": logs[0].mask_entropy[i],
             "missing_grads": [len(lg.missing_grads[i]) for lg in logs],
+            "grad_presence_agrees": len({tuple(lg.missing_grads[i]) for lg in logs}) == 1,
             "grad_norms": {n: [lg.grad_norms[i].get(n) for lg in logs]
                            for n in logs[0].grad_norms[i]},
             "sync": logs[0].sync[i],

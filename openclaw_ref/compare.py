@@ -1,0 +1,351 @@
+"""``openclaw-bench compare``: the main comparison, run at this machine's scale.
+
+It trains the openclaw model under every sync strategy on every world size (interleaved and
+repeated, because sync variants differ by less than the timing noise here), runs the fault
+matrix, the precision matrix of seed 004 and the overflow sweep, and stores everything as one
+raw JSON with its environment. Rendering (tables, plots, the claims ledger) is ``report.py``'s
+job and reads only that JSON, so ``openclaw-bench report`` reproduces every file byte for byte.
+
+Nothing under ``results/<machine>/`` changes until every section has finished: an interrupted
+run leaves the previous results intact and says which sections it did not finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from openclaw_ref.environment import environment
+from openclaw_ref.errors import BadInput, ConsistencyError, RankFailed
+from openclaw_ref.launch import LaunchConfig, RankContext, RankPool, resolve_backend
+from openclaw_ref.sync import STRATEGIES
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.train import TrainConfig, train_model
+
+RAW_NAME = "raw.json"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row label of the comparison: a strategy with its knobs."""
+
+    label: str
+    sync: SyncConfig
+
+    @property
+    def available(self) -> bool:
+        return self.sync.name in STRATEGIES
+
+
+def default_variants(bucket_cap_mb: float) -> tuple[Variant, ...]:
+    def v(label: str, **kw: Any) -> Variant:
+        return Variant(label, SyncConfig(bucket_cap_mb=bucket_cap_mb, **kw))
+
+    return (
+        v("local (no sync)", name="local"),
+        v("ddp", name="ddp"),
+        v("ddp-fp16", name="ddp-fp16"),
+        v("hardened fp32", name="hardened", wire="fp32", replica_check_every=10),
+        v("hardened fp16", name="hardened", wire="fp16", replica_check_every=10),
+        v("hardened bf16", name="hardened", wire="bf16", replica_check_every=10),
+        v("bucketed static", name="bucketed", planner="static"),
+        v("bucketed norm-ema-agreed", name="bucketed", planner="norm-ema-agreed"),
+        v("bucketed norm-ema (seed F2)", name="bucketed", planner="norm-ema"),
+    )
+
+
+def default_world_sizes() -> tuple[int, ...]:
+    """1, 2, 4 on CPU; on a GPU box every power of two up to the GPU count."""
+    if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+        n = torch.cuda.device_count()
+        return tuple(w for w in (1, 2, 4, 8, 16, 32, 64) if w <= n)
+    return (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    world_sizes: tuple[int, ...] = field(default_factory=default_world_sizes)
+    preset: str = "tiny"
+    steps: int = 40
+    repeats: int = 3
+    global_batch: int = 32
+    bucket_cap_mb: float = 0.025  # the tiny model is 0.15 MB: this cap gives it ~6 buckets
+    curve_steps: int = 300
+    curve_world_size: int = 2
+    seed: int = 1
+    backend: str = "auto"
+    sections: tuple[str, ...] = ("strategies", "curves", "faults", "precision", "overflow",
+                                 "raw_allreduce")
+    out_root: str = "results"
+    tag: str | None = None
+
+    def validate(self) -> None:
+        if not self.world_sizes or min(self.world_sizes) < 1:
+            raise BadInput("world sizes must be >= 1")
+        for w in self.world_sizes:
+            if self.global_batch % w:
+                raise BadInput(f"global batch {self.global_batch} not divisible by world size {w}")
+        if self.steps < 5 or self.repeats < 1:
+            raise BadInput("need steps >= 5 and repeats >= 1")
+        unknown = set(self.sections) - set(SECTIONS)
+        if unknown:
+            raise BadInput(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+        resolve_backend(self.backend, max(self.world_sizes))
+
+    def out_dir(self) -> Path:
+        return Path(self.out_root) / (self.tag or machine_tag(self.backend, max(self.world_sizes)))
+
+
+def machine_tag(backend: str, world_size: int) -> str:
+    """Names the machine class a result belongs to, e.g. ``cpu2-gloo`` or ``8xH100-nccl``."""
+    backend = resolve_backend(backend, world_size)
+    if backend == "nccl":
+        name = torch.cuda.get_device_name(0).replace("NVIDIA ", "").split()[0]
+        return f"{torch.cuda.device_count()}x{name}-nccl"
+    return f"cpu{os.cpu_count()}-{backend}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank tasks (top-level so spawned ranks can import them)
+
+
+def run_and_return_params(ctx: RankContext, cfg: TrainConfig) -> dict | None:
+    """Train; rank 0 returns its record plus its final parameters for the correctness column."""
+    result = train_model(ctx, cfg)
+    if not ctx.is_main:
+        return None
+    params = {n: p.detach().to("cpu").clone() for n, p in result.model.named_parameters()}
+    return {"record": result.record, "params": params}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+@dataclass
+class Progress:
+    """Counts jobs across sections; a tqdm bar when it is a terminal, lines otherwise."""
+
+    total: int
+    done: int = 0
+    _bar: Any = None
+
+    def __post_init__(self) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=self.total, unit="job", desc="compare", mininterval=1.0)
+
+    def tick(self, what: str) -> None:
+        self.done += 1
+        self._bar.set_postfix_str(what[:60])
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[n].float() - b[n].float()).abs().max()) for n in a)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+def slim_run(record: dict) -> dict:
+    """The figures of one run that the tables and the ledger need (steps kept compactly)."""
+    steps = record["steps"]
+    skews = [b["skew_ms"] for s in steps for b in s["sync"].get("buckets", [])
+             if b.get("skew_ms") is not None]
+    norms = {n: [s["grad_norms"][n] for s in steps] for n in steps[0]["grad_norms"]}
+    return {
+        "summary": record["summary"],
+        "events": record["events"],
+        "step_ms": [s["step_ms"] for s in steps],
+        "rank_step_ms": [s["rank_step_ms"] for s in steps],
+        "loss": [s["loss"] for s in steps],
+        "applied": [s["applied"] for s in steps],
+        "missing_grads": [s["missing_grads"] for s in steps],
+        "grad_presence_agrees": [s["grad_presence_agrees"] for s in steps],
+        "realized_sparsity": [s["realized_sparsity"] for s in steps],
+        "mask_entropy_bits": [s["mask_entropy_bits"] for s in steps],
+        "skew_ms": skews,
+        "skew_p50_ms": _percentile(skews, 50),
+        "skew_p99_ms": _percentile(skews, 99),
+        "grad_norms": norms,
+        "sync_last": steps[-1]["sync"],
+        "validation": record.get("validation", []),
+    }
+
+
+def section_strategies(cfg: CompareConfig, pools: dict[int, RankPool], progress: Progress,
+                       variants: tuple[Variant, ...]) -> dict:
+    """Every variant × world size, repeated and interleaved (variant order rotates per repeat)."""
+    base = TrainConfig(preset=cfg.preset, steps=cfg.steps, global_batch=cfg.global_batch,
+                       seed=cfg.seed, eval_every=0, progress=False, backend=cfg.backend)
+    reference = pools[1].run(run_and_return_params,
+                             dataclasses.replace(base, world_size=1,
+                                                 sync=SyncConfig(name="local")))[0]["params"]
+    progress.tick("reference: 1 process")
+    runs: list[dict] = []
+    for repeat in range(cfg.repeats):
+        for w in cfg.world_sizes:
+            order = list(variants[repeat % len(variants):] + variants[:repeat % len(variants)])
+            for variant in order:
+                if not variant.available:
+                    progress.tick(f"{variant.label} (not available)")
+                    continue
+                tcfg = dataclasses.replace(base, world_size=w, sync=variant.sync)
+                row = {"variant": variant.label, "sync": dataclasses.asdict(variant.sync),
+                       "world_size": w, "repeat": repeat}
+                try:
+                    out = pools[w].run(run_and_return_params, tcfg)[0]
+                except RankFailed as exc:  # a strategy that fails is a result, not a crash
+                    if isinstance(exc.cause, ConsistencyError):
+                        row["stopped_by"] = exc.cause.event().to_json()
+                    row["error"] = exc.summary
+                    pools[w] = _pool(cfg, w)
+                else:
+                    row.update(slim_run(out["record"]))
+                    row["max_abs_diff_vs_reference"] = _max_abs_diff(out["params"], reference)
+                runs.append(row)
+                progress.tick(f"{variant.label} ×{w} r{repeat}")
+    return {"runs": runs, "reference": "1 process, no sync, same global batch and seed"}
+
+
+def section_curves(cfg: CompareConfig, pools: dict[int, RankPool], progress: Progress) -> dict:
+    """Long runs with frequent validation: does the seed's C1 spike pattern appear?"""
+    w = cfg.curve_world_size if cfg.curve_world_size in pools else max(pools)
+    out = {}
+    for label, sync in (("ddp", SyncConfig(name="ddp")),
+                        ("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=cfg.bucket_cap_mb))):
+        if sync.name not in STRATEGIES:
+            progress.tick(f"curve {label} (not available)")
+            continue
+        tcfg = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.curve_steps,
+                           global_batch=cfg.global_batch, seed=cfg.seed, eval_every=2,
+                           progress=False, sync=sync, backend=cfg.backend)
+        record = pools[w].run(run_and_return_params, tcfg)[0]["record"]
+        out[label] = {"world_size": w, **slim_run(record)}
+        progress.tick(f"curve {label}")
+    return out
+
+
+def _optional(module: str, attr: str) -> Callable | None:
+    """A section provided by another module of the suite, if this version has it."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
+
+
+SECTIONS: dict[str, str] = {
+    "strategies": "every strategy × world size, repeated",
+    "curves": "long loss/validation curves, ddp vs hardened",
+    "faults": "fault × strategy outcome matrix",
+    "precision": "seed 004's precision × devices matrix",
+    "overflow": "fp16 overflow rate vs scale",
+    "raw_allreduce": "raw flat allreduce of the same bytes",
+}
+
+
+def _pool(cfg: CompareConfig, world_size: int) -> RankPool:
+    return RankPool(LaunchConfig(world_size, backend=cfg.backend, timeout_s=900,
+                                 pg_timeout_s=120))
+
+
+def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None) -> dict:
+    """Run every requested section; returns the raw document (not yet written)."""
+    cfg.validate()
+    variants = variants or default_variants(cfg.bucket_cap_mb)
+    n_jobs = 1 + cfg.repeats * len(cfg.world_sizes) * len(variants) + 2 + 4
+    progress = Progress(n_jobs)
+    raw: dict[str, Any] = {
+        "meta": {
+            "environment": environment(resolve_backend(cfg.backend, max(cfg.world_sizes)),
+                                       max(cfg.world_sizes)),
+            "compare_config": dataclasses.asdict(cfg),
+            "sections_run": [], "sections_skipped": {},
+        },
+    }
+    pools: dict[int, RankPool] = {}
+    started = time.monotonic()
+    current = "starting rank pools"
+    try:
+        for w in sorted(set(cfg.world_sizes) | {1}):
+            pools[w] = _pool(cfg, w)
+        for name in cfg.sections:
+            current = name
+            t0 = time.monotonic()
+            if name == "strategies":
+                raw[name] = section_strategies(cfg, pools, progress, variants)
+            elif name == "curves":
+                raw[name] = section_curves(cfg, pools, progress)
+            else:
+                fn = _optional(*SECTION_PROVIDERS[name])
+                if fn is None:
+                    raw["meta"]["sections_skipped"][name] = "not provided by this version"
+                    progress.tick(f"{name} (skipped)")
+                    continue
+                raw[name] = fn(cfg, pools)
+                progress.tick(name)
+            raw["meta"]["sections_run"].append({"name": name,
+                                                "seconds": round(time.monotonic() - t0, 1)})
+    except KeyboardInterrupt:
+        done = [s["name"] for s in raw["meta"]["sections_run"]]
+        raise CompareInterrupted(done, [n for n in cfg.sections if n not in done], current) \
+            from None
+    finally:
+        progress.close()
+        for pool in pools.values():
+            pool.close()
+    raw["meta"]["wall_s"] = round(time.monotonic() - started, 1)
+    return raw
+
+
+class CompareInterrupted(Exception):
+    """Ctrl-C during a comparison: nothing was written; says what had and had not finished."""
+
+    def __init__(self, done: list[str], pending: list[str], current: str) -> None:
+        self.done, self.pending, self.current = done, pending, current
+        super().__init__(f"interrupted during {current!r}; finished: {done or 'nothing'}; "
+                         f"not finished: {pending}")
+
+
+def write_results(raw: dict, out_dir: Path) -> list[Path]:
+    """Store the raw document, then render every derived file from it (each write atomic)."""
+    from openclaw_ref.jsonio import write_json_atomic
+    from openclaw_ref.report import render_all
+
+    write_json_atomic(out_dir / RAW_NAME, raw)
+    return [out_dir / RAW_NAME] + render_all(out_dir)
+
+
+SECTION_PROVIDERS: dict[str, tuple[str, str]] = {
+    "faults": ("openclaw_ref.conform", "compare_section_faults"),
+    "precision": ("openclaw_ref.bench", "compare_section_precision"),
+    "overflow": ("openclaw_ref.conform", "compare_section_overflow"),
+    "raw_allreduce": ("openclaw_ref.bench", "compare_section_raw_allreduce"),
+}
+
+
+def median_by(runs: list[dict], key: str) -> dict[tuple[str, int], float]:
+    """Median of ``key`` over repeats, per (variant, world size)."""
+    groups: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        if "error" not in r and r.get(key) is not None:
+            groups.setdefault((r["variant"], r["world_size"]), []).append(r[key])
+    return {k: statistics.median(v) for k, v in groups.items()}

@@ -1,0 +1,135 @@
+"""Measure the seed's P2 policy: does a barrier on high skew help, or only move the wait?
+
+Runs the ``hardened`` strategy (its control block carries every rank's bucket-ready time) with
+the skew barrier off and on, interleaved and repeated on one rank pool, and reports per arm the
+median step time (slowest rank), the P2 statistic (largest across-rank std of a bucket's ready
+time), the bucket skew, the exposed sync time and how many barriers ran.
+
+Skew source: ``jitter_ms`` makes each rank sleep a seeded uniform Δt before every backward —
+the seed's M1 ("per-rank sparse-mask compute delay Δt in [0.3, 5.7] ms"); 0 = only the
+machine's own noise. Benchmarks (asv) can call ``measure_skew_barrier`` directly.
+
+    python -m openclaw_ref.p2bench --world-size 2 --steps 40 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import time
+from typing import Sequence
+
+from openclaw_ref.launch import RankContext, RankPool
+from openclaw_ref.prometheus import MetricsConfig
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.train import TrainConfig, train_rank
+
+SEED_JITTER_MS = (0.3, 5.7)  # the seed's M1 range
+
+
+class Jitter:
+    """Step observer that sleeps a seeded, rank-dependent Δt before each backward (M1)."""
+
+    def __init__(self, rank: int, lo_ms: float, hi_ms: float, seed: int = 0) -> None:
+        self.rng = random.Random(seed * 1009 + rank)
+        self.lo_ms, self.hi_ms = lo_ms, hi_ms
+
+    def before_backward(self, step: int) -> None:
+        time.sleep(self.rng.uniform(self.lo_ms, self.hi_ms) / 1e3)
+
+    def after_step(self, step, metrics, applied, events=()) -> None:
+        pass
+
+    def on_event(self, event) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _task(ctx: RankContext, cfg: TrainConfig, jitter: tuple[float, float] | None) -> dict | None:
+    extra = (Jitter(ctx.rank, *jitter, seed=cfg.seed),) if jitter else ()
+    return train_rank(ctx, cfg, extra)
+
+
+def step_stats(record: dict, warmup: int = 2) -> dict:
+    """Per-run figures from a run record (rank 0's), warm-up steps excluded."""
+    steps = record["steps"][warmup:]
+    ready_std, skew, sync = [], [], []
+    for s in steps:
+        buckets = s["sync"].get("buckets", [])
+        ready_std.append(max((statistics.pstdev(b["ready_ms"]) for b in buckets), default=0.0))
+        skew.append(max((b["skew_ms"] for b in buckets), default=0.0))
+        sync.append(s["sync"].get("sync_ms", 0.0))
+    step_ms = [s["step_ms"] for s in steps]
+    return {
+        "median_step_ms": statistics.median(step_ms),
+        "median_ready_std_ms": statistics.median(ready_std),
+        "p90_ready_std_ms": sorted(ready_std)[int(0.9 * (len(ready_std) - 1))],
+        "median_skew_ms": statistics.median(skew),
+        "median_sync_ms": statistics.median(sync),
+        "barriers": sum(bool(s["sync"].get("skew_barrier")) for s in record["steps"]),
+        "steps": len(record["steps"]),
+    }
+
+
+def measure_skew_barrier(world_size: int = 2, steps: int = 40, repeats: int = 3,
+                         threshold_ms: float = 1.5, jitter_ms: tuple[float, float] | None
+                         = SEED_JITTER_MS, preset: str = "tiny", pool: RankPool | None = None
+                         ) -> dict[str, list[dict]]:
+    """{"off": [stats per repeat], "on": [...]}, arms interleaved to share the machine's drift."""
+    from openclaw_ref.launch import LaunchConfig
+
+    base = TrainConfig(preset=preset, world_size=world_size, steps=steps, global_batch=8 *
+                       world_size, eval_every=0, progress=False, sync=SyncConfig(name="hardened"))
+    arms = {"off": base,
+            "on": dataclasses.replace(base, metrics=MetricsConfig(skew_barrier_ms=threshold_ms))}
+    own = pool is None
+    pool = pool or RankPool(LaunchConfig(world_size, backend="gloo", timeout_s=600))
+    out: dict[str, list[dict]] = {k: [] for k in arms}
+    try:
+        for _ in range(repeats):
+            for name, cfg in arms.items():
+                record = pool.run(_task, cfg, jitter_ms)[0]
+                out[name].append(step_stats(record))
+    finally:
+        if own:
+            pool.close()
+    return out
+
+
+def summarize(result: dict[str, list[dict]]) -> list[list]:
+    rows = []
+    for arm, runs in result.items():
+        rows.append([arm] + [round(statistics.median(r[k] for r in runs), 2) for k in
+                             ("median_step_ms", "median_ready_std_ms", "p90_ready_std_ms",
+                              "median_skew_ms", "median_sync_ms")]
+                    + [sum(r["barriers"] for r in runs), sum(r["steps"] for r in runs)])
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from tabulate import tabulate
+
+    p = argparse.ArgumentParser(prog="python -m openclaw_ref.p2bench", description=__doc__)
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threshold-ms", type=float, default=1.5)
+    p.add_argument("--jitter-ms", default="0.3,5.7", help="LOW,HIGH per-rank sleep; 0 = none")
+    a = p.parse_args(argv)
+    jitter = None if a.jitter_ms in ("0", "") else tuple(float(x) for x in a.jitter_ms.split(","))
+    result = measure_skew_barrier(a.world_size, a.steps, a.repeats, a.threshold_ms, jitter)
+    print(f"P2 skew barrier, hardened fp32, tiny, W={a.world_size}, {a.steps} steps × "
+          f"{a.repeats} repeats (interleaved), jitter {jitter or 'none'} ms, threshold "
+          f"{a.threshold_ms} ms; medians over repeats of per-run medians (2 warm-up steps out)")
+    print(tabulate(summarize(result), headers=["barrier", "step ms", "ready-std ms",
+                                               "p90 ready-std ms", "skew ms", "sync ms",
+                                               "barriers", "steps"], tablefmt="github"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
