@@ -6,13 +6,19 @@ from typing import Callable
 
 from openclaw_ref.errors import BadInput
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.bucketed import Bucketed
 from openclaw_ref.sync.ddp import StockDDP, StockDDPFP16
+from openclaw_ref.sync.hardened import HardenState, Hardened, harden
+from openclaw_ref.sync.detail import DetailDDP
 from openclaw_ref.sync.local import LocalOnly
 
 STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {
     "ddp": StockDDP,
     "ddp-fp16": StockDDPFP16,
+    "ddp-detail": DetailDDP,  # TORCH_DISTRIBUTED_DEBUG=DETAIL, the check to beat
     "local": LocalOnly,
+    "hardened": Hardened,
+    "bucketed": Bucketed,
 }
 
 
@@ -22,4 +28,4 @@ def make_strategy(cfg: SyncConfig) -> SyncStrategy:
     return STRATEGIES[cfg.name](cfg)
 
 
-__all__ = ["STRATEGIES", "SyncConfig", "SyncStrategy", "make_strategy"]
+__all__ = ["STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy"]

@@ -1,0 +1,140 @@
+"""Wire precision: one power-of-two scale for every rank, divide before the cast, overflow
+counted after the allreduce and handled by every rank together.
+
+Order of operations per bucket (the invariant that makes FP16 safe):
+
+    wire = cast(g_local · 2^e / W)      # divide by the world size BEFORE the cast
+    wire = SUM over ranks (allreduce)
+    g    = float32(wire) · 2^-e
+
+An element therefore overflows on the wire only when the *average* (scaled) exceeds 65504, not
+when one rank's local element does — contrast torch's ``fp16_compress_hook``, which casts first
+and turns any local |g| ≥ 65520 into inf. Scaling by a power of two is exact; dividing by a
+power-of-two W is exact too.
+
+The exponent ``e`` is the same on every rank: fixed (``--scale 4096`` → e = 12, the seed's) or
+``auto`` — backed off by one on a step whose *reduced* gradients overflowed and grown by one after
+``growth_interval`` clean steps. Both decisions read only the reduced result, which is bitwise
+identical on every rank, so the exponent sequence is identical everywhere by construction (and
+the control block checks it every bucket anyway). fp32 and bf16 wires go through the same path
+with e = 0: bf16 has fp32's exponent range, so it needs no scale, only the per-element rounding.
+``SyncConfig.per_rank_scale`` overrides the exponent on named ranks: the fault hook for the seed's
+M4 (ranks pre-scaling differently), which the control block must catch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from openclaw_ref.sync.base import SyncConfig
+
+WIRE_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+}
+MIN_EXP, MAX_EXP = 0, 24
+DEFAULT_AUTO_EXP = 12  # the seed's 2^12, the starting point of the dynamic scale
+GROWTH_INTERVAL = 100  # clean steps before the dynamic scale doubles
+
+
+@dataclass
+class ScalePolicy:
+    """The pre-scale exponent of this run; ``update`` is called once per step on every rank with
+    the shared overflow verdict."""
+
+    wire: str
+    auto: bool
+    exponent: int
+    per_rank: dict[int, int] = field(default_factory=dict)
+    growth_interval: int = GROWTH_INTERVAL
+    clean_steps: int = 0
+    backoffs: int = 0
+    growths: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: SyncConfig) -> "ScalePolicy":
+        if cfg.wire != "fp16":
+            return cls(cfg.wire, False, 0, dict(cfg.per_rank_scale))
+        if cfg.scale == "auto":
+            return cls(cfg.wire, True, DEFAULT_AUTO_EXP, dict(cfg.per_rank_scale))
+        return cls(cfg.wire, False, int(math.log2(int(cfg.scale))), dict(cfg.per_rank_scale))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return WIRE_DTYPES[self.wire]
+
+    def exponent_for(self, rank: int) -> int:
+        """This rank's exponent: the shared one, unless the fault hook overrides it."""
+        return self.per_rank.get(rank, self.exponent)
+
+    def update(self, overflowed: bool) -> None:
+        """Dynamic scale: back off on an overflowed step, grow after N clean ones."""
+        if not self.auto:
+            return
+        if overflowed:
+            self.clean_steps = 0
+            if self.exponent > MIN_EXP:
+                self.exponent -= 1
+                self.backoffs += 1
+            return
+        self.clean_steps += 1
+        if self.clean_steps >= self.growth_interval and self.exponent < MAX_EXP:
+            self.exponent += 1
+            self.growths += 1
+            self.clean_steps = 0
+
+
+def to_wire(grad: torch.Tensor, out: torch.Tensor, world_size: int, exponent: int) -> torch.Tensor:
+    """Write ``grad · 2^exponent / W`` into ``out`` (wire dtype), dividing before any cast.
+
+    Returns a 0-dim bool tensor, True if ``grad`` held a NaN/inf *before* the cast (no host
+    sync: it is written into the control block on the device)."""
+    if out.dtype == grad.dtype:
+        divisor = world_size if exponent == 0 else world_size * 2.0 ** -exponent
+        torch.div(grad, divisor, out=out)
+        return torch.isfinite(out).logical_not().any()
+    scaled = grad.div(world_size * 2.0 ** -exponent)
+    out.copy_(scaled)
+    return torch.isfinite(scaled).logical_not().any()
+
+
+def from_wire(reduced: torch.Tensor, exponent: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The averaged gradient in ``dtype``: a view when nothing needs converting (fp32, e = 0)."""
+    if reduced.dtype == dtype and exponent == 0:
+        return reduced
+    out = reduced.to(dtype)
+    return out.mul_(2.0 ** -exponent) if exponent else out
+
+
+def count_nonfinite(t: torch.Tensor) -> torch.Tensor:
+    """Number of NaN/inf elements as a device scalar (read later with the step's one host sync)."""
+    return torch.isfinite(t).logical_not().sum()
+
+
+@dataclass
+class OverflowStats:
+    """Totals for the run: overflow rate in elements and in steps, and skipped steps."""
+
+    steps: int = 0
+    overflowed_steps: int = 0
+    skipped_steps: int = 0
+    elements: int = 0
+    overflow_elements: int = 0
+
+    def add(self, elements: int, overflow_elements: int, skipped: bool) -> None:
+        self.steps += 1
+        self.elements += elements
+        self.overflow_elements += overflow_elements
+        self.overflowed_steps += overflow_elements > 0
+        self.skipped_steps += skipped
+
+    def to_json(self) -> dict:
+        return {
+            "steps": self.steps, "skipped_steps": self.skipped_steps,
+            "overflowed_steps": self.overflowed_steps,
+            "elements": self.elements, "overflow_elements": self.overflow_elements,
+            "overflow_rate_elements": self.overflow_elements / self.elements if self.elements else 0.0,
+            "overflow_rate_steps": self.overflowed_steps / self.steps if self.steps else 0.0,
+        }

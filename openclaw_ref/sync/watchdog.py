@@ -1,0 +1,134 @@
+"""Hangs become errors: a per-rank watchdog thread that names the ranks a stuck allreduce waits for.
+
+The hot path only stores two Python values per bucket (``issued``/``completed``: no I/O, no
+lock contention). A background thread, every ``tick_s``:
+  1. publishes this rank's progress — the latest (step, bucket) it *issued* — to the c10d store
+     under ``<namespace>/<rank>`` (only when it changed);
+  2. if one of this rank's allreduces has been in flight longer than ``deadline_s``, reads every
+     rank's published progress, names those behind (step, bucket) — the ranks that have not
+     arrived at the collective — and calls ``on_timeout(SyncTimeout(...))``.
+
+The main thread is then blocked inside a gloo/NCCL collective, so nothing it could raise would
+ever be seen: ``on_timeout`` must report and end the process itself (``RankContext.report_fatal``
+sends the error to the launcher and ``os._exit(4)``s). Progress is compared as (step, bucket)
+tuples because every rank issues buckets in increasing index order within a step.
+
+Published progress may be up to one tick stale; a rank that arrives within that tick completes
+the collective, so it is never named. ``deadline_s`` must exceed the slowest legitimate bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Callable
+
+import torch.distributed as dist
+
+from openclaw_ref.errors import SyncTimeout
+
+Progress = tuple[int, int]  # (step, bucket)
+NOT_STARTED: Progress = (-1, -1)
+
+
+def exit_fatal(exc: BaseException) -> None:
+    """Fallback reporter outside the launcher (e.g. a user's own torchrun script)."""
+    sys.stderr.write(f"openclaw watchdog: {exc}\n")
+    sys.stderr.flush()
+    os._exit(getattr(exc, "exit_code", 1))
+
+
+def namespace_for(store: dist.Store, rank: int, prefix: str = "openclaw/watchdog") -> str:
+    """A key namespace unique to this construction, agreed without a collective: each rank
+    counts its own constructions in the store, and every rank constructs the same strategies in
+    the same order, so the counters agree."""
+    generation = store.add(f"{prefix}/generation/{rank}", 1)
+    return f"{prefix}/{generation}"
+
+
+class Watchdog:
+    """See the module docstring. ``close()`` stops the thread (never blocks on other ranks)."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, deadline_s: float,
+                 namespace: str, on_timeout: Callable[[BaseException], None] = exit_fatal,
+                 tick_s: float | None = None) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.deadline_s = deadline_s
+        self.namespace = namespace
+        self.on_timeout = on_timeout
+        self.tick_s = tick_s if tick_s is not None else max(0.02, min(1.0, deadline_s / 5))
+        self._progress: Progress = NOT_STARTED
+        self._inflight: dict[Progress, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.fired: SyncTimeout | None = None
+        store.set(self._key(rank), _fmt(NOT_STARTED))
+        self._thread = threading.Thread(target=self._run, name=f"openclaw-watchdog-{rank}",
+                                         daemon=True)
+        self._thread.start()
+
+    def _key(self, rank: int) -> str:
+        return f"{self.namespace}/{rank}"
+
+    # hot path -----------------------------------------------------------------------------
+    def issued(self, step: int, bucket: int) -> None:
+        with self._lock:
+            self._inflight[(step, bucket)] = time.monotonic()
+            self._progress = (step, bucket)
+
+    def completed(self, step: int, bucket: int) -> None:
+        with self._lock:
+            self._inflight.pop((step, bucket), None)
+
+    # background ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        published = NOT_STARTED
+        while not self._stop.wait(self.tick_s):
+            progress = self._progress
+            if progress != published:
+                self.store.set(self._key(self.rank), _fmt(progress))
+                published = progress
+            with self._lock:
+                overdue = [(t, key) for key, t in self._inflight.items()
+                           if time.monotonic() - t > self.deadline_s]
+            if overdue:
+                t, (step, bucket) = min(overdue)
+                late = self.late_ranks((step, bucket))
+                self.fired = SyncTimeout(
+                    f"rank {self.rank}: allreduce of bucket {bucket} at step {step} still waiting "
+                    f"after {time.monotonic() - t:.1f} s (deadline {self.deadline_s:g} s)",
+                    ranks=late, step=step, bucket=bucket)
+                self.on_timeout(self.fired)
+                return
+
+    def late_ranks(self, waiting_for: Progress) -> list[int]:
+        """Ranks whose published progress has not reached ``waiting_for``."""
+        late = []
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            key = self._key(r)
+            if not self.store.check([key]):
+                late.append(r)
+                continue
+            if _parse(self.store.get(key)) < waiting_for:
+                late.append(r)
+        return late
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * self.tick_s + 1)
+
+
+def _fmt(p: Progress) -> str:
+    return f"{p[0]}:{p[1]}"
+
+
+def _parse(raw: bytes) -> Progress:
+    step, bucket = raw.decode().split(":")
+    return int(step), int(bucket)

@@ -1,0 +1,198 @@
+"""Every check of the hardened hook fires on its injected fault, naming the right rank, step and
+bucket — identically on every rank — and stays silent without one."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.errors import (
+    BucketMisalignment, ClockMismatch, ConsistencyError, NonFiniteGradient, ParameterMismatch,
+    RankFailed, ReplicaDivergence, ScaleMismatch, SyncTimeout,
+)
+from openclaw_ref.launch import LaunchConfig, RankPool
+from openclaw_ref.model import build_model, preset
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.ddp import wrap_ddp
+from openclaw_ref.sync.hardened import harden
+
+WATCHED = "layer.3.attn.v_proj.weight"  # the seed's C2 parameter
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A test-only fault on one rank: ``clock`` (logical clock one ahead from ``step``),
+    ``swap`` (experts 0 and 1 of layer 0 registered in swapped order), ``nan`` / ``huge`` (a
+    gradient multiplied by NaN / 1e9 at ``step``), ``perturb`` (a weight nudged after ``step``),
+    ``sleep`` (stall before backward at ``step``), ``cap`` (half the bucket cap on one rank)."""
+
+    kind: str = "none"
+    rank: int = 1
+    step: int = 1
+
+
+def _swap_registration(model) -> None:
+    """Register experts 0 and 1 of layer 0 in swapped order: every shape by index is unchanged
+    (DDP's own check passes), but each name now sits at the other's index."""
+    experts = model.layer[0].ffn.experts
+    mods = experts._modules
+    order = ["1", "0"] + [k for k in mods if k not in ("0", "1")]
+    experts._modules = type(mods)((k, mods[k]) for k in order)
+
+
+def run_with_fault(ctx, sync: SyncConfig, fault: Fault, steps: int = 3,
+                   check_construction: bool = True) -> dict:
+    """A plain DDP training loop with ``harden``; returns what each rank saw (never raises a
+    ConsistencyError, so the pool stays usable)."""
+    import time
+
+    cfg = preset("tiny")
+    ds = SkillDataset(cfg, DataConfig())
+    model = build_model(cfg)
+    mine = fault.rank == ctx.rank
+    if fault.kind == "swap" and mine:
+        _swap_registration(model)
+    seen: dict = {"error": None, "applied": [], "metrics": [], "summary": None}
+    state = None
+    if fault.kind == "cap" and mine:
+        sync = dataclasses.replace(sync, bucket_cap_mb=sync.bucket_cap_mb / 2)
+    try:
+        ddp = wrap_ddp(model, ctx, sync)
+        state = harden(ddp, sync, ctx, check_construction=check_construction)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        watched = dict(model.named_parameters())[WATCHED]
+        for step in range(steps):
+            ahead = fault.kind == "clock" and mine and step >= fault.step
+            state.begin_step(step + 1 if ahead else step)
+            batch = rank_batch(ds, step, 8, ctx.rank, ctx.world_size)
+            loss = F.cross_entropy(ddp(batch.tokens, batch.sample_ids, step), batch.labels)
+            handle = None
+            if mine and step == fault.step and fault.kind in ("nan", "huge"):
+                factor = float("nan") if fault.kind == "nan" else 1e9
+                handle = watched.register_hook(lambda g: g * factor)
+            if mine and step == fault.step and fault.kind == "sleep":
+                time.sleep(5.0)
+            loss.backward()
+            if handle is not None:
+                handle.remove()
+            applied = state.finish_step(step)
+            seen["applied"].append(applied)
+            seen["metrics"].append(state.step_metrics())
+            if applied:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            if mine and step == fault.step and fault.kind == "perturb":
+                with torch.no_grad():
+                    watched.add_(1e-3)
+        seen["summary"] = state.summary()
+    except ConsistencyError as exc:
+        seen["error"] = exc
+    finally:
+        if state is not None:
+            state.close()
+    return seen
+
+
+def _same_error_everywhere(results: list[dict], kind: type) -> ConsistencyError:
+    errors = [r["error"] for r in results]
+    assert all(isinstance(e, kind) for e in errors), errors
+    first = errors[0]
+    for e in errors[1:]:
+        assert (e.step, e.ranks, e.bucket) == (first.step, first.ranks, first.bucket)
+    return first
+
+
+def test_no_fault_no_alarm(pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", wire="fp16"), Fault())
+    assert all(r["error"] is None and r["applied"] == [True] * 3 for r in results)
+    assert results[0]["summary"]["checks_run"] == results[0]["summary"]["checks_passed"] > 3
+
+
+def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("clock", 1, 1))
+    err = _same_error_everywhere(results, ClockMismatch)
+    assert err.ranks == [1] and err.step == 1 and err.bucket is not None
+
+
+def test_the_seeds_scale_mismatch_is_caught_naming_the_rank(pools):
+    sync = SyncConfig("hardened", wire="fp16", per_rank_scale={3: 10})  # 2^12 vs 2^10 (M4)
+    results = pools.get(4).run(run_with_fault, sync, Fault())
+    err = _same_error_everywhere(results, ScaleMismatch)
+    assert err.ranks == [3] and err.step == 0
+
+
+def test_scale_mismatch_is_caught_on_the_fp32_wire_too(pools):
+    sync = SyncConfig("hardened", wire="fp32", per_rank_scale={1: 3})
+    err = _same_error_everywhere(pools.get(2).run(run_with_fault, sync, Fault()), ScaleMismatch)
+    assert err.ranks == [1]
+
+
+def test_swapped_same_shaped_parameters_fail_the_construction_check(pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("swap", 1))
+    err = _same_error_everywhere(results, ParameterMismatch)
+    assert err.ranks == [1]
+    assert "layer.0.ffn.experts.0.w1.weight" in err.params
+
+
+def test_swapped_parameters_that_ddp_accepts_are_caught_in_band_as_misalignment(pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", bucket_cap_mb=0.01),
+                               Fault("swap", 1), 3, False)
+    err = _same_error_everywhere(results, BucketMisalignment)
+    assert err.ranks == [1] and err.step == 0
+    assert any(p.startswith("layer.0.ffn.experts.") for p in err.params)
+
+
+def test_a_rank_with_another_bucket_cap_is_named_at_construction_not_aborted_by_gloo(pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", bucket_cap_mb=0.02),
+                               Fault("cap", 1))
+    err = _same_error_everywhere(results, BucketMisalignment)
+    assert err.ranks == [1] and err.step is None
+
+
+def test_a_nan_gradient_on_one_rank_raises_non_finite_naming_it(pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", wire="fp16"),
+                               Fault("nan", 1, 1))
+    err = _same_error_everywhere(results, NonFiniteGradient)
+    assert err.ranks == [1] and err.step == 1
+
+
+def test_a_wire_overflow_skips_the_step_on_every_rank_and_backs_off_the_scale(pools):
+    sync = SyncConfig("hardened", wire="fp16", scale="auto")
+    results = pools.get(2).run(run_with_fault, sync, Fault("huge", 1, 1))
+    for r in results:
+        assert r["error"] is None
+        assert r["applied"] == [True, False, True]
+        assert r["metrics"][1]["overflowed"] and r["metrics"][1]["overflow_elements"] > 0
+        assert r["metrics"][2]["scale_exp"] == r["metrics"][1]["scale_exp"] - 1
+        assert r["summary"]["skipped_steps"] == 1
+        assert 0 < r["summary"]["overflow_rate_elements"] < 1
+
+
+def test_a_diverged_replica_is_named_by_the_replica_check(pools):
+    sync = SyncConfig("hardened", replica_check_every=1)
+    results = pools.get(2).run(run_with_fault, sync, Fault("perturb", 1, 1))
+    err = _same_error_everywhere(results, ReplicaDivergence)
+    assert err.ranks == [1] and err.step == 2 and err.params == [WATCHED]
+
+
+def test_replica_checks_pass_and_are_counted_without_a_fault(pools):
+    sync = SyncConfig("hardened", replica_check_every=2)
+    results = pools.get(2).run(run_with_fault, sync, Fault(), 4)
+    assert results[0]["error"] is None
+    assert results[0]["summary"]["replica_checks"] == 2
+
+
+def test_a_stalled_rank_is_named_by_the_watchdog_with_exit_code_4():
+    sync = SyncConfig("hardened", watchdog_s=0.5)
+    with RankPool(LaunchConfig(2, backend="gloo", pg_timeout_s=30.0, timeout_s=60)) as pool:
+        with pytest.raises(RankFailed) as err:
+            pool.run(run_with_fault, sync, Fault("sleep", 1, 1))
+    assert err.value.rank == 0
+    assert isinstance(err.value.cause, SyncTimeout)
+    assert err.value.cause.ranks == [1] and err.value.cause.step == 1
+    assert err.value.exit_code == 4
