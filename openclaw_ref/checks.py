@@ -11,6 +11,7 @@ import hashlib
 from typing import Iterable
 
 import torch
+from torch import nn
 
 from openclaw_ref.errors import (
     BucketMisalignment, ConsistencyError, ParameterMismatch, ReplicaDivergence, ShapeMismatch,
@@ -177,3 +178,23 @@ def replica_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int, group
     if diverged:
         raise ReplicaDivergence(f"{len(diverged)} parameter(s) differ bitwise across ranks",
                                 step=step, ranks=sorted(ranks), params=diverged)
+
+
+def required_gradient_names(module: nn.Module) -> set[str] | None:
+    """Names (relative to ``module``) of parameters that must get a gradient every step.
+
+    A submodule that implements ``conditional_parameter_names()`` (the sparse-gradient
+    contract) declares which of its parameters may go without; every other parameter of such a
+    submodule is required. Without any declaration nothing is required (None): presence cannot
+    be judged, and absence is then never an error.
+    """
+    required: set[str] | None = None
+    for prefix, sub in module.named_modules():
+        declare = getattr(sub, "conditional_parameter_names", None)
+        if not callable(declare):
+            continue
+        base = f"{prefix}." if prefix else ""
+        optional = set(declare())
+        mine = {f"{base}{n}" for n, _ in sub.named_parameters() if n not in optional}
+        required = (required or set()) | mine
+    return required

@@ -101,6 +101,11 @@ class ShapeMismatch(ConsistencyError):
     """Gradient manifests (names, shapes, dtypes, presence) differ between ranks."""
 
 
+class MissingGradient(ConsistencyError):
+    """A parameter the model declares always-used got no gradient on some ranks: DDP would
+    zero-fill it and the average would silently lose that rank's contribution."""
+
+
 class ParameterMismatch(ConsistencyError):
     """Parameter names, shapes, dtypes or order differ between ranks at construction."""
 

@@ -311,6 +311,12 @@ class OpenClawModel(nn.Module):
                     std = 0.02 if "embed" in name or "pos" in name else 1.0 / math.sqrt(p.shape[1])
                     p.copy_(torch.randn(p.shape, generator=g) * std)
 
+    def conditional_parameter_names(self) -> list[str]:
+        """Parameters that may legitimately get no gradient on a rank in a step (experts no
+        sample was routed to). Every other parameter must receive one every step: the
+        hardened sync checks that contract (seed P3's ``SparseGradientContract``)."""
+        return [n for n, _ in self.named_parameters() if ".experts." in n]
+
     def gating_units(self) -> list[SparseGatingUnit]:
         return [blk.ffn.gate for blk in self.layer]
 

@@ -55,6 +55,9 @@ class BucketedEngine:
         self.group = group
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named]
+        required = checks.required_gradient_names(model)
+        self.required = {i for i, (n, _) in enumerate(self.named)
+                         if required is not None and n in required}
         self.info = [ParamInfo(n, tuple(p.shape), str(p.dtype), p.numel()) for n, p in self.named]
         self.planner: Planner = make_planner(cfg.planner, self.info)
         self.policy = ScalePolicy.from_config(cfg)
@@ -150,9 +153,11 @@ class BucketedEngine:
                 wire[frame.elements:frame.elements + extra].copy_(
                     torch.tensor([g is not None for g in grads], dtype=wire.dtype))
             block = wire[frame.elements + extra:]
+            absent = next((i for i, pc in enumerate(frame.pieces)
+                           if grads[pc.param] is None and pc.param in self.required), None)
             write_block(block, self.rank, encode_slot(
                 clock=self.clock, bucket=frame.index, digest=frame.digest, scale_exp=exponent,
-                ready_s=time.perf_counter() - self.step_t0), flag)
+                ready_s=time.perf_counter() - self.step_t0, absent=absent), flag)
             records.append(BucketRecord(frame.index, list(frame.names), frame.elements, block,
                                         wire[:frame.elements]))
             self.watchdog.issued(self.clock, frame.index)

@@ -20,12 +20,15 @@ Fields of a slot (chunks, most significant first):
                     wire cast (a genuine non-finite gradient, as opposed to a wire overflow)
   ``ready``      3  bucket-ready time relative to the rank's step start, in units of
                     ``READY_UNIT_US`` µs (floor), saturating at 2**24 − 1 units (≈ 167 s)
+  ``absent``     2  1 + the member index of the first *required* parameter (one the model does
+                    not declare conditional) that got no local gradient this step; 0 = none
 
 Decision rule (``verify``). The verdict is a pure function of the reduced block, which is
 bitwise identical on every rank, so every rank raises the same error at the same step and bucket
 or none does. For each field the reference value is the one most ranks report (ties: the value
 of the lowest such rank); the ranks reporting anything else are the disagreeing ranks.
-Checks run in cause order: missing slot → clock → bucket index/membership → scale → non-finite.
+Checks run in cause order: missing slot → clock → bucket index/membership → scale → non-finite
+→ absent required gradient.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Sequence
 import torch
 
 from openclaw_ref.errors import (
-    BucketMisalignment, ClockMismatch, NonFiniteGradient, ScaleMismatch,
+    BucketMisalignment, ClockMismatch, MissingGradient, NonFiniteGradient, ScaleMismatch,
 )
 
 CHUNK_BITS = 8
@@ -51,7 +54,7 @@ SCALE_OFFSET = 128
 # (name, chunks) in slot order
 FIELDS: tuple[tuple[str, int], ...] = (
     ("magic", 1), ("clock", 4), ("bucket", 2), ("digest", 8), ("scale", 1), ("nonfinite", 1),
-    ("ready", 3),
+    ("ready", 3), ("absent", 2),
 )
 SLOT_FIELDS = sum(n for _, n in FIELDS)
 _OFFSET: dict[str, int] = {}
@@ -92,13 +95,17 @@ def ready_units(ready_s: float) -> int:
     return max(0, min(CHUNK ** 3 - 1, int(ready_s * 1e6 / READY_UNIT_US)))
 
 
-def encode_slot(*, clock: int, bucket: int, digest: int, scale_exp: int, ready_s: float) -> list[int]:
+def encode_slot(*, clock: int, bucket: int, digest: int, scale_exp: int, ready_s: float,
+                absent: int | None = None) -> list[int]:
     """The slot of one rank, as 8-bit integers; ``nonfinite`` is 0 here and set on the device
-    by ``write_block`` (it is a tensor result, read without a host sync)."""
+    by ``write_block`` (it is a tensor result, read without a host sync). ``absent``: member
+    index of the first required parameter without a local gradient, or None."""
     if not -SCALE_OFFSET <= scale_exp < SCALE_OFFSET:
         raise ValueError(f"scale exponent {scale_exp} outside the control block's range")
+    absent_code = 0 if absent is None else min(absent + 1, CHUNK ** 2 - 1)
     return ([MAGIC] + _chunks(clock, 4) + _chunks(bucket, 2) + _chunks(digest, 8)
-            + [scale_exp + SCALE_OFFSET, 0] + _chunks(ready_units(ready_s), 3))
+            + [scale_exp + SCALE_OFFSET, 0] + _chunks(ready_units(ready_s), 3)
+            + _chunks(absent_code, 2))
 
 
 def write_block(block: torch.Tensor, rank: int, slot: Sequence[int],
@@ -122,6 +129,7 @@ class Slot:
     scale_exp: int = 0
     nonfinite: bool = False
     ready_ms: float = 0.0
+    absent: int | None = None  # member index of the first required parameter without gradient
 
 
 def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
@@ -144,7 +152,8 @@ def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
             True, clock=_unchunk(field("clock")), bucket=_unchunk(field("bucket")),
             digest=_unchunk(field("digest")), scale_exp=field("scale")[0] - SCALE_OFFSET,
             nonfinite=bool(field("nonfinite")[0]),
-            ready_ms=_unchunk(field("ready")) * READY_UNIT_US / 1e3))
+            ready_ms=_unchunk(field("ready")) * READY_UNIT_US / 1e3,
+            absent=(_unchunk(field("absent")) - 1) if _unchunk(field("absent")) else None))
     return slots
 
 
@@ -209,6 +218,14 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
     if bad:
         raise NonFiniteGradient("local gradients held NaN/inf before the wire",
                                 step=step, ranks=bad, bucket=int(index), params=params)
+    absent = [r for r, s in enumerate(slots) if s.absent is not None]
+    if absent:
+        first = slots[absent[0]].absent
+        named = [params[first]] if first is not None and first < len(params) else params
+        raise MissingGradient(
+            f"required parameter(s) got no gradient on these ranks (member index "
+            f"{ {r: slots[r].absent for r in absent} }); the sum would silently miss them",
+            step=step, ranks=absent, bucket=int(index), params=named)
     ready = [s.ready_ms for s in slots]
     late_rank = max(range(len(ready)), key=lambda r: (ready[r], -r))
     return BucketVerdict(int(index), ready, max(ready) - min(ready), late_rank)

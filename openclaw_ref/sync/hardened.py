@@ -72,6 +72,8 @@ class HardenState:
         self._members: dict[tuple[int, ...], tuple[int, list[str]]] = {}
         self._wires: dict[int, torch.Tensor] = {}
         self._records: list[BucketRecord] = []
+        self.required: set[int] = set()  # ids of parameters that must get a gradient every step
+        self.present: set[int] = set()  # required parameters that got a local gradient this step
         # statistics
         self.ledger = Ledger(world_size, self.policy)
         self.events: list[Event] = []
@@ -91,6 +93,19 @@ class HardenState:
             got = self._members[key] = (membership_digest(members), names)
         return got
 
+    def first_absent(self, bucket: dist.GradBucket) -> int | None:
+        """Member index of the first required parameter with no local gradient this step.
+
+        Presence comes from tensor hooks, which fire before the gradient is accumulated and so
+        before DDP can mark the bucket ready; DDP zero-fills an absent gradient in the bucket,
+        which is why the buffer itself cannot tell."""
+        if not self.required:
+            return None
+        for i, p in enumerate(bucket.parameters()):
+            if id(p) in self.required and id(p) not in self.present:
+                return i
+        return None
+
     def wire_buffer(self, index: int, n: int, device: torch.device) -> torch.Tensor:
         """A reused buffer per bucket: DDP copies the hook's result out into the gradients
         before the next step, so the previous step's reduced values are never needed again."""
@@ -106,6 +121,7 @@ class HardenState:
         self.clock = step
         self._explicit_clock = True
         self._records = []
+        self.present.clear()
         self._first_issue = None
         k = self.cfg.replica_check_every
         if k and step % k == 0 and self.named_parameters:
@@ -157,7 +173,7 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     block = wire[n:]
     write_block(block, state.rank,
                 encode_slot(clock=state.clock, bucket=index, digest=digest, scale_exp=exponent,
-                            ready_s=t - state.step_t0),
+                            ready_s=t - state.step_t0, absent=state.first_absent(bucket)),
                 local_nonfinite)
     state._records.append(BucketRecord(index, names, n, block, wire[:n]))
     clock, watchdog = state.clock, state.watchdog
@@ -200,6 +216,11 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankContext | Non
         checks.construction_check(named, group=group, layout=_bucket_sizes(ddp_model))
     state = HardenState(cfg, rank, world, {id(p): n for n, p in named}, group)
     state.named_parameters = named
+    required = checks.required_gradient_names(ddp_model.module)
+    for name, p in named:
+        if required is not None and name in required and p.requires_grad:
+            state.required.add(id(p))
+            p.register_hook(lambda grad, key=id(p): state.present.add(key))
     if check_construction:
         state.ledger.count_check(True)
     store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()

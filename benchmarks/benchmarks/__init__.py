@@ -1,0 +1,1 @@
+"""asv benchmarks of gradient synchronization (see ``common.py`` for how jobs are shared)."""

@@ -1,0 +1,63 @@
+"""What every benchmark class shares: the settings, the parameter lists, and the job cache.
+
+One (strategy, world size) job yields a dozen figures; asv runs each ``track_*`` of each
+parameter combination in a fresh process. So every class inherits one ``setup_cache`` (one
+cache key: asv runs it once per run and environment) whose only job is to hand out asv's
+per-run directory; the first figure asked of a case runs its job and stores the figures there
+as JSON, the others read them (``openclaw_ref.bench.CaseCache``). asv deletes the directory
+when the run ends, so no figure outlives the run that measured it.
+
+Knobs are environment variables read at import (asv's parameters are fixed at discovery):
+``OPENCLAW_BENCH_MAX_WORLD`` (default 8), ``_PRESET`` (small), ``_STEPS`` (12),
+``_GLOBAL_BATCH`` (16), ``_RAW_ITERS`` (10), ``_BACKENDS`` (auto), ``_SEED`` (1).
+Every job is seeded (model, data and sparsity schedule derive from ``_SEED``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+from openclaw_ref import bench
+from openclaw_ref.bench import PRECISIONS, STRATEGY_CASES, BenchSettings, Case, CaseCache
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> BenchSettings:
+    return BenchSettings.from_env()
+
+
+WORLD_SIZES = list(settings().world_sizes)
+BACKENDS = list(settings().backend_params())
+STRATEGIES = list(STRATEGY_CASES)
+SEED004_PRECISIONS = list(PRECISIONS)
+
+
+def case_figures(cache_dir: str, kind: str, label: str, world_size: int, backend: str) -> dict:
+    """The figures of one case (its job runs the first time any figure of it is asked for).
+    Raises NotImplementedError — asv's skip — for unsupported cases."""
+    return bench.case_figures(Case(kind, label, world_size, backend), settings(),
+                              CaseCache(cache_dir))
+
+
+def need(figures: dict, key: str) -> float:
+    """One figure as a float. A figure this case does not have (a strategy that reports no
+    per-bucket skew, bandwidth at one rank) is NaN: asv's value for a skipped benchmark
+    (shown as n/a), never a zero. Whole-case skips raise NotImplementedError in ``setup``."""
+    value = figures.get(key)
+    return math.nan if value is None else float(value)
+
+
+class JobBenchmark:
+    """Base of every class: the shared setup_cache and the attributes multi-rank jobs need."""
+
+    timeout = 1800  # one job at 8 ranks on 2 cores takes minutes, not asv's default 60 s
+    number = 1  # a job is a measurement, never repeated inside one asv sample
+    repeat = 1
+    rounds = 1  # a second round would only re-read the cached figures
+
+    def setup_cache(self) -> str:
+        return os.getcwd()  # asv's per-run directory, deleted when the run ends
+
+    setup_cache.timeout = 60

@@ -1,0 +1,113 @@
+"""The fault × strategy matrix: what each sync path does when each fault is injected.
+
+One short run per cell (tiny preset, 2 ranks, 5 steps, fault at step 2), classified from what
+the system surfaced. ``hardened`` and ``bucketed`` must detect every fault, naming the faulty
+rank and its parameter or bucket, within one step (bitflip: one replica-check interval), and end
+a hang by their own deadline. Stock DDP's outcomes are asserted as the facts we measured: that
+table is what users come for. Known gaps are strict xfails: the day they are fixed, the xfail
+turns into a failure and the table here must be updated.
+
+The whole matrix runs once per session (module fixture) on the shared 2-rank pool; faults that
+kill the group (crash, hang) get fresh pools with short deadlines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from openclaw_ref.conform import (
+    MATRIX_STRATEGIES, CaseOutcome, MatrixRunner, MatrixSettings, matrix_strategies, matrix_table,
+)
+from openclaw_ref.faults import FAULTS
+
+pytestmark = pytest.mark.conformance
+
+SETTINGS = MatrixSettings()
+
+# What stock DDP does, as measured here (torch 2.13, gloo, 2 ranks); see the module docstring.
+STOCK_FACTS: dict[str, str] = {
+    "late-rank": "no-effect",  # DDP waits; nothing is measured or reported
+    "local-buckets": "crash",  # different bucket sizes: gloo aborts the process (SIGABRT)
+    "scale-mismatch": "silent-corruption",  # each rank unscales by its own factor: replicas diverge
+    "missing-grad": "silent-corruption",  # zero-filled as if unused: the average is halved
+    "permuted-params": "silent-corruption",  # DDP compares shapes by index only: sums q with v
+    "bitflip": "silent-corruption",  # DDP never compares parameters after construction
+    "nan-grad": "silent-corruption",  # NaN is averaged into every replica, no error
+    "crash": "crash",
+    "hang": "hang-timeout",  # gloo's own collective timeout on the waiting rank
+}
+
+# Gaps of the self-verifying strategies, measured: (strategy, fault) -> why.
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
+
+
+@pytest.fixture(scope="module")
+def matrix(pools, conformance_report) -> dict[tuple[str, str], CaseOutcome]:
+    runner = MatrixRunner(SETTINGS, get_pool=pools.get)
+    outcomes: dict[tuple[str, str], CaseOutcome] = {}
+    try:
+        for strategy in matrix_strategies():
+            for fault in FAULTS:
+                cell = outcomes[strategy, fault] = runner.run_case(strategy, fault)
+                print(f"{strategy:9s} {fault:16s} {cell.wall_s:5.1f} s  {cell.summary()}")
+    finally:
+        runner.close()
+    conformance_report.matrix.extend(outcomes.values())
+    conformance_report.matrix_settings = dataclasses.asdict(SETTINGS)
+    print("\n" + matrix_table(list(outcomes.values())))
+    return outcomes
+
+
+def _cell(matrix, strategy: str, fault: str) -> CaseOutcome:
+    if (strategy, fault) not in matrix:
+        pytest.fail(f"strategy {strategy} is not registered: the matrix must cover it")
+    return matrix[strategy, fault]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-fp16"])
+def test_stock_ddp_outcome_is_the_measured_fact(matrix, strategy, fault):
+    cell = _cell(matrix, strategy, fault)
+    assert cell.outcome == STOCK_FACTS[fault], cell
+
+
+@pytest.mark.parametrize("fault", ["crash"])
+@pytest.mark.parametrize("strategy", MATRIX_STRATEGIES)
+def test_a_crashed_rank_is_named(matrix, strategy, fault):
+    cell = _cell(matrix, strategy, fault)
+    assert cell.outcome == "crash" and cell.attributed, cell
+
+
+def _self_verifying_cases():
+    for strategy in ("hardened", "bucketed"):
+        for fault in FAULTS:
+            if fault == "crash":
+                continue  # a dead rank is surfaced by the launcher for every strategy (above)
+            marks = []
+            if (strategy, fault) in KNOWN_GAPS:
+                marks.append(pytest.mark.xfail(reason=KNOWN_GAPS[strategy, fault], strict=True))
+            yield pytest.param(strategy, fault, marks=marks, id=f"{strategy}-{fault}")
+
+
+@pytest.mark.parametrize("strategy,fault", list(_self_verifying_cases()))
+def test_self_verifying_strategy_detects_and_attributes_the_fault(matrix, strategy, fault):
+    cell = _cell(matrix, strategy, fault)
+    assert cell.outcome == "detected", cell
+    assert cell.attributed, f"wrong attribution: {cell}"
+    assert cell.in_time, f"detected too late: {cell}"
+
+
+@pytest.mark.parametrize("strategy", ["hardened", "bucketed"])
+def test_self_verifying_strategy_ends_a_hang_by_its_own_deadline(matrix, strategy):
+    cell = _cell(matrix, strategy, "hang")
+    assert cell.kind == "SyncTimeout" and cell.ranks == cell.expected_ranks, cell
+    # spawn (≤ ~15 s on a loaded 2-core box) + 2 steps + watchdog deadline, far below the
+    # pool's own 3 × pg-timeout deadline that would otherwise end it
+    assert cell.wall_s < SETTINGS.pg_timeout_s * 3, cell
+
+
+def test_stock_ddp_hang_is_ended_only_by_gloos_timeout_on_the_waiting_rank(matrix):
+    cell = _cell(matrix, "ddp", "hang")
+    assert cell.outcome == "hang-timeout" and cell.ranks == [0], cell

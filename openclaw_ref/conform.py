@@ -1,0 +1,936 @@
+"""The conformance checks: one implementation of each, used by the pytest suite (``conformance/``)
+and by the cluster mode (``openclaw-bench conform`` under torchrun).
+
+Every check is a collective function ``check_xxx(ctx, settings) -> CheckResult`` that every rank
+of a live process group calls; its verdict is computed from data gathered to *every* rank, so all
+ranks agree on pass/fail (and the cluster mode exits with the same code everywhere).
+
+Checks, named as users look for them:
+  shape agreement      each rank's synchronized gradient manifest (names, shapes, dtypes, presence)
+                       agrees every step, over the sparsity schedule;
+  bucket alignment     per-rank bucket layouts (stock DDP's recorded through a comm hook) equal on
+                       every rank every step — the seed's M3;
+  overflow rate        on a high-dynamic-range gradient workload (max/min > 1e4, the seed's M4),
+                       the fraction of gradient elements that are inf/NaN after the FP16 sync;
+  replica consistency  parameters bitwise equal on every rank after every step;
+  equivalence          N ranks end where one process on the same global batch ends;
+  fault detection      each non-group-killing fault is detected, attributed to the right rank.
+
+The fault × strategy matrix (``run_matrix``) classifies what a strategy does under each fault:
+``detected`` (with rank and parameter/bucket), ``silent-corruption`` (replicas diverge, or the
+result differs from the fault-free run), ``hang-timeout`` (ended by a deadline), ``crash`` (a rank
+error/death surfaced), ``no-effect``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from openclaw_ref.checks import tensor_digest
+from openclaw_ref.data import SkillDataset, rank_batch
+from openclaw_ref.errors import (
+    ConsistencyError, LaunchTimeout, RankFailed, ReplicaDivergence, ShapeMismatch, SyncTimeout,
+)
+from openclaw_ref.faults import (
+    FAULTS, GROUP_KILLING, FaultInjector, FaultSpec, parse_duration_s, parse_fault,
+)
+from openclaw_ref.launch import LaunchConfig, RankContext, RankPool
+from openclaw_ref.model import build_model
+from openclaw_ref.sync import STRATEGIES, make_strategy
+from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+
+OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
+MATRIX_STRATEGIES = ("ddp", "ddp-fp16", "hardened", "bucketed")
+SEED_OVERFLOW_RATE = 0.00017  # the seed's F3: 0.017 % of elements
+SEED_SPARSITY_RANGE = (0.12, 0.68)
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings shared by the checks and the matrix
+
+
+@dataclass(frozen=True)
+class ConformSettings:
+    """What a conformance run trains: small enough to run many times on two CPU cores."""
+
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    preset: str = "tiny"
+    steps: int = 6
+    global_batch: int = 8  # per world size: multiplied by nothing, must divide by the world size
+    seed: int = 1
+    lr: float = 3e-3
+    sparsity_range: tuple[float, float] | None = None  # None: the seed's [0.12, 0.68]
+    hdr_loss_scale: float = 1.0  # overflow workload: the loss is scaled by this (like AMP)
+    hdr_spread_decades: float = 0.0  # ... and each element by 10^U(-d, d) (0: real gradients,
+    # whose max/min already exceeds 1e4 — measured and reported as min_dynamic_range)
+    faults: tuple[str, ...] = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad",
+                               "bitflip", "late-rank=250ms")
+
+    def train_config(self, world_size: int, faults: tuple[FaultSpec, ...] = (),
+                     sync: SyncConfig | None = None, steps: int | None = None):
+        from openclaw_ref.train import TrainConfig
+
+        batch = world_size * math.ceil(self.global_batch / world_size)  # divisible by W
+        return TrainConfig(preset=self.preset, world_size=world_size, steps=steps or self.steps,
+                           global_batch=batch, seed=self.seed, lr=self.lr,
+                           sparsity_range=self.sparsity_range, eval_every=0,
+                           sync=sync or self.sync, faults=faults, backend="auto",
+                           progress=False)
+
+
+@dataclass
+class CheckResult:
+    """One check's verdict; identical on every rank."""
+
+    check: str
+    strategy: str
+    passed: bool
+    detail: str
+    figures: dict = field(default_factory=dict)
+    event: dict | None = None  # the first disagreement: step, ranks, params/bucket
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# The observed loop: the training loop's order of events with observation points after the sync
+
+
+def observed_run(ctx: RankContext, cfg, *,
+                 before_sync: Callable[[int, nn.Module, SyncStrategy], None] | None = None,
+                 after_sync: Callable[[int, nn.Module, SyncStrategy, bool], None] | None = None,
+                 after_step: Callable[[int, nn.Module], None] | None = None,
+                 wrap: Callable[[nn.Module, RankContext, SyncStrategy], nn.Module] | None = None,
+                 grad_hook: Callable[[int, nn.Module], list] | None = None,
+                 apply_updates: bool = True) -> nn.Module:
+    """Run ``cfg`` (a ``TrainConfig``) on this rank in the order ``train.train_model`` uses, but
+    with two observation points the training loop does not expose: right after the strategy's
+    ``finish_step`` (the synchronized gradients the optimizer is about to use) and after the
+    optimizer step. ``wrap`` replaces ``strategy.wrap`` (bucket recording); ``grad_hook(step,
+    model)`` may register gradient hooks for one step and returns their handles (workloads);
+    ``apply_updates=False`` keeps the weights fixed (rates measured over many batches)."""
+    from openclaw_ref.train import make_optimizer
+
+    model_cfg = cfg.model_config()
+    ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
+    faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size)
+    model = build_model(model_cfg).to(ctx.device)
+    faults.on_model_built(model)
+    strategy = make_strategy(faults.sync_config(cfg.sync))
+    module = wrap(model, ctx, strategy) if wrap else strategy.wrap(model, ctx)
+    opt = make_optimizer(cfg, model)
+    try:
+        for step in range(cfg.steps):
+            batch = rank_batch(ds, step, cfg.global_batch, ctx.rank, ctx.world_size).to(ctx.device)
+            strategy.begin_step(step)
+            faults.before_forward(step, model)
+            loss = F.cross_entropy(module(batch.tokens, batch.sample_ids, step), batch.labels)
+            handles = grad_hook(step, model) if grad_hook else []
+            faults.before_backward(step)
+            loss.backward()
+            for h in handles:
+                h.remove()
+            if before_sync is not None:
+                before_sync(step, model, strategy)
+            applied = strategy.finish_step(step)
+            faults.after_sync(step, model)
+            if after_sync is not None:
+                after_sync(step, model, strategy, applied)
+            if applied and apply_updates:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            faults.after_step(step, model)
+            if after_step is not None:
+                after_step(step, model)
+    finally:
+        strategy.close()
+    return model
+
+
+def gather(ctx: RankContext, obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (one collective)."""
+    if ctx.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def odd_ranks(values: Sequence[Any]) -> list[int]:
+    """Ranks whose value differs from the majority (ties: from the lowest rank's value)."""
+    counts: dict[Any, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    best = max(counts.values())
+    reference = next(v for v in values if counts[v] == best)
+    return [r for r, v in enumerate(values) if v != reference]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape agreement
+
+
+def grad_manifest(model: nn.Module) -> tuple[tuple[str, tuple[int, ...], str, bool], ...]:
+    """(name, shape, dtype, present) of every parameter's gradient, in registration order."""
+    return tuple((n, tuple(p.grad.shape) if p.grad is not None else tuple(p.shape),
+                  str(p.grad.dtype if p.grad is not None else p.dtype), p.grad is not None)
+                 for n, p in model.named_parameters())
+
+
+def compare_manifests(per_rank: Sequence[Sequence[tuple]], step: int) -> ShapeMismatch | None:
+    """None if every rank's manifest is equal; else who lacks/differs on which parameters.
+    A rank that lacks a gradient the majority has (or vice versa) is the disagreeing rank."""
+    if all(m == per_rank[0] for m in per_rank):
+        return None
+    names = {e[0] for m in per_rank for e in m}
+    by_name = [{e[0]: e[1:] for e in m} for m in per_rank]
+    bad_params, bad_ranks = [], set()
+    order = [e[0] for e in per_rank[0]]
+    for name in order + sorted(names - set(order)):
+        entries = [d.get(name) for d in by_name]
+        odd = odd_ranks(entries)
+        if odd:
+            bad_params.append(name)
+            bad_ranks.update(odd)
+    orders = [tuple(e[0] for e in m) for m in per_rank]
+    if not bad_params:  # same entries, different order
+        bad_ranks.update(odd_ranks(orders))
+        bad_params = [a for a, b in zip(orders[0], orders[max(bad_ranks)]) if a != b]
+    return ShapeMismatch("gradient manifests differ", step=step, ranks=sorted(bad_ranks),
+                         params=bad_params)
+
+
+def check_shape_agreement(ctx: RankContext, s: ConformSettings,
+                          faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
+    """Synchronized gradient manifests agree on every rank at every step. Also measures how often
+    the *local* (pre-sync) manifests disagree — the seed's C5 symptom, legitimate here because
+    an expert with no sample on a rank has no local gradient."""
+    cfg = s.train_config(ctx.world_size, faults)
+    synced: list[tuple] = []
+    local_missing: list[tuple[str, ...]] = []
+    from openclaw_ref.metrics import GradientProbe
+
+    probes: list[GradientProbe] = []
+
+    def wrap(model, ctx_, strategy):
+        probes.append(GradientProbe(model, norm_suffixes=()))
+        return strategy.wrap(model, ctx_)
+
+    def after_sync(step, model, strategy, applied):
+        synced.append(grad_manifest(model))
+        local_missing.append(tuple(probes[0].missing()))
+        probes[0].begin_step()
+
+    error = _run_catching(lambda: observed_run(ctx, cfg, after_sync=after_sync, wrap=wrap), ctx)
+    for p in probes:
+        p.remove()
+    all_synced, all_local = zip(*gather(ctx, (synced, local_missing)))
+    steps = min(len(x) for x in all_synced)
+    first: ShapeMismatch | None = None
+    agreeing = 0
+    mismatches = []
+    for step in range(steps):
+        mismatch = compare_manifests([m[step] for m in all_synced], step)
+        if mismatch is None:
+            agreeing += 1
+            continue
+        first = first or mismatch
+        mismatches.append({"step": step, "ranks": mismatch.ranks, "params": mismatch.params})
+    local_disagree = sum(len({tuple(m[i]) for m in all_local}) > 1 for i in range(steps))
+    figures = {"steps": steps, "agreeing_steps": agreeing,
+               "local_manifest_disagreement_steps": local_disagree,
+               "local_manifest_disagreement_rate": local_disagree / steps if steps else 0.0,
+               "mismatches": mismatches}
+    if error is not None:
+        return _error_result("shape agreement", s.sync.name, error, figures)
+    if first is not None:
+        return CheckResult("shape agreement", s.sync.name, False, str(first), figures,
+                           first.event().to_json())
+    return CheckResult("shape agreement", s.sync.name, True,
+                       f"synchronized gradient manifests equal on {ctx.world_size} ranks at all "
+                       f"{steps} steps (local manifests differed at {local_disagree})", figures)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bucket alignment
+
+
+class LayoutRecorder:
+    """A DDP comm hook that records each bucket's members (names) on this rank, then runs the
+    wrapped hook (stock allreduce by default). Layout per step: [(bucket index, (names…)), …]."""
+
+    def __init__(self, model: nn.Module, inner: Callable | None = None) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.__name__ = self.__qualname__ = "LayoutRecorder"  # DDP's logger names the hook
+        self.names = {id(p): n for n, p in model.named_parameters()}
+        self.inner = inner or default_hooks.allreduce_hook
+        self.current: list[tuple[int, tuple[str, ...]]] = []
+
+    def __call__(self, state, bucket):  # no annotations: DDP rejects string ones
+        self.current.append((bucket.index(),
+                             tuple(self.names.get(id(p), "?") for p in bucket.parameters())))
+        return self.inner(state, bucket)
+
+    def take(self) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        layout, self.current = tuple(sorted(self.current)), []
+        return layout
+
+
+def strategy_layout(strategy: SyncStrategy) -> tuple | None:
+    """The bucket layout a self-verifying strategy used in the current step, read from its own
+    records: ``hardened`` keeps this step's bucket records until ``finish_step`` (so call this
+    before it), ``bucketed`` keeps its last plan. A public ``bucket_layout()`` wins when present.
+    None when the strategy exposes nothing."""
+    fn = getattr(strategy, "bucket_layout", None)
+    if fn is not None:
+        return tuple(sorted((int(i), tuple(names)) for i, names in fn()))
+    state = getattr(strategy, "state", None)
+    if state is not None and hasattr(state, "_records"):
+        return tuple(sorted((r.index, tuple(r.params)) for r in state._records))
+    engine = getattr(strategy, "engine", None)
+    if engine is not None and getattr(engine, "last_plan", None) is not None:
+        return tuple((f.index, tuple(f.names)) for f in engine.frames(engine.last_plan))
+    return None
+
+
+def check_bucket_alignment(ctx: RankContext, s: ConformSettings,
+                           faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
+    """Every rank reduces the same parameters in the same bucket slot at every step (M3).
+    Stock DDP is recorded through ``LayoutRecorder`` around its own hook; other strategies
+    report their layout through ``bucket_layout()``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from openclaw_ref.sync.ddp import wrap_ddp
+
+    cfg = s.train_config(ctx.world_size, faults)
+    stock_hooks = {"ddp": default_hooks.allreduce_hook,
+                   "ddp-fp16": default_hooks.fp16_compress_hook}
+    recorder: list[LayoutRecorder] = []
+    layouts: list[tuple] = []
+
+    def wrap(model, ctx_, strategy):
+        if strategy.cfg.name not in stock_hooks:
+            return strategy.wrap(model, ctx_)
+        ddp = wrap_ddp(model, ctx_, strategy.cfg)
+        recorder.append(LayoutRecorder(model, stock_hooks[strategy.cfg.name]))
+        ddp.register_comm_hook(None, recorder[0])
+        return ddp
+
+    def before_sync(step, model, strategy):
+        if recorder:
+            layouts.append(recorder[0].take())
+        elif getattr(strategy, "state", None) is not None:  # hardened: records die in finish_step
+            layouts.append(strategy_layout(strategy))
+
+    def after_sync(step, model, strategy, applied):
+        if not recorder and getattr(strategy, "state", None) is None:
+            layouts.append(strategy_layout(strategy))
+
+    error = _run_catching(lambda: observed_run(ctx, cfg, after_sync=after_sync, wrap=wrap,
+                                               before_sync=before_sync), ctx)
+    per_rank = gather(ctx, layouts)
+    steps = min(len(x) for x in per_rank)
+    figures: dict = {"steps": steps,
+                     "buckets": len(per_rank[0][0]) if steps and per_rank[0][0] else None,
+                     "layout_rank0_step0": [[i, list(n)] for i, n in per_rank[0][0]]
+                     if steps and per_rank[0][0] else None}
+    if error is not None:
+        return _error_result("bucket alignment", s.sync.name, error, figures)
+    if steps and any(x[0] is None for x in per_rank):
+        return CheckResult("bucket alignment", s.sync.name, False,
+                           f"strategy {s.sync.name} exposes no bucket layout to check", figures)
+    for step in range(steps):
+        at = [x[step] for x in per_rank]
+        odd = odd_ranks(at)
+        if odd:
+            ref = at[0] if odd[0] != 0 else at[-1]
+            bad = at[odd[0]]
+            bucket, params = _first_layout_difference(ref, bad)
+            err = dict(kind="BucketMisalignment", step=step, ranks=odd, bucket=bucket,
+                       params=params, detail="bucket layouts differ")
+            figures["layouts_at_mismatch"] = {r: [[i, list(n)] for i, n in at[r]]
+                                              for r in range(len(at))}
+            return CheckResult("bucket alignment", s.sync.name, False,
+                               f"BucketMisalignment at step {step}, bucket {bucket}, ranks {odd}",
+                               figures, err)
+    return CheckResult("bucket alignment", s.sync.name, True,
+                       f"{figures['buckets']} bucket(s), identical on {ctx.world_size} ranks at "
+                       f"all {steps} steps", figures)
+
+
+def _first_layout_difference(a: tuple, b: tuple) -> tuple[int | None, list[str]]:
+    for (ia, na), (ib, nb) in zip(a, b):
+        if (ia, na) != (ib, nb):
+            return ia, sorted(set(na) ^ set(nb)) or list(na)
+    longer = a if len(a) > len(b) else b
+    extra = longer[min(len(a), len(b))] if len(a) != len(b) else (None, ())
+    return extra[0], list(extra[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Overflow rate
+
+
+def hdr_hook(s: ConformSettings) -> Callable[[int, nn.Module], list]:
+    """The high-dynamic-range gradient workload: each parameter's gradient is multiplied by a
+    seeded per-element factor 10^U(-d, d) (and the loss by ``hdr_loss_scale`` beforehand), so
+    within every tensor max/min ≫ 1e4 — the seed's M4 setting. Seeded by (seed, step, index):
+    identical on every rank, independent of the rank's data."""
+
+    def install(step: int, model: nn.Module) -> list:
+        handles = []
+        for i, p in enumerate(model.parameters()):
+            g = torch.Generator().manual_seed(s.seed * 1_000_003 + step * 1009 + i)
+            factor = (10.0 ** ((torch.rand(p.shape, generator=g) * 2 - 1)
+                               * s.hdr_spread_decades) * s.hdr_loss_scale).to(p.device)
+            handles.append(p.register_hook(lambda grad, f=factor: grad * f))
+        return handles
+    return install
+
+
+def check_overflow_rate(ctx: RankContext, s: ConformSettings,
+                        limit: float | None = SEED_OVERFLOW_RATE) -> CheckResult:
+    """Fraction of gradient elements that are inf/NaN after the sync on the HDR workload, with
+    the weights held fixed (no optimizer step, so one overflow cannot poison later steps).
+    A strategy that counts its own wire overflows (``step_metrics()['overflow_elements']``) is
+    taken at its word too; the larger of the two counts is reported."""
+    cfg = s.train_config(ctx.world_size)
+    counts = {"elements": 0, "nonfinite": 0, "reported": 0, "skipped": 0, "ratio_min": math.inf}
+
+    def after_sync(step, model, strategy, applied):
+        grads = [p.grad.detach().reshape(-1) for p in model.parameters() if p.grad is not None]
+        flat = torch.cat(grads).float()
+        finite = flat[torch.isfinite(flat)].abs()
+        nonzero = finite[finite > 0]
+        if nonzero.numel():  # the step's dynamic range: max/min nonzero |g| over the model
+            counts["ratio_min"] = min(counts["ratio_min"], float(nonzero.max() / nonzero.min()))
+        counts["elements"] += flat.numel()
+        counts["nonfinite"] += int((~torch.isfinite(flat)).sum())
+        counts["reported"] += int(strategy.step_metrics().get("overflow_elements", 0) or 0)
+        counts["skipped"] += not applied
+
+    hook = hdr_hook(s)
+
+    error = _run_catching(lambda: observed_run(ctx, cfg, after_sync=after_sync, grad_hook=hook,
+                                               apply_updates=False), ctx)
+    per_rank = gather(ctx, counts)
+    c = per_rank[0]
+    overflow = max(c["nonfinite"], c["reported"])
+    rate = overflow / c["elements"] if c["elements"] else 0.0
+    figures = {"elements": c["elements"], "overflow_elements": overflow,
+               "nonfinite_after_sync": c["nonfinite"], "strategy_reported": c["reported"],
+               "overflow_rate": rate, "skipped_steps": c["skipped"], "steps": cfg.steps,
+               "wire": s.sync.wire, "scale": s.sync.scale, "limit": limit,
+               "min_dynamic_range": min(r["ratio_min"] for r in per_rank),
+               "hdr_loss_scale": s.hdr_loss_scale, "hdr_spread_decades": s.hdr_spread_decades}
+    if error is not None:
+        return _error_result("overflow rate", s.sync.name, error, figures)
+    passed = limit is None or rate <= limit
+    return CheckResult("overflow rate", s.sync.name, passed,
+                       f"{rate:.4%} of {c['elements']} elements inf/NaN after sync"
+                       + ("" if limit is None else f" (limit {limit:.3%})"), figures)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replica consistency
+
+
+def check_replica_consistency(ctx: RankContext, s: ConformSettings,
+                              faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
+    """Parameters bitwise equal on every rank after every optimizer step."""
+    cfg = s.train_config(ctx.world_size, faults)
+    digests: list[tuple[str, ...]] = []
+    names: list[str] = []
+
+    def after_step(step, model):
+        if not names:
+            names.extend(n for n, _ in model.named_parameters())
+        digests.append(tuple(tensor_digest(p) for p in model.parameters()))
+
+    error = _run_catching(lambda: observed_run(ctx, cfg, after_step=after_step), ctx)
+    per_rank = gather(ctx, digests)
+    steps = min(len(x) for x in per_rank)
+    equal_steps = sum(len({x[i] for x in per_rank}) == 1 for i in range(steps))
+    figures = {"steps": steps, "equal_steps": equal_steps}
+    if error is not None:
+        return _error_result("replica consistency", s.sync.name, error, figures)
+    for step in range(steps):
+        at = [x[step] for x in per_rank]
+        odd = odd_ranks(at)
+        if odd:
+            params = [names[i] for i in range(len(names))
+                      if len({a[i] for a in at}) > 1]
+            err = ReplicaDivergence("parameters differ between replicas", step=step, ranks=odd,
+                                    params=params)
+            return CheckResult("replica consistency", s.sync.name, False, str(err), figures,
+                               err.event().to_json())
+    return CheckResult("replica consistency", s.sync.name, True,
+                       f"bitwise equal on {ctx.world_size} ranks after each of {steps} steps",
+                       figures)
+
+
+# ---------------------------------------------------------------------------------------------
+# Equivalence
+
+
+EQUIVALENCE_ATOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 5e-3}
+
+
+def check_equivalence(ctx: RankContext, s: ConformSettings) -> CheckResult:
+    """N ranks on global batch G end with the parameters one process gets on the same G.
+    The reference runs on rank 0 itself (strategy ``local``, world size 1: no collective).
+    Tolerance: max |Δparam| ≤ EQUIVALENCE_ATOL[wire] — fp32 differs only by the summation order
+    of the allreduce; FP16/BF16 wires round every averaged gradient element. The optimizer is
+    SGD: Adam divides by the running gradient magnitude, which turns a last-bit difference in a
+    near-zero gradient into a full ``lr``-sized step and would measure Adam, not the sync."""
+    cfg = dataclasses.replace(s.train_config(ctx.world_size), optimizer="sgd")
+    model = observed_run(ctx, cfg)
+    reference_max_diff = None
+    if ctx.is_main:
+        solo_ctx = RankContext(0, 1, 0, 1, ctx.backend, ctx.device, ctx.store)
+        solo = observed_run(solo_ctx, dataclasses.replace(
+            cfg, world_size=1, sync=SyncConfig(name="local")))
+        diffs = [float((a.detach() - b.detach()).abs().max())
+                 for a, b in zip(model.parameters(), solo.parameters())]
+        reference_max_diff = max(diffs)
+    max_diff = gather(ctx, reference_max_diff)[0]
+    atol = EQUIVALENCE_ATOL[s.sync.wire]
+    figures = {"max_abs_param_diff": max_diff, "atol": atol, "steps": cfg.steps,
+               "world_size": ctx.world_size,
+               "global_batch": cfg.global_batch}
+    passed = max_diff is not None and max_diff <= atol
+    return CheckResult("equivalence", s.sync.name, passed,
+                       f"max |Δparam| vs 1 process = {max_diff:.3g} (atol {atol:g})", figures)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fault detection on a live group (cluster mode): only faults that leave the group usable
+
+
+def check_fault_detection(ctx: RankContext, s: ConformSettings) -> list[CheckResult]:
+    """Inject each fault of ``s.faults`` into a short run of the strategy on this very group and
+    expect it detected, attributed to the faulty rank (and parameter/bucket) within one step."""
+    results = []
+    if ctx.world_size < 2:
+        return [CheckResult("fault detection", s.sync.name, False,
+                            "needs at least 2 ranks", {})]
+    for text in s.faults:
+        spec = parse_fault(text)
+        if spec.name in GROUP_KILLING:
+            continue
+        spec = dataclasses.replace(spec, step=min(spec.step, s.steps - 2))
+        cfg = s.train_config(ctx.world_size, (spec,))
+        reply = case_task(ctx, cfg)
+        reference = None
+        outcome = classify(s.sync.name, spec, ctx.world_size, reply=reply,
+                           reference_digest=reference,
+                           replica_check_every=s.sync.replica_check_every)
+        results.append(CheckResult(f"fault detection: {text}", s.sync.name,
+                                   outcome.outcome == "detected" and outcome.attributed,
+                                   outcome.summary(), outcome.to_json()))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# The fault × strategy matrix
+
+
+@dataclass(frozen=True)
+class MatrixSettings:
+    world_size: int = 2
+    steps: int = 5
+    fault_step: int = 2
+    global_batch: int = 8
+    replica_check_every: int = 2
+    watchdog_s: float = 2.0
+    pg_timeout_s: float = 5.0  # gloo's own deadline in the fresh pools of group-killing faults
+    case_timeout_s: float = 60.0
+    late_rank_value: str = "250ms"  # far above scheduler noise on a loaded box (≤ 75 ms seen)
+    hang_value: str = "600s"
+
+    def fault_text(self, fault: str) -> str:
+        value = {"late-rank": self.late_rank_value, "hang": self.hang_value}.get(fault)
+        return f"{fault}{'=' + value if value else ''}:{self.fault_step}"
+
+    def sync_config(self, strategy: str) -> SyncConfig:
+        """``ddp``/``ddp-fp16`` as users get them; ``hardened`` with an FP16 wire at the seed's
+        2^12 (so scale faults are meaningful), replica check every K steps, a short watchdog;
+        ``bucketed`` likewise, with the agreed planner."""
+        if strategy in ("ddp", "ddp-fp16", "local"):
+            return SyncConfig(name=strategy)
+        planner = "norm-ema-agreed" if strategy == "bucketed" else "static"
+        return SyncConfig(name=strategy, wire="fp16", scale="4096", planner=planner,
+                          replica_check_every=self.replica_check_every,
+                          watchdog_s=self.watchdog_s)
+
+    def train_config(self, strategy: str, fault: str | None):
+        from openclaw_ref.train import TrainConfig
+
+        faults = (parse_fault(self.fault_text(fault)),) if fault else ()
+        return TrainConfig(preset="tiny", world_size=self.world_size, steps=self.steps,
+                           global_batch=self.global_batch, seed=1, eval_every=0,
+                           sync=self.sync_config(strategy), faults=faults, backend="gloo",
+                           progress=False)
+
+
+@dataclass
+class CaseOutcome:
+    strategy: str
+    fault: str
+    outcome: str
+    kind: str = ""
+    step: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    bucket: int | None = None
+    params: list[str] = field(default_factory=list)
+    detail: str = ""
+    expected_ranks: list[int] = field(default_factory=list)
+    expected_params: list[str] = field(default_factory=list)
+    attributed: bool = False  # right rank, and right parameter or a bucket where one applies
+    in_time: bool = False  # detected within one step (bitflip: one replica-check interval)
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        where = []
+        if self.kind:
+            where.append(self.kind)
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        if self.ranks:
+            where.append(f"ranks {self.ranks}")
+        if self.bucket is not None:
+            where.append(f"bucket {self.bucket}")
+        if self.params:
+            where.append(", ".join(self.params[:2]) + (" …" if len(self.params) > 2 else ""))
+        return f"{self.outcome}" + (f" ({'; '.join(where)})" if where else "")
+
+
+def case_task(ctx: RankContext, cfg) -> tuple[str, Any]:
+    """One matrix case on one rank: train, and turn an in-band detection (raised on every rank
+    at the same step) into a reply, so the group survives for the next case. The monitored
+    barrier proves every rank got out of the run; if one did not, it raises and the pool
+    (which then has a wedged rank) is replaced by the caller."""
+    from openclaw_ref.train import train_rank
+
+    try:
+        return ("ok", train_rank(ctx, cfg))
+    except (ConsistencyError, SyncTimeout) as exc:
+        if ctx.world_size > 1:
+            dist.monitored_barrier(timeout=__import__("datetime").timedelta(seconds=10))
+        return ("detected", exc)
+
+
+def _run_catching(fn: Callable[[], Any], ctx: RankContext | None = None) -> BaseException | None:
+    """Run ``fn``; a detection it raises (on every rank at the same step) is returned instead.
+    With ``ctx`` the lowest rank's error is returned on every rank, so verdicts agree (each rank
+    names the bucket by its own members)."""
+    error: BaseException | None = None
+    try:
+        fn()
+    except (ConsistencyError, SyncTimeout) as exc:
+        error = exc
+    if ctx is not None and ctx.world_size > 1:
+        error = next((e for e in gather(ctx, error) if e is not None), None)
+    return error
+
+
+def _error_result(check: str, strategy: str, exc: BaseException, figures: dict) -> CheckResult:
+    event = exc.event().to_json() if hasattr(exc, "event") else None
+    return CheckResult(check, strategy, False, f"the run stopped: {exc}", figures, event)
+
+
+def _late_rank_from_metrics(record: dict, step: int,
+                            delay_ms: float) -> tuple[list[int], int | None]:
+    """The late rank a strategy reported for ``step`` in its per-step metrics: the
+    ``late_rank`` of every bucket (``sync.buckets[*]``) whose arrival skew is at least half the
+    injected delay — smaller skews are scheduler noise, not the fault."""
+    steps = record.get("steps", [])
+    if step >= len(steps):
+        return [], None
+    buckets = (steps[step].get("sync") or {}).get("buckets") or []
+    hits = [b for b in buckets if b.get("skew_ms", 0.0) >= 0.5 * delay_ms
+            and b.get("late_rank") is not None]
+    if not hits:
+        return [], None
+    return sorted({int(b["late_rank"]) for b in hits}), int(hits[0]["index"])
+
+
+def classify(strategy: str, spec: FaultSpec, world_size: int, *, reply: tuple | None = None,
+             failure: BaseException | None = None, reference_digest: str | None = None,
+             replica_check_every: int = 0, died: Sequence[int] = ()) -> CaseOutcome:
+    """What happened, from what the system surfaced (never from what the injector knows):
+    the rank's reply (a record, or the detection it raised in-band), or the pool's failure."""
+    out = CaseOutcome(strategy, _fault_label(spec), "no-effect",
+                      expected_ranks=[spec.target_rank(world_size)],
+                      expected_params=spec.target_params())
+    window = max(1, replica_check_every) if spec.name == "bitflip" else 1
+    detection: Any = None
+    if failure is not None:
+        cause = getattr(failure, "cause", None)
+        if isinstance(cause, (ConsistencyError, SyncTimeout)):
+            detection = cause
+        elif isinstance(failure, LaunchTimeout):
+            out.outcome, out.kind, out.ranks = "hang-timeout", "LaunchTimeout", failure.ranks
+            out.detail = str(failure)
+        elif isinstance(failure, RankFailed):
+            text = failure.summary
+            timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+            out.outcome = "hang-timeout" if timed_out else "crash"
+            out.kind, out.ranks, out.detail = text.split(":")[0], [failure.rank], text[:300]
+            others = sorted(set(died) - {failure.rank})
+            if others and "by peer" in text:  # the reporter only saw its peer vanish
+                out.kind, out.ranks = "peer died", others
+                out.detail = f"rank {failure.rank}: {text[:200]}; ranks {others} exited first"
+        else:
+            out.outcome, out.kind, out.detail = "crash", type(failure).__name__, str(failure)
+    elif reply is not None and reply[0] == "detected":
+        detection = reply[1]
+    elif reply is not None:
+        record = reply[1] or {}
+        events = record.get("events") or []
+        relevant = [e for e in events if spec.target_rank(world_size) in (e.get("ranks") or [])]
+        late, late_bucket = ([], None)
+        if spec.name == "late-rank":
+            late, late_bucket = _late_rank_from_metrics(
+                record, spec.step, parse_duration_s(spec.resolved_value) * 1e3)
+        if relevant:
+            e = relevant[0]
+            out.outcome, out.kind, out.step = "detected", e["kind"], e.get("step")
+            out.ranks, out.bucket, out.params = e.get("ranks") or [], e.get("bucket"), \
+                e.get("params") or []
+            out.detail = e.get("detail", "")
+        elif late:
+            out.outcome, out.kind, out.step, out.ranks, out.bucket = \
+                "detected", "late rank in step metrics", spec.step, late, late_bucket
+        else:
+            summary = record.get("summary", {})
+            diverged = not summary.get("replicas_equal", True)
+            differs = (reference_digest is not None
+                       and summary.get("param_digest") != reference_digest)
+            if diverged or differs:
+                out.outcome = "silent-corruption"
+                out.detail = ("replicas diverged" if diverged else "replicas equal") + \
+                    ("; result differs from the fault-free run" if differs else "")
+            elif events:
+                out.detail = f"{len(events)} event(s), none naming rank {out.expected_ranks}"
+    if detection is not None:
+        out.outcome, out.kind = "detected", type(detection).__name__
+        out.step = getattr(detection, "step", None)
+        out.ranks = list(getattr(detection, "ranks", []) or [])
+        out.bucket = getattr(detection, "bucket", None)
+        out.params = list(getattr(detection, "params", []) or [])
+        out.detail = str(detection)[:300]
+    if out.outcome == "detected":
+        rank_ok = set(out.expected_ranks) <= set(out.ranks)
+        where_ok = (not out.expected_params or bool(set(out.params) & set(out.expected_params))
+                    or out.bucket is not None)
+        out.attributed = rank_ok and where_ok
+        out.in_time = out.step is None or out.step <= spec.effective_step() + window
+    elif out.outcome in ("crash", "hang-timeout"):
+        out.attributed = set(out.expected_ranks) <= set(out.ranks)
+    return out
+
+
+def _fault_label(spec: FaultSpec) -> str:
+    return spec.name + (f"={spec.value}" if spec.value else "")
+
+
+class MatrixRunner:
+    """Runs fault × strategy cases on reusable pools; group-killing faults get a fresh pool with
+    short deadlines. ``get_pool(world_size)`` supplies the shared pool (the tests' ``pools``)."""
+
+    def __init__(self, settings: MatrixSettings,
+                 get_pool: Callable[[int], RankPool] | None = None) -> None:
+        self.settings = settings
+        self._own: RankPool | None = None
+        self._get_pool = get_pool or self._own_pool
+        self.references: dict[str, str] = {}
+        self.spawns = 0
+
+    def _own_pool(self, world_size: int) -> RankPool:
+        if self._own is None or self._own.broken:
+            self._own = self._fresh(self.settings.case_timeout_s, 60.0)
+        return self._own
+
+    def _fresh(self, timeout_s: float, pg_timeout_s: float) -> RankPool:
+        self.spawns += 1
+        return RankPool(LaunchConfig(self.settings.world_size, backend="gloo",
+                                     timeout_s=timeout_s, pg_timeout_s=pg_timeout_s))
+
+    def reference(self, strategy: str) -> str | None:
+        """The fault-free run's parameter digest for ``strategy`` (computed once)."""
+        if strategy not in self.references:
+            pool = self._get_pool(self.settings.world_size)
+            cfg = self.settings.train_config(strategy, None)
+            reply = pool.run(case_task, cfg, timeout_s=self.settings.case_timeout_s)[0]
+            if reply[0] != "ok":
+                raise AssertionError(f"fault-free {strategy} run was not clean: {reply[1]}")
+            self.references[strategy] = reply[1]["summary"]["param_digest"]
+        return self.references[strategy]
+
+    def run_case(self, strategy: str, fault: str) -> CaseOutcome:
+        st = self.settings
+        cfg = st.train_config(strategy, fault)
+        spec = cfg.faults[0]
+        reference = self.reference(strategy)
+        t0 = time.perf_counter()
+        reply, failure = None, None
+        fresh = kills_group(strategy, fault)
+        if fresh:
+            pool = self._fresh(st.pg_timeout_s * 3, st.pg_timeout_s)
+        else:
+            pool = self._get_pool(st.world_size)
+        try:
+            reply = pool.run(case_task, cfg, timeout_s=st.pg_timeout_s * 3 if fresh
+                             else st.case_timeout_s)[0]
+        except (RankFailed, LaunchTimeout) as exc:
+            failure = exc
+        finally:
+            if fresh:
+                pool.kill()
+        out = classify(strategy, spec, st.world_size, reply=reply, failure=failure,
+                       reference_digest=reference, replica_check_every=st.replica_check_every,
+                       died=self_exited_ranks(pool) if failure is not None else ())
+        out.wall_s = time.perf_counter() - t0
+        return out
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+
+
+def kills_group(strategy: str, fault: str) -> bool:
+    """Whether a case leaves the process group unusable, so it must run on a fresh pool with
+    short deadlines: a crash or a hang always; a bucket-cap mismatch under DDP makes gloo abort
+    or wait on a size mismatch."""
+    from openclaw_ref.faults import DDP_STRATEGIES
+
+    return fault in GROUP_KILLING or (fault == "local-buckets" and strategy in DDP_STRATEGIES)
+
+
+def self_exited_ranks(pool: RankPool) -> list[int]:
+    """Ranks of a stopped pool that exited on their own (any exit but the pool's SIGKILL).
+    Reads the pool's processes: ``RankPool`` has no public exit-code accessor yet."""
+    procs = getattr(pool, "_procs", [])
+    return [r for r, p in enumerate(procs) if p.exitcode is not None and p.exitcode != -9]
+
+
+def matrix_strategies() -> tuple[str, ...]:
+    """The matrix's strategies that exist in this build (all four once ``hardened`` and
+    ``bucketed`` are registered)."""
+    return tuple(s for s in MATRIX_STRATEGIES if s in STRATEGIES)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured figures, as JSON
+
+
+REPORT_SCHEMA = "openclaw-conformance/1"
+
+
+@dataclass
+class ConformanceReport:
+    """What a conformance run measured: the outcome matrix, check results (overflow rates,
+    consistency counts …), with the environment. Rendered by the results command.
+
+    JSON: ``{"schema", "environment", "matrix": [CaseOutcome…], "checks": [CheckResult…],
+    "matrix_settings": {...}}`` — written atomically."""
+
+    matrix: list[CaseOutcome] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+    matrix_settings: dict = field(default_factory=dict)
+
+    def add_check(self, result: CheckResult) -> CheckResult:
+        self.checks.append(result)
+        return result
+
+    def to_json(self) -> dict:
+        from openclaw_ref.environment import environment
+
+        return {"schema": REPORT_SCHEMA, "environment": environment(),
+                "matrix_settings": self.matrix_settings,
+                "matrix": [o.to_json() for o in self.matrix],
+                "checks": [c.to_json() for c in self.checks]}
+
+    def write(self, path) -> Any:
+        from openclaw_ref.jsonio import write_json_atomic
+
+        return write_json_atomic(path, self.to_json())
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster mode
+
+
+CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consistency",
+          "equivalence", "fault-detection")
+
+
+def run_checks(ctx: RankContext, s: ConformSettings,
+               checks: Sequence[str] = CHECKS) -> list[CheckResult]:
+    """Every selected check on this live group, in order; identical results on every rank."""
+    results: list[CheckResult] = []
+    for name in checks:
+        t0 = time.perf_counter()
+        if name == "shape-agreement":
+            got = [check_shape_agreement(ctx, s)]
+        elif name == "bucket-alignment":
+            got = [check_bucket_alignment(ctx, s)]
+        elif name == "overflow-rate":
+            fp16 = s.sync if s.sync.wire == "fp16" or s.sync.name == "ddp-fp16" else \
+                dataclasses.replace(s.sync, wire="fp16")
+            got = [check_overflow_rate(ctx, dataclasses.replace(s, sync=fp16))]
+        elif name == "replica-consistency":
+            got = [check_replica_consistency(ctx, s)]
+        elif name == "equivalence":
+            got = [check_equivalence(ctx, s)]
+        elif name == "fault-detection":
+            got = check_fault_detection(ctx, s)
+        else:
+            raise ValueError(f"unknown check {name!r}")
+        for r in got:
+            r.figures["wall_s"] = time.perf_counter() - t0
+        results.extend(got)
+    return results
+
+
+def conform_rank(ctx: RankContext, s: ConformSettings, checks: Sequence[str]) -> list[dict]:
+    """The cluster mode's task on one rank: every check, results as JSON (same on all ranks)."""
+    return [r.to_json() for r in run_checks(ctx, s, checks)]
+
+
+def results_table(results: Sequence[CheckResult]) -> str:
+    from tabulate import tabulate
+
+    rows = [{"check": r.check, "strategy": r.strategy, "result": "PASS" if r.passed else "FAIL",
+             "detail": r.detail[:110]} for r in results]
+    return tabulate(rows, headers="keys", tablefmt="github")
+
+
+def matrix_table(outcomes: Sequence[CaseOutcome]) -> str:
+    """Faults down, strategies across; each cell the outcome and its attribution."""
+    from tabulate import tabulate
+
+    strategies = list(dict.fromkeys(o.strategy for o in outcomes))
+    faults = list(dict.fromkeys(o.fault for o in outcomes))
+    cell = {(o.fault, o.strategy): o.summary() for o in outcomes}
+    rows = [[f] + [cell.get((f, s), "") for s in strategies] for f in faults]
+    return tabulate(rows, headers=["fault"] + strategies, tablefmt="github")
+
+
+__all__ = ["CHECKS", "FAULTS", "OUTCOMES", "CaseOutcome", "CheckResult", "ConformSettings",
+           "MatrixRunner", "MatrixSettings", "classify", "run_checks"]
