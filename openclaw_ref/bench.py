@@ -86,6 +86,10 @@ class BenchSettings:
     backends: str = "auto"  # "auto", or a comma list of gloo/nccl to run each where possible
     raw_iters: int = 10
     rounds: int = 2  # strategy/local runs alternate this many times in one job
+    # torch threads per rank; 0 = the launcher's cores // ranks. One thread per rank keeps a
+    # job from oversubscribing cores it shares (two threads per rank on a busy 2-core machine
+    # made 1-rank steps vary 20×); it is also how the shared torch facts were measured.
+    threads: int = 1
     timeout_s: float = 900.0  # one job
 
     def __post_init__(self) -> None:
@@ -96,6 +100,8 @@ class BenchSettings:
         if self.global_batch < 1 or any(self.global_batch % w for w in self.world_sizes):
             raise BadInput(f"global batch {self.global_batch} must be a positive multiple of "
                            f"every world size in {self.world_sizes}")
+        if self.threads < 0:
+            raise BadInput(f"threads per rank must be >= 0 (0 = automatic); got {self.threads}")
         if self.rounds < 1:
             raise BadInput(f"rounds must be >= 1; got {self.rounds}")
         if self.raw_iters < 1:
@@ -139,6 +145,15 @@ class BenchSettings:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        """What a case's figures depend on (not which world sizes or backends a matrix spans),
+        so a cache directory never serves figures measured under other settings."""
+        import hashlib
+        import json
+
+        d = {k: v for k, v in self.to_json().items() if k not in ("max_world", "backends")}
+        return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def auto_backend(world_size: int) -> str:
@@ -355,7 +370,7 @@ def _train_config(settings: BenchSettings, world_size: int, backend: str, sync: 
 
 def _pool(world_size: int, backend: str, settings: BenchSettings) -> RankPool:
     return RankPool(LaunchConfig(world_size, backend=backend, timeout_s=settings.timeout_s,
-                                 pg_timeout_s=120.0))
+                                 pg_timeout_s=120.0, threads_per_rank=settings.threads or None))
 
 
 def run_sync_case(label: str, world_size: int, backend: str, settings: BenchSettings,
@@ -440,16 +455,17 @@ def run_seed004_case(precision: str, world_size: int, backend: str, settings: Be
     sync = SyncConfig(name="local" if world_size == 1 else "ddp")
     own = pool is None
     pool = pool or _pool(world_size, backend, settings)
+    train_cfg = _train_config(settings, world_size, backend, sync, amp)
     try:
-        record = pool.run(train_rank, _train_config(settings, world_size, backend, sync, amp))[0]
+        records = [pool.run(train_rank, train_cfg)[0] for _ in range(settings.rounds)]
     finally:
         if own:
             pool.close()
-    summary = record["summary"]
+    summary = records[0]["summary"]  # the first run's peak memory is this case's own
     return {
         "kind": "seed004", "precision": precision, "amp_dtype": amp, "world_size": world_size,
         "backend": backend, "strategy": sync.name,
-        "s_per_iter": summary["median_step_ms"] / 1e3,
+        "s_per_iter": statistics.median(_timed_steps(records)) / 1e3,
         "peak_memory_mb": max(summary["peak_memory_mb"]),
         "peak_memory_mb_per_rank": summary["peak_memory_mb"],
         "final_loss": summary["final_loss"],
@@ -487,11 +503,12 @@ class CaseCache:
 
 def case_figures(case: Case, settings: BenchSettings, cache: CaseCache) -> dict:
     """Cached figures of ``case`` (runs its job the first time)."""
+    key = f"{case.key}-{settings.digest()}"
     if case.kind == "sync":
-        return cache.get(case.key, lambda: run_sync_case(case.label, case.world_size,
+        return cache.get(key, lambda: run_sync_case(case.label, case.world_size,
                                                          case.backend, settings))
     if case.kind == "seed004":
-        return cache.get(case.key, lambda: run_seed004_case(case.label, case.world_size,
+        return cache.get(key, lambda: run_seed004_case(case.label, case.world_size,
                                                             case.backend, settings))
     raise NotImplementedError(f"unknown case kind {case.kind!r}")
 
@@ -577,10 +594,11 @@ def run_matrix(settings: BenchSettings, strategies: Sequence[str] | None = None,
                progress: Callable[[str], None] | None = None,
                cache: CaseCache | None = None) -> dict:
     """Every case of the matrix, the targets, and the environment, as one JSON-able dict.
+    ``strategies``: benchmark labels (default: all of ``STRATEGY_CASES``; empty: none).
     Skipped cases are listed with their reason, failed ones with their error; a failure does
     not stop the matrix. ``cache``: reuse/keep per-case figures (e.g. resume an interrupted run).
     """
-    labels = list(strategies or STRATEGY_CASES)
+    labels = list(STRATEGY_CASES) if strategies is None else list(strategies)
     worlds = [w for w in (world_sizes or settings.world_sizes)]
     cases: list[Case] = [Case("sync", s, w, b) for w in worlds for s in labels
                          for b in settings.backend_params()]
@@ -636,7 +654,8 @@ def matrix_tables(result: dict) -> str:
 
     s = result["settings"]
     env = result["environment"]
-    head = (f"preset {s['preset']}, global batch {s['global_batch']}, {s['rounds']} × "
+    head = (f"preset {s['preset']}, global batch {s['global_batch']}, "
+            f"{s['threads'] or 'cores ÷ ranks'} torch thread(s) per rank, {s['rounds']} × "
             f"{s['steps']} steps per strategy alternating with the local floor (2 warm-up steps "
             f"per run excluded), raw allreduce × {s['raw_iters']}; torch {env['torch']}, "
             f"{env['cpu_count']} CPUs ({env['cpu_model']}), {env['gpu_count']} GPUs, "
@@ -689,7 +708,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--backends", default=defaults.backends)
     p.add_argument("--raw-iters", type=int, default=defaults.raw_iters)
     p.add_argument("--rounds", type=int, default=defaults.rounds)
-    p.add_argument("--strategies", default=",".join(STRATEGY_CASES))
+    p.add_argument("--threads", type=int, default=defaults.threads,
+                   help="torch threads per rank (0: cores // ranks)")
+    p.add_argument("--strategies", default=",".join(STRATEGY_CASES),
+                   help="comma list of benchmark labels; empty for none")
     p.add_argument("--no-seed004", action="store_true")
     p.add_argument("--cache-dir", default=None, help="keep per-case JSON here (resumable)")
     p.add_argument("--out", default=None, help="write the matrix JSON here")
@@ -699,7 +721,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = BenchSettings(preset=args.preset, steps=args.steps,
                                  global_batch=args.global_batch, max_world=args.max_world,
                                  backends=args.backends, raw_iters=args.raw_iters,
-                                 rounds=args.rounds)
+                                 rounds=args.rounds, threads=args.threads)
     except BadInput as exc:
         p.error(str(exc))
     result = run_matrix(settings, [s for s in args.strategies.split(",") if s],

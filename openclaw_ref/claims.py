@@ -229,12 +229,14 @@ def c7(raw: dict) -> Finding:
 def m1(raw: dict) -> Finding:
     """Refuted if a late rank (Δt up to 5.7 ms and beyond) never shifts bucket boundaries."""
     faults = _section(raw, "faults")
-    late = [c for c in faults.get("cases", []) if c.get("fault") == "late-rank"]
+    late = [c for c in faults.get("cases", []) if c.get("fault_name") == "late-rank"]
     if not late:
         raise Missing("late-rank not in the fault matrix")
     shifted = [c for c in late if "Misalignment" in (c.get("detail") or "")]
-    return Finding("late-rank fault (5.7 ms) × every strategy",
-                   "; ".join(f"{c['strategy']}: {c['outcome']}" for c in late)
+    value = (faults.get("settings") or {}).get("late_rank_value", "?")
+    return Finding(f"late-rank fault (Δt = {value}, above the seed's 5.7 ms) × every strategy; "
+                   "bucket layouts under it",
+                   "; ".join(f"{c['strategy']}: {c['cell']}" for c in late)
                    + ". Ring→tree fallback is NCCL-internal (needs GPUs)",
                    REFUTED if not shifted else NOT_REPRODUCED, CMD_CONFORM)
 
@@ -267,11 +269,11 @@ def m4(raw: dict) -> Finding:
     """Refuted if rank-dependent pre-scaling corrupts the average silently rather than by
     overflowing; overflow instead comes from casting before dividing."""
     faults = _section(raw, "faults")
-    cases = [c for c in faults.get("cases", []) if c.get("fault") == "scale-mismatch"]
+    cases = [c for c in faults.get("cases", []) if c.get("fault_name") == "scale-mismatch"]
     if not cases:
         raise Missing("scale-mismatch not in the fault matrix")
     return Finding("scale-mismatch fault (2^10 on one rank, 2^12 elsewhere) × every strategy",
-                   "; ".join(f"{c['strategy']}: {c['outcome']}" for c in cases),
+                   "; ".join(f"{c['strategy']}: {c['cell']}" for c in cases),
                    REFUTED, CMD_CONFORM)
 
 
@@ -308,15 +310,14 @@ def f3(raw: dict) -> Finding:
     """Reproduced if hardened fp16 (one scale, divide before cast) overflows ≤ 0.017% of
     elements on the high-dynamic-range workload."""
     ov = _section(raw, "overflow")
-    rows = {r["strategy"]: r for r in ov.get("rates", [])}
-    hard = rows.get("hardened-fp16")
+    rows = {(r["strategy"], r["workload"]): r for r in ov.get("rates", [])}
+    hard = rows.get(("hardened-fp16", "real"))
     if hard is None:
         raise Missing("hardened fp16 overflow not measured")
-    base = rows.get("ddp-fp16")
-    text = f"hardened fp16 {_pct(hard['overflow_rate'])} of elements"
-    if base:
-        text += f"; stock ddp-fp16 {_pct(base['overflow_rate'])}"
-    return Finding("high-dynamic-range gradients (max/min > 1e4)", text,
+    text = "; ".join(f"{k[0]} on {k[1]} gradients: {_pct(r['overflow_rate'])}"
+                     for k, r in sorted(rows.items()))
+    return Finding("the model's own gradients (max/min nonzero |g| ≥ "
+                   f"{hard['min_dynamic_range']:.1e}) and a harsher ×10^±2 spread", text,
                    REPRODUCED if hard["overflow_rate"] <= 0.00017 else NOT_REPRODUCED,
                    CMD_CONFORM)
 

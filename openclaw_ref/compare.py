@@ -189,12 +189,12 @@ def slim_run(record: dict) -> dict:
     }
 
 
-def section_strategies(cfg: CompareConfig, pools: dict[int, RankPool], progress: Progress,
+def section_strategies(cfg: CompareConfig, pools: "PoolSet", progress: Progress,
                        variants: tuple[Variant, ...]) -> dict:
     """Every variant × world size, repeated and interleaved (variant order rotates per repeat)."""
     base = TrainConfig(preset=cfg.preset, steps=cfg.steps, global_batch=cfg.global_batch,
                        seed=cfg.seed, eval_every=0, progress=False, backend=cfg.backend)
-    reference = pools[1].run(run_and_return_params,
+    reference = pools.get(1).run(run_and_return_params,
                              dataclasses.replace(base, world_size=1,
                                                  sync=SyncConfig(name="local")))[0]["params"]
     progress.tick("reference: 1 process")
@@ -210,23 +210,24 @@ def section_strategies(cfg: CompareConfig, pools: dict[int, RankPool], progress:
                 row = {"variant": variant.label, "sync": dataclasses.asdict(variant.sync),
                        "world_size": w, "repeat": repeat}
                 try:
-                    out = pools[w].run(run_and_return_params, tcfg)[0]
+                    out = pools.get(w).run(run_and_return_params, tcfg)[0]
                 except RankFailed as exc:  # a strategy that fails is a result, not a crash
                     if isinstance(exc.cause, ConsistencyError):
                         row["stopped_by"] = exc.cause.event().to_json()
                     row["error"] = exc.summary
-                    pools[w] = _pool(cfg, w)
                 else:
                     row.update(slim_run(out["record"]))
                     row["max_abs_diff_vs_reference"] = _max_abs_diff(out["params"], reference)
+                    if repeat == 0:
+                        row["costs"] = _costs(pools, tcfg)
                 runs.append(row)
                 progress.tick(f"{variant.label} ×{w} r{repeat}")
     return {"runs": runs, "reference": "1 process, no sync, same global batch and seed"}
 
 
-def section_curves(cfg: CompareConfig, pools: dict[int, RankPool], progress: Progress) -> dict:
+def section_curves(cfg: CompareConfig, pools: "PoolSet", progress: Progress) -> dict:
     """Long runs with frequent validation: does the seed's C1 spike pattern appear?"""
-    w = cfg.curve_world_size if cfg.curve_world_size in pools else max(pools)
+    w = cfg.curve_world_size if cfg.curve_world_size in cfg.world_sizes else max(cfg.world_sizes)
     out = {}
     for label, sync in (("ddp", SyncConfig(name="ddp")),
                         ("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=cfg.bucket_cap_mb))):
@@ -236,20 +237,10 @@ def section_curves(cfg: CompareConfig, pools: dict[int, RankPool], progress: Pro
         tcfg = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.curve_steps,
                            global_batch=cfg.global_batch, seed=cfg.seed, eval_every=2,
                            progress=False, sync=sync, backend=cfg.backend)
-        record = pools[w].run(run_and_return_params, tcfg)[0]["record"]
+        record = pools.get(w).run(run_and_return_params, tcfg)[0]["record"]
         out[label] = {"world_size": w, **slim_run(record)}
         progress.tick(f"curve {label}")
     return out
-
-
-def _optional(module: str, attr: str) -> Callable | None:
-    """A section provided by another module of the suite, if this version has it."""
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError):
-        return None
 
 
 SECTIONS: dict[str, str] = {
@@ -271,7 +262,7 @@ def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None)
     """Run every requested section; returns the raw document (not yet written)."""
     cfg.validate()
     variants = variants or default_variants(cfg.bucket_cap_mb)
-    n_jobs = 1 + cfg.repeats * len(cfg.world_sizes) * len(variants) + 2 + 4
+    n_jobs = sum(SECTION_JOBS[name](cfg, variants) for name in cfg.sections)
     progress = Progress(n_jobs)
     raw: dict[str, Any] = {
         "meta": {
@@ -291,17 +282,9 @@ def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None)
             current = name
             t0 = time.monotonic()
             if name == "strategies":
-                raw[name] = section_strategies(cfg, pools, progress, variants)
-            elif name == "curves":
-                raw[name] = section_curves(cfg, pools, progress)
+                raw[name] = section_strategies(cfg, PoolSet(cfg, pools), progress, variants)
             else:
-                fn = _optional(*SECTION_PROVIDERS[name])
-                if fn is None:
-                    raw["meta"]["sections_skipped"][name] = "not provided by this version"
-                    progress.tick(f"{name} (skipped)")
-                    continue
-                raw[name] = fn(cfg, pools)
-                progress.tick(name)
+                raw[name] = SECTION_RUNNERS[name](cfg, PoolSet(cfg, pools), progress)
             raw["meta"]["sections_run"].append({"name": name,
                                                 "seconds": round(time.monotonic() - t0, 1)})
     except KeyboardInterrupt:
@@ -334,11 +317,204 @@ def write_results(raw: dict, out_dir: Path) -> list[Path]:
     return [out_dir / RAW_NAME] + render_all(out_dir)
 
 
-SECTION_PROVIDERS: dict[str, tuple[str, str]] = {
-    "faults": ("openclaw_ref.conform", "compare_section_faults"),
-    "precision": ("openclaw_ref.bench", "compare_section_precision"),
-    "overflow": ("openclaw_ref.conform", "compare_section_overflow"),
-    "raw_allreduce": ("openclaw_ref.bench", "compare_section_raw_allreduce"),
+class PoolSet:
+    """The comparison's rank pools by world size; a pool a fault broke is replaced on demand."""
+
+    def __init__(self, cfg: CompareConfig, pools: dict[int, RankPool]) -> None:
+        self.cfg, self.pools = cfg, pools
+
+    def get(self, world_size: int) -> RankPool:
+        pool = self.pools.get(world_size)
+        if pool is None or pool.broken:
+            pool = self.pools[world_size] = _pool(self.cfg, world_size)
+        return pool
+
+
+def _costs(pools: PoolSet, tcfg: TrainConfig) -> dict | None:
+    from openclaw_ref.bench import cost_probe_rank
+
+    if tcfg.sync.name == "local":
+        return {"collectives": 0, "wire_bytes": 0, "host_syncs": 0}
+    probe = pools.get(tcfg.world_size).run(cost_probe_rank, tcfg)[0]
+    return None if not probe or "unavailable" in probe else probe
+
+
+def section_faults(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
+    """The fault × strategy matrix (2 ranks) and per-rank bucket layouts of every strategy."""
+    from openclaw_ref.conform import (
+        FAULTS, ConformSettings, MatrixRunner, MatrixSettings, check_bucket_alignment,
+        matrix_strategies,
+    )
+
+    settings = MatrixSettings()
+    runner = MatrixRunner(settings, get_pool=pools.get)
+    cases = []
+    try:
+        for strategy in matrix_strategies():
+            for fault in FAULTS:
+                outcome = runner.run_case(strategy, fault)
+                cases.append({**outcome.to_json(), "fault_name": fault,
+                              "cell": outcome.summary()})
+                progress.tick(f"fault {fault} × {strategy}")
+    finally:
+        runner.close()
+    alignment = []
+    w = max(w for w in cfg.world_sizes)
+    for strategy in matrix_strategies():
+        sync = dataclasses.replace(settings.sync_config(strategy), bucket_cap_mb=cfg.bucket_cap_mb)
+        s = ConformSettings(sync=sync)
+        if w >= 2:
+            result = pools.get(w).run(check_bucket_alignment, s)[0]
+            alignment.append({"strategy": strategy, "world_size": w, "aligned": result.passed,
+                              "steps": s.steps, "buckets": result.figures.get("buckets"),
+                              "detail": result.detail})
+        progress.tick(f"bucket alignment {strategy}")
+    strategies = list(dict.fromkeys(c["strategy"] for c in cases))
+    faults = list(dict.fromkeys(c["fault"] for c in cases))
+    cell = {(c["fault"], c["strategy"]): c["cell"] for c in cases}
+    return {
+        "settings": dataclasses.asdict(settings),
+        "cases": cases,
+        "bucket_alignment": alignment,
+        "tables": [
+            {"caption": f"Each cell: a {settings.steps}-step run of the tiny preset on "
+                        f"{settings.world_size} gloo ranks with the fault injected on the last "
+                        f"rank at step {settings.fault_step}; hardened/bucketed use an fp16 wire "
+                        f"at 2^12, replica check every {settings.replica_check_every} steps, "
+                        f"{settings.watchdog_s:.0f} s watchdog. Outcome: detected (with the "
+                        "attribution it gave) / silent-corruption (replicas diverge or the result "
+                        "differs from the fault-free run) / hang-timeout / crash / no-effect.",
+             "headers": ["fault"] + strategies,
+             "rows": [[f] + [cell.get((f, st), "") for st in strategies] for f in faults]},
+            {"caption": f"Bucket layouts recorded on every rank ({w} ranks) at every step of a "
+                        f"6-step run with a {cfg.bucket_cap_mb} MB bucket cap (stock DDP via a "
+                        "recording comm hook): the seed's M3.",
+             "headers": ["strategy", "ranks", "identical on all ranks", "buckets", "detail"],
+             "rows": [[a["strategy"], a["world_size"], "yes" if a["aligned"] else "NO",
+                       a["buckets"], a["detail"]] for a in alignment]},
+        ],
+    }
+
+
+OVERFLOW_WORKLOADS = {"real": 0.0, "harsh": 2.0}  # extra spread: each element × 10^U(-d, d)
+
+
+def section_overflow(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
+    """FP16 overflow on high-dynamic-range gradients: stock fp16 hook vs one shared scale."""
+    from openclaw_ref.conform import ConformSettings, check_overflow_rate
+
+    w = 2 if 2 in cfg.world_sizes else max(cfg.world_sizes)
+    variants = {"ddp-fp16": SyncConfig(name="ddp-fp16"),
+                "hardened-fp16": SyncConfig(name="hardened", wire="fp16", scale="4096"),
+                "hardened-fp16-auto": SyncConfig(name="hardened", wire="fp16", scale="auto")}
+    rates, vs_scale = [], []
+    for workload, spread in OVERFLOW_WORKLOADS.items():
+        for label, sync in variants.items():
+            s = ConformSettings(sync=sync, hdr_spread_decades=spread, steps=8)
+            fig = pools.get(w).run(check_overflow_rate, s, None)[0].figures
+            rates.append({"strategy": label, "workload": workload, "world_size": w, **fig})
+            progress.tick(f"overflow {label} {workload}")
+    for exp in (4, 8, 12, 16):
+        s = ConformSettings(sync=SyncConfig(name="hardened", wire="fp16", scale=str(2 ** exp)),
+                            hdr_spread_decades=OVERFLOW_WORKLOADS["harsh"], steps=8)
+        fig = pools.get(w).run(check_overflow_rate, s, None)[0].figures
+        vs_scale.append({"strategy": "hardened fp16 (harsh workload)", "scale_exp": exp,
+                         "overflow_rate": fig["overflow_rate"]})
+        progress.tick(f"overflow scale 2^{exp}")
+    return {
+        "rates": rates, "vs_scale": vs_scale,
+        "tables": [{
+            "caption": f"Overflowed (inf/NaN) gradient elements after the sync, {w} ranks, 8 "
+                       "batches with the weights held fixed. Workload 'real': the model's own "
+                       "gradients (max/min nonzero |g| per step shown); 'harsh': each element "
+                       "also × 10^U(-2, 2). The seed's F3 figure is 0.017%.",
+            "headers": ["strategy", "workload", "overflow (elements)", "overflowed / elements",
+                        "skipped steps", "min max/min |g|"],
+            "rows": [[r["strategy"], r["workload"], f"{100 * r['overflow_rate']:.4f}%",
+                      f"{r['overflow_elements']} / {r['elements']}", r["skipped_steps"],
+                      f"{r['min_dynamic_range']:.2e}"] for r in rates]}],
+    }
+
+
+def section_precision(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
+    """Seed 004's matrix: 1 rank fp32, 1 rank AMP, N ranks DDP+AMP (bf16 autocast on CPU)."""
+    from openclaw_ref.bench import BenchSettings, run_seed004_case
+
+    n = max(cfg.world_sizes)
+    settings = BenchSettings(preset=cfg.preset, steps=max(12, cfg.steps // 2),
+                             global_batch=cfg.global_batch, seed=cfg.seed, max_world=n)
+    rows = []
+    for precision, w in (("fp32", 1), ("amp", 1), ("fp32", n), ("amp", n)):
+        r = run_seed004_case(precision, w, resolve_backend(cfg.backend, w), settings,
+                             pool=pools.get(w))
+        label = (f"{w} rank{'s' if w > 1 else ''} {'DDP+' if w > 1 else ''}"
+                 f"{'AMP (' + r['amp_dtype'] + ')' if r['amp_dtype'] else 'fp32'}")
+        rows.append({"label": label, "world_size": w, "peak_mib": r["peak_memory_mb"],
+                     **r})
+        progress.tick(f"precision {label}")
+    return {
+        "rows_data": rows,
+        "tables": [{
+            "caption": f"Seed 004's table on this machine: the {cfg.preset} preset, global batch "
+                       f"{cfg.global_batch} (so per-rank batch shrinks with ranks), median step "
+                       "of the slowest rank, peak memory per rank (max RSS on CPU).",
+            "headers": ["configuration", "s/iter", "peak MiB/rank", "final loss"],
+            "rows": [[r["label"], f"{r['s_per_iter']:.4f}", f"{r['peak_mib']:.0f}",
+                      f"{r['final_loss']:.4f}"] for r in rows]}],
+    }
+
+
+def section_raw_allreduce(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
+    """A flat allreduce of the gradient bytes (fp32 and fp16): the limit any sync approaches."""
+    from openclaw_ref.bench import algbw_gbps, busbw_gbps, raw_allreduce_rank
+    from openclaw_ref.model import build_model
+
+    numel = sum(p.numel() for p in build_model(preset_cfg(cfg)).parameters())
+    rows = []
+    for w in cfg.world_sizes:
+        if w < 2:
+            progress.tick("raw allreduce ×1 (nothing to reduce)")
+            continue
+        for wire, width in (("fp32", 4), ("fp16", 2)):
+            times = pools.get(w).run(raw_allreduce_rank, numel, wire, 20)[0]
+            ms = statistics.median(times)
+            alg = algbw_gbps(numel * width, ms / 1e3)
+            rows.append({"world_size": w, "wire": wire, "bytes": numel * width, "median_ms": ms,
+                         "algbw_gbps": alg, "busbw_gbps": busbw_gbps(alg, w)})
+        progress.tick(f"raw allreduce ×{w}")
+    return {
+        "rows_data": rows,
+        "tables": [{
+            "caption": f"One flat allreduce of all {numel} gradient elements of the "
+                       f"{cfg.preset} preset, median of 20 (slowest rank, after a barrier). "
+                       "busbw = algbw × 2(n−1)/n (nccl-tests).",
+            "headers": ["ranks", "wire", "bytes", "median ms", "algbw GB/s", "busbw GB/s"],
+            "rows": [[r["world_size"], r["wire"], r["bytes"], f"{r['median_ms']:.3f}",
+                      f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"] for r in rows]}],
+    }
+
+
+def preset_cfg(cfg: CompareConfig):
+    from openclaw_ref.model import preset
+
+    return preset(cfg.preset, seed=cfg.seed)
+
+
+SECTION_RUNNERS: dict[str, Callable[[CompareConfig, PoolSet, Progress], dict]] = {
+    "curves": section_curves,
+    "faults": section_faults,
+    "overflow": section_overflow,
+    "precision": section_precision,
+    "raw_allreduce": section_raw_allreduce,
+}
+
+SECTION_JOBS: dict[str, Callable[[CompareConfig, tuple], int]] = {
+    "strategies": lambda c, v: 1 + c.repeats * len(c.world_sizes) * len(v),
+    "curves": lambda c, v: 2,
+    "faults": lambda c, v: 4 * 9 + 4,
+    "overflow": lambda c, v: 2 * 3 + 4,
+    "precision": lambda c, v: 4,
+    "raw_allreduce": lambda c, v: len(c.world_sizes),
 }
 
 

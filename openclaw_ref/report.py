@@ -92,7 +92,7 @@ def strategy_rows(raw: dict) -> list[dict]:
                 "checks_run": sum(x.get("checks_run", 0) or 0 for x in sync),
                 "max_abs_diff": max(r["max_abs_diff_vs_reference"] for r in ok),
                 "replicas_equal": all(x["replicas_equal"] for x in s),
-                "costs": sync[0].get("costs"),
+                "costs": next((r["costs"] for r in ok if r.get("costs")), None),
                 "final_loss": _median([x["final_loss"] for x in s]),
             })
     return rows
@@ -127,7 +127,7 @@ def _costs_table(rows: list[dict]) -> str | None:
     for r in rows:
         c = r.get("costs")
         if c:
-            table.append([r["variant"], r["ranks"], c.get("collectives"), c.get("bytes"),
+            table.append([r["variant"], r["ranks"], c.get("collectives"), c.get("wire_bytes"),
                           c.get("host_syncs")])
     if not table:
         return None

@@ -98,6 +98,7 @@ def test_settings_come_from_openclaw_bench_environment_variables():
     {"OPENCLAW_BENCH_BACKENDS": "gloo,mpi"},
     {"OPENCLAW_BENCH_BACKENDS": "auto,gloo"},
     {"OPENCLAW_BENCH_PRESET": "huge"},
+    {"OPENCLAW_BENCH_THREADS": "-1"},
 ])
 def test_settings_reject_bad_values_as_bad_input(env):
     with pytest.raises(BadInput):
@@ -147,6 +148,12 @@ def test_case_cache_runs_each_job_once(tmp_path):
     assert cache.get("sync-ddp-w2-gloo", job) == {"median_step_ms": 12.5}
     assert cache.get("sync-ddp-w2-gloo", job) == {"median_step_ms": 12.5}
     assert len(calls) == 1
+
+
+def test_cached_figures_are_keyed_by_the_settings_that_produced_them():
+    a, b = BenchSettings(steps=12), BenchSettings(steps=13)
+    assert a.digest() != b.digest()
+    assert a.digest() == BenchSettings(steps=12, max_world=2).digest()  # same case, same figures
 
 
 def test_case_cache_remembers_skips_and_failures(tmp_path):
@@ -346,3 +353,24 @@ def test_asv_quick_smoke_on_two_ranks_saves_a_value_for_every_runnable_benchmark
     for i, label in enumerate(strategies):
         if bench.STRATEGY_CASES[label]["name"] not in STRATEGIES:
             assert step[2 * i] is None or math.isnan(step[2 * i])
+
+
+# --- the plain runner (what `openclaw-bench compare` calls) ------------------------------------
+
+
+def test_run_matrix_lists_skipped_cases_with_their_reason_and_renders_tables():
+    result = bench.run_matrix(TINY, strategies=["no-such-case"], world_sizes=[1, 2],
+                              seed004=False)
+    assert result["cases"] == [] and result["failed"] == []
+    assert len(result["skipped"]) == 2 * len(TINY.backend_params())
+    assert all(s["case"].startswith("sync-no-such-case-w") and "no benchmark case" in s["reason"]
+               for s in result["skipped"])
+    assert result["settings"]["preset"] == "tiny" and result["environment"]["torch"]
+    json.dumps(result)
+    assert "no-such-case" in bench.matrix_tables(result)
+
+
+def test_plain_runner_rejects_bad_settings_with_exit_code_2():
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--steps", "1"])
+    assert exc.value.code == 2

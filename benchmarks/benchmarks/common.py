@@ -9,7 +9,8 @@ when the run ends, so no figure outlives the run that measured it.
 
 Knobs are environment variables read at import (asv's parameters are fixed at discovery):
 ``OPENCLAW_BENCH_MAX_WORLD`` (default 8), ``_PRESET`` (small), ``_STEPS`` (12),
-``_GLOBAL_BATCH`` (16), ``_RAW_ITERS`` (10), ``_BACKENDS`` (auto), ``_SEED`` (1).
+``_GLOBAL_BATCH`` (16), ``_ROUNDS`` (2), ``_RAW_ITERS`` (10), ``_THREADS`` (1 torch thread per
+rank; 0 = cores ÷ ranks), ``_BACKENDS`` (auto), ``_SEED`` (1).
 Every job is seeded (model, data and sparsity schedule derive from ``_SEED``).
 """
 
