@@ -181,17 +181,20 @@ def test_case_cache_remembers_skips_and_failures(tmp_path):
 
 def _case(label, w, step, exposed, raw, sync_over_raw=None):
     return {"kind": "sync", "strategy": label, "world_size": w, "median_step_ms": step,
-            "exposed_sync_ms": exposed, "raw_allreduce_ms": raw, "sync_over_raw": sync_over_raw}
+            "local_median_step_ms": step - exposed, "exposed_sync_ms": exposed,
+            "raw_allreduce_ms": raw, "sync_over_raw": sync_over_raw}
 
 
 def test_targets_compare_strategies_within_one_world_size():
     cases = [_case("ddp", 2, 100.0, 10.0, 8.0, 1.25),
              _case("hardened-fp32", 2, 102.0, 12.0, 8.0, 1.5),
-             _case("ddp-detail", 2, 140.0, 50.0, 8.0), _case("hardened-fp16", 2, 97.0, 5.0, 4.0),
-             _case("ddp", 4, 300.0, 30.0, 20.0)]
+             _case("ddp-detail", 2, 150.0, 50.0, 8.0),  # a slower job: floor 100 vs 90
+             _case("hardened-fp16", 2, 97.0, 5.0, 4.0), _case("ddp", 4, 300.0, 30.0, 20.0)]
     rows = {(r.target, r.world_size): r for r in bench.targets(cases)}
     assert rows[("hardened fp32 step / ddp step", 2)].value == pytest.approx(1.02)
     assert rows[("hardened fp32 step / ddp step", 2)].met is True
+    assert "1.020" in rows[("hardened fp32 step / ddp step", 2)].note  # (90 + 12) / (90 + 10)
+    # overheads are differences of exposed sync, each corrected by its own job's floor
     assert rows[("hardened check overhead / DETAIL's", 2)].value == pytest.approx(2 / 40)
     assert rows[("hardened-fp32 exposed sync / raw allreduce", 2)].met is False
     fp16 = rows[("hardened-fp16 sync / hardened-fp32 sync", 2)]

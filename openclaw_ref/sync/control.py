@@ -44,6 +44,7 @@ import torch
 from openclaw_ref.errors import (
     BucketMisalignment, ClockMismatch, MissingGradient, NonFiniteGradient, ScaleMismatch,
 )
+from openclaw_ref.sync.precision import count_nonfinite, has_nonfinite
 
 CHUNK_BITS = 8
 CHUNK = 1 << CHUNK_BITS
@@ -249,16 +250,20 @@ class BucketRecord:
 def read_step(records: Sequence[BucketRecord], world_size: int,
               extra: torch.Tensor | None = None) -> tuple[list[list[Slot]], list[int], list[float]]:
     """Decoded slots and wire non-finite counts of every bucket of the step (and the values of
-    ``extra``), read with ONE host synchronization (a single ``.tolist()`` over everything)."""
-    counts = torch.stack([torch.isfinite(r.reduced).logical_not().sum() for r in records])
-    parts = [r.block.to(torch.float64) for r in records] + [counts.to(torch.float64)]
+    ``extra``), read with ONE host synchronization (a single ``.tolist()`` over everything) on
+    steps without overflow; an overflowed step pays one more to count its non-finite elements."""
+    flags = torch.stack([has_nonfinite(r.reduced) for r in records])
+    parts = [r.block.to(torch.float64) for r in records] + [flags.to(torch.float64)]
     if extra is not None:
         parts.append(extra.to(torch.float64).reshape(-1))
     flat = torch.cat(parts).tolist()
     size = block_size(world_size)
     n = len(records)
     slots = [decode_block(flat[i * size:(i + 1) * size], world_size) for i in range(n)]
-    return slots, [int(c) for c in flat[n * size:n * size + n]], flat[n * size + n:]
+    # exact counts only where the cheap flag fired: a second host sync on overflowed steps alone
+    counts = [count_nonfinite(r.reduced) if flag else 0
+              for r, flag in zip(records, flat[n * size:n * size + n])]
+    return slots, counts, flat[n * size + n:]
 
 
 class Ledger:
