@@ -198,7 +198,11 @@ def render_all(out_dir: Path) -> list[Path]:
     from openclaw_ref.plots import render_plots
 
     raw = read_json(out_dir / "raw.json")
+    ledger = claims_markdown(raw)
     written = [write_text_atomic(out_dir / "comparison.md", comparison_markdown(raw)),
-               write_text_atomic(out_dir / "claims.md", claims_markdown(raw))]
+               write_text_atomic(out_dir / "claims.md", ledger),
+               # the top-level ledger: the machine class rendered last (see its own directory)
+               write_text_atomic(out_dir.parent / "claims.md",
+                                 f"<!-- rendered from {out_dir.name}/raw.json -->\n" + ledger)]
     written += render_plots(raw, out_dir)
     return written
