@@ -179,12 +179,23 @@ def c3(raw: dict) -> Finding:
 
 
 def c4(raw: dict) -> Finding:
-    """Reproduced if ≥ 80% of bucket-steps exceed 3 ms skew with the sparse path active."""
+    """Reproduced only if ≥ 80% of bucket-steps exceed 3 ms skew with the sparse path active
+    AND that share drops by ≥ 20 points with the masking off (the claim is causal)."""
     w, skews, _ = _skews(raw)
     share = sum(s > 3.0 for s in skews) / len(skews)
-    return Finding(f"hardened fp32 on {w} ranks (sparse path active every step)",
-                   f"{_pct(share)} of {len(skews)} bucket-steps above 3 ms skew (seed: 89.3%)",
-                   REPRODUCED if share >= 0.8 else NOT_REPRODUCED)
+    text = f"{_pct(share)} of {len(skews)} bucket-steps above 3 ms skew (seed: 89.3%)"
+    ablation = (raw.get("ablations") or {}).get("sparsity")
+    if not ablation:
+        return Finding(f"hardened fp32 on {w} ranks", text + "; no masking-off control run",
+                       NOT_MEASURABLE + " (control not run)")
+    on = ablation["sparse (seed range)"]["share_over_3ms"]
+    off = ablation["masking off (s = 0)"]["share_over_3ms"]
+    causal = on >= 0.8 and on - off >= 0.2
+    return Finding(f"hardened fp32 on {w} ranks, sparse path on vs masking off",
+                   text + f"; control: {_pct(on)} with the seed's masking vs {_pct(off)} with "
+                   "masking off — the skew here comes from ranks sharing 2 cores, not from "
+                   "the sparse path" * (not causal),
+                   REPRODUCED if causal else NOT_REPRODUCED)
 
 
 def c5(raw: dict) -> Finding:
@@ -204,9 +215,11 @@ def c5(raw: dict) -> Finding:
 def c6(raw: dict) -> Finding:
     """CPU runs cannot test torch.cuda.synchronize; we count failed allreduces without it."""
     runs = _runs(raw)
-    errors = sum(1 for r in (raw.get("strategies") or {}).get("runs", []) if "error" in r)
+    errors = sum(1 for r in (raw.get("strategies") or {}).get("runs", [])
+                 if "error" in r and not r.get("stopped_by"))
     steps = sum(len(r["step_ms"]) for r in runs)
-    return Finding("every clean strategy run of the comparison",
+    return Finding("every strategy run of the comparison (runs a check stopped on purpose, the "
+                   "seed's rank-local bucketing, excluded)",
                    f"{errors} failed runs, 0 failed collectives in {steps} synchronized steps "
                    "without any device synchronize",
                    NOT_MEASURABLE + " (CUDA streams: needs GPUs; gloo never failed here)")
@@ -354,12 +367,21 @@ def p1(raw: dict) -> Finding:
 
 
 def p2(raw: dict) -> Finding:
-    barrier = (raw.get("faults") or {}).get("skew_barrier")
-    if not barrier:
-        return Finding("Prometheus exporter and the P2 barrier policy (tests scrape it)",
-                       "barrier effect not measured in this comparison",
-                       NOT_MEASURABLE + " (section not run)", "pytest tests/test_prometheus.py")
-    return Finding("P2 barrier on/off", str(barrier), NOT_REPRODUCED)
+    """The exporter exists (tests scrape it); the barrier policy is reproduced as a fix only if
+    it lowers the median step time by ≥ 5% (the noise here) with the seed's jitter injected."""
+    rows = {r["arm"]: r for r in (raw.get("ablations") or {}).get("skew_barrier", [])}
+    if not rows:
+        return Finding("Prometheus exporter (tests scrape it); barrier not measured",
+                       "evidence missing: ablations section not run",
+                       NOT_MEASURABLE + " (not run)", "pytest tests/test_prometheus.py")
+    on, off = rows["on"], rows["off"]
+    gain = 1 - on["median_step_ms"] / off["median_step_ms"]
+    return Finding(f"P2 barrier on vs off, {on['world_size']} ranks, seed's Δt jitter injected; "
+                   "exporter scraped over HTTP in tests",
+                   f"step {off['median_step_ms']:.1f} → {on['median_step_ms']:.1f} ms "
+                   f"({100 * gain:+.1f}%); p90 std of ready times {off['p90_ready_std_ms']:.2f} → "
+                   f"{on['p90_ready_std_ms']:.2f} ms; {on['barriers']} barriers in {on['steps']} "
+                   "steps", REPRODUCED if gain >= 0.05 else NOT_REPRODUCED)
 
 
 def p3(raw: dict) -> Finding:
@@ -396,10 +418,11 @@ def r2(raw: dict) -> Finding:
 
 
 def r3(raw: dict) -> Finding:
-    """Reproduced if hardened reaches the threshold in ≤ 1/2 the steps of ddp."""
+    """Reproduced if hardened reaches the threshold (a quarter of ddp's first validation
+    loss; the seed's 0.86 belongs to its own task) in ≤ 1/2 the steps of ddp."""
     curves = _curves(raw)
     d, h = curves["ddp"]["validation"], curves["hardened fp32"]["validation"]
-    threshold = 1.1 * max(min(v["loss"] for v in d), min(v["loss"] for v in h))
+    threshold = 0.25 * d[0]["loss"]
     sd, sh = steps_to(d, threshold), steps_to(h, threshold)
     ratio = (sd / sh) if sd and sh else None
     return Finding(f"validation curves, threshold {threshold:.3f} (the seed's 0.86 is on its "
@@ -474,10 +497,10 @@ def l5(raw: dict) -> Finding:
     multi = [r for k, r in rows.items() if "DDP" in k]
     if not one or not multi:
         raise Missing("precision rows incomplete")
-    best = max(multi, key=lambda r: one["s_per_iter"] * r["world_size"] / r["s_per_iter"])
+    best = min(multi, key=lambda r: r["s_per_iter"])
     speedup = one["s_per_iter"] / best["s_per_iter"]
-    return Finding("throughput at equal per-rank batch", f"{best['label']}: {speedup:.2f}× the "
-                   "samples/s of 1 rank fp32 (seed: 3.2×)",
+    return Finding("throughput at equal global batch (seed 004's precision table)",
+                   f"{best['label']}: {speedup:.2f}× the samples/s of 1 rank fp32 (seed: 3.2×)",
                    REPRODUCED if speedup >= 3.0 else NOT_REPRODUCED)
 
 

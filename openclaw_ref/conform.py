@@ -32,20 +32,17 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from openclaw_ref.checks import tensor_digest
-from openclaw_ref.data import SkillDataset, rank_batch
 from openclaw_ref.errors import (
     ConsistencyError, LaunchTimeout, RankFailed, ReplicaDivergence, ShapeMismatch, SyncTimeout,
 )
 from openclaw_ref.faults import (
-    FAULTS, GROUP_KILLING, FaultInjector, FaultSpec, parse_duration_s, parse_fault,
+    FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault,
 )
 from openclaw_ref.launch import LaunchConfig, RankContext, RankPool
-from openclaw_ref.model import build_model
-from openclaw_ref.sync import STRATEGIES, make_strategy
+from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 
 OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
@@ -106,55 +103,13 @@ class CheckResult:
 # The observed loop: the training loop's order of events with observation points after the sync
 
 
-def observed_run(ctx: RankContext, cfg, *,
-                 before_sync: Callable[[int, nn.Module, SyncStrategy], None] | None = None,
-                 after_sync: Callable[[int, nn.Module, SyncStrategy, bool], None] | None = None,
-                 after_step: Callable[[int, nn.Module], None] | None = None,
-                 wrap: Callable[[nn.Module, RankContext, SyncStrategy], nn.Module] | None = None,
-                 grad_hook: Callable[[int, nn.Module], list] | None = None,
-                 apply_updates: bool = True) -> nn.Module:
-    """Run ``cfg`` (a ``TrainConfig``) on this rank in the order ``train.train_model`` uses, but
-    with two observation points the training loop does not expose: right after the strategy's
-    ``finish_step`` (the synchronized gradients the optimizer is about to use) and after the
-    optimizer step. ``wrap`` replaces ``strategy.wrap`` (bucket recording); ``grad_hook(step,
-    model)`` may register gradient hooks for one step and returns their handles (workloads);
-    ``apply_updates=False`` keeps the weights fixed (rates measured over many batches)."""
-    from openclaw_ref.train import make_optimizer
+def observed_run(ctx: RankContext, cfg, **hooks: Any) -> nn.Module:
+    """Run ``cfg`` (a ``TrainConfig``) through the one training loop with observation points
+    (``train.LoopHooks``: ``wrap``, ``grad_hook``, ``before_sync``, ``after_sync``,
+    ``after_step``, ``apply_updates``); returns this rank's replica."""
+    from openclaw_ref.train import LoopHooks, train_model
 
-    model_cfg = cfg.model_config()
-    ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
-    faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size)
-    model = build_model(model_cfg).to(ctx.device)
-    faults.on_model_built(model)
-    strategy = make_strategy(faults.sync_config(cfg.sync))
-    module = wrap(model, ctx, strategy) if wrap else strategy.wrap(model, ctx)
-    opt = make_optimizer(cfg, model)
-    try:
-        for step in range(cfg.steps):
-            batch = rank_batch(ds, step, cfg.global_batch, ctx.rank, ctx.world_size).to(ctx.device)
-            strategy.begin_step(step)
-            faults.before_forward(step, model)
-            loss = F.cross_entropy(module(batch.tokens, batch.sample_ids, step), batch.labels)
-            handles = grad_hook(step, model) if grad_hook else []
-            faults.before_backward(step)
-            loss.backward()
-            for h in handles:
-                h.remove()
-            if before_sync is not None:
-                before_sync(step, model, strategy)
-            applied = strategy.finish_step(step)
-            faults.after_sync(step, model)
-            if after_sync is not None:
-                after_sync(step, model, strategy, applied)
-            if applied and apply_updates:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            faults.after_step(step, model)
-            if after_step is not None:
-                after_step(step, model)
-    finally:
-        strategy.close()
-    return model
+    return train_model(ctx, cfg, hooks=LoopHooks(**hooks)).model
 
 
 def gather(ctx: RankContext, obj: Any) -> list[Any]:

@@ -183,7 +183,8 @@ def comparison_markdown(raw: dict) -> str:
     for name, title in (("faults", "Fault × strategy outcomes"),
                         ("overflow", "FP16 overflow"),
                         ("precision", "Seed 004: precision × devices"),
-                        ("raw_allreduce", "Raw allreduce of the same bytes")):
+                        ("raw_allreduce", "Raw allreduce of the same bytes"),
+                        ("ablations", "Controls the seeds did not run")):
         if name in raw:
             parts += [f"## {title}", ""] + [t + "\n" for t in _generic_tables(raw[name])]
     skipped = raw["meta"].get("sections_skipped", {})

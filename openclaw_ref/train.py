@@ -16,6 +16,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,7 @@ from openclaw_ref.metrics import GradientProbe, StepTimer, peak_memory_mb
 from openclaw_ref.model import EVAL_STEP, OpenClawConfig, build_model, preset
 from openclaw_ref.prometheus import MetricsConfig, StepObserver, StepObservers
 from openclaw_ref.sync import make_strategy
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 
 OPTIMIZERS = ("adamw", "sgd")
 # Seed 004's AMP (claim L3): bf16 autocast on CPU, fp16 on GPU. Forward and loss only; no
@@ -133,6 +134,27 @@ class RankLog:
     param_digest: str = ""
 
 
+@dataclass(frozen=True)
+class LoopHooks:
+    """Observation points the training loop offers to conformance checks (``conform.py``), so
+    the checks run this very loop instead of a copy of it.
+
+    ``wrap`` replaces ``strategy.wrap`` (e.g. to record bucket layouts); ``grad_hook(step,
+    model)`` registers gradient hooks for one backward and returns their handles;
+    ``before_sync``/``after_sync`` see the local and the synchronized gradients of a step;
+    ``apply_updates=False`` keeps the weights fixed (rates measured over many batches)."""
+
+    wrap: Callable[[nn.Module, RankContext, SyncStrategy], nn.Module] | None = None
+    grad_hook: Callable[[int, nn.Module], list] | None = None
+    before_sync: Callable[[int, nn.Module, SyncStrategy], None] | None = None
+    after_sync: Callable[[int, nn.Module, SyncStrategy, bool], None] | None = None
+    after_step: Callable[[int, nn.Module], None] | None = None
+    apply_updates: bool = True
+
+
+NO_HOOKS = LoopHooks()
+
+
 @dataclass
 class TrainResult:
     model: nn.Module  # this rank's trained replica (unwrapped)
@@ -148,7 +170,8 @@ def train_rank(ctx: RankContext, cfg: TrainConfig,
 
 
 def train_model(ctx: RankContext, cfg: TrainConfig,
-                extra_observers: tuple[StepObserver, ...] = ()) -> TrainResult:
+                extra_observers: tuple[StepObserver, ...] = (),
+                hooks: LoopHooks = NO_HOOKS) -> TrainResult:
     """The training loop on one rank; also hands back the replica for equivalence checks."""
     model_cfg = cfg.model_config()
     ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
@@ -157,7 +180,7 @@ def train_model(ctx: RankContext, cfg: TrainConfig,
     faults.on_model_built(model)
     strategy = make_strategy(faults.sync_config(cfg.sync))
     probe = GradientProbe(model)
-    module = strategy.wrap(model, ctx)
+    module = hooks.wrap(model, ctx, strategy) if hooks.wrap else strategy.wrap(model, ctx)
     observers = StepObservers.from_config(cfg.metrics, ctx.rank, ctx.world_size, ctx.device,
                                           ctx.store, extra_observers)
     opt = make_optimizer(cfg, model)
@@ -177,15 +200,24 @@ def train_model(ctx: RankContext, cfg: TrainConfig,
                                 enabled=cfg.amp is not None):
                 logits = module(batch.tokens, batch.sample_ids, step)
                 loss = F.cross_entropy(logits, batch.labels)
+            handles = hooks.grad_hook(step, model) if hooks.grad_hook else []
             faults.before_backward(step)
             observers.before_backward(step)
             loss.backward()
+            for handle in handles:
+                handle.remove()
+            if hooks.before_sync:
+                hooks.before_sync(step, model, strategy)
             applied = strategy.finish_step(step)
             faults.after_sync(step, model)
-            if applied:
+            if hooks.after_sync:
+                hooks.after_sync(step, model, strategy, applied)
+            if applied and hooks.apply_updates:
                 opt.step()
             opt.zero_grad(set_to_none=True)
             faults.after_step(step, model)
+            if hooks.after_step:
+                hooks.after_step(step, model)
             log.step_ms.append(timer.stop_ms())
             log.loss.append(float(loss.detach()))
             log.applied.append(applied)
@@ -215,8 +247,10 @@ def train_model(ctx: RankContext, cfg: TrainConfig,
         observers.close()
     log.peak_memory_mb = peak_memory_mb(ctx.device)
     log.param_digest = params_digest(model.named_parameters())
-    logs: list[RankLog] = [None] * ctx.world_size  # type: ignore[list-item]
-    dist.all_gather_object(logs, log)
+    logs: list[RankLog] = [log]
+    if ctx.world_size > 1:  # a one-rank context (e.g. a reference run inside rank 0) never talks
+        logs = [None] * ctx.world_size  # type: ignore[list-item]
+        dist.all_gather_object(logs, log)
     events = [e.to_json() for e in strategy.events]
     if not ctx.is_main:
         return TrainResult(model, None)
