@@ -13,16 +13,24 @@ import torch.distributed as dist
 
 
 def git_sha(cwd: Path | None = None) -> str:
-    """The checkout's commit, with ``-dirty`` when the tree has uncommitted changes."""
-    where = cwd or Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+    """The checkout's commit, with ``-dirty`` when tracked files have uncommitted changes.
+
+    Looks in ``cwd`` (default: the working directory, where tox and users run the suite), then
+    beside this file (an editable install); an installed wheel outside a checkout gives
+    ``unknown``."""
+    for where in ([cwd] if cwd else [Path.cwd(), Path(__file__).resolve().parent]):
+        try:
+            sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                                 text=True, timeout=10).stdout.strip()
+            if not sha:
+                continue
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                   cwd=where, capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return sha + ("-dirty" if dirty else "")
+    return "unknown"
 
 
 def cpu_model() -> str:

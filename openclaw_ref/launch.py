@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from openclaw_ref.errors import EXIT_CHECK_FIRED, BadInput, LaunchTimeout, RankFailed
+from openclaw_ref.errors import EXIT_CHECK_FIRED, BadInput, LaunchTimeout, OpenClawError, RankFailed
 
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -301,10 +301,19 @@ class RankPool:
                         continue  # the sentinel reports the death
                     if msg[0] == "error":
                         _, summary, tb, cause = msg
+                        others = [c for c in pending if c is not obj]
                         if getattr(cause, "exit_code", None) == EXIT_CHECK_FIRED:
                             # a consistency check fires on every rank at once: let the siblings
                             # (rank 0 writes the run JSON first) finish before they are killed
-                            self._await_last_words([c for c in pending if c is not obj])
+                            self._await_last_words(others)
+                        elif not isinstance(cause, OpenClawError):
+                            # "connection closed by peer" often arrives before the peer's death
+                            # is seen: a sibling that died without a word is the root cause
+                            dead = self._silent_death(others)
+                            if dead is not None:
+                                raise RankFailed(
+                                    dead, f"{_describe_exit(self._procs[dead].exitcode)} (then "
+                                          f"rank {rank} reported: {summary[:160]})")
                         raise RankFailed(rank, summary, tb, cause)
                     results[rank] = msg[1] if len(msg) > 1 else None
                     del pending[obj]
@@ -317,6 +326,18 @@ class RankPool:
                         self._procs[rank].join(0.1)
                         raise RankFailed(rank, _describe_exit(self._procs[rank].exitcode))
         return [results[r] for r in range(self.cfg.world_size)]
+
+    def _silent_death(self, conns: list[mpc.Connection], grace_s: float = 2.0) -> int | None:
+        """The rank among ``conns`` that dies within ``grace_s`` without sending a message."""
+        deadline = time.monotonic() + grace_s
+        watch = {self._procs[self._conns.index(c)].sentinel: self._conns.index(c) for c in conns}
+        while watch and time.monotonic() < deadline:
+            for sentinel in mpc.wait(list(watch), timeout=deadline - time.monotonic()):
+                rank = watch.pop(sentinel)
+                if not self._conns[rank].poll():
+                    self._procs[rank].join(0.1)
+                    return rank
+        return None
 
     def _await_last_words(self, conns: list[mpc.Connection], grace_s: float = 5.0) -> None:
         """Wait (bounded) until each of ``conns`` has a message waiting or its rank died."""
