@@ -17,7 +17,7 @@ from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.model import build_model, preset, sparsity_at, validate_sparsity_range
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.bucket_plan import ParamInfo, cut_frames, make_planner
-from openclaw_ref.sync.precision import count_nonfinite, from_wire, to_wire
+from openclaw_ref.sync.precision import count_nonfinite, from_wire, has_nonfinite, to_wire
 
 pytestmark = pytest.mark.conformance
 
@@ -149,6 +149,7 @@ def test_overflow_detector_never_misses_an_inf_or_nan_in_any_bucket(n, buckets, 
         out = torch.empty(n, dtype=wire)
         flags.append(bool(to_wire(grad, out, 2, 12 if wire == torch.float16 else 0)))
         assert int(count_nonfinite(out)) == (1 if k == b else 0)
+        assert bool(has_nonfinite(out)) == (k == b)  # the flag read_step checks after the sum
     assert flags == [k == b for k in range(buckets)]
 
 

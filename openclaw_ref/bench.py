@@ -41,6 +41,7 @@ import torch.distributed as dist
 from openclaw_ref.environment import environment
 from openclaw_ref.errors import BadInput
 from openclaw_ref.jsonio import read_json, write_json_atomic
+from openclaw_ref.metrics import percentile
 from openclaw_ref.launch import LaunchConfig, RankContext, RankPool, resolve_backend
 from openclaw_ref.sync.base import SyncConfig
 
@@ -205,16 +206,6 @@ def busbw_gbps(algbw: float, world_size: int) -> float:
     """nccl-tests' allreduce bus bandwidth: algbw × 2(n−1)/n — what each link carries in a
     ring, comparable across world sizes (0 at one rank: nothing crosses a wire)."""
     return algbw * 2 * (world_size - 1) / world_size
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    if not values:
-        raise ValueError("percentile of no values")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _timed_steps(records: Sequence[dict]) -> list[float]:

@@ -14,6 +14,8 @@ from typing import Callable
 
 from tabulate import tabulate
 
+from openclaw_ref.metrics import percentile
+
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 REFUTED = "refuted"
@@ -156,7 +158,8 @@ def c2(raw: dict) -> Finding:
                    REPRODUCED if rel >= 1.0 else NOT_REPRODUCED)
 
 
-def _skews(raw: dict, variant: str = "hardened fp32") -> tuple[int, list[float], list[float]]:
+def _skews(raw: dict, variant: str = "hardened fp32") -> tuple[int, list[float]]:
+    """The largest world size and every per-bucket skew measured there."""
     w = _max_w(raw)
     runs = _runs(raw, variant, w)
     if not runs:
@@ -164,14 +167,13 @@ def _skews(raw: dict, variant: str = "hardened fp32") -> tuple[int, list[float],
     all_skews = [s for r in runs for s in r["skew_ms"]]
     if not all_skews:
         raise Missing("no skew measured")
-    # per step: the worst bucket's skew, from the buckets of each step
-    return w, all_skews, [max(r["skew_ms"]) for r in runs]
+    return w, all_skews
 
 
 def c3(raw: dict) -> Finding:
     """Reproduced if the p99 per-bucket skew exceeds the seed's 3 ms threshold."""
-    w, skews, _ = _skews(raw)
-    p50, p99 = statistics.quantiles(skews, n=100)[49], statistics.quantiles(skews, n=100)[98]
+    w, skews = _skews(raw)
+    p50, p99 = percentile(skews, 50), percentile(skews, 99)
     return Finding(f"hardened fp32 on {w} ranks: bucket-ready times in the control block",
                    f"per-bucket skew p50 {p50:.2f} ms, p99 {p99:.2f} ms over {len(skews)} "
                    "bucket-steps (on this host, ranks share 2 cores)",
@@ -181,7 +183,7 @@ def c3(raw: dict) -> Finding:
 def c4(raw: dict) -> Finding:
     """Reproduced only if ≥ 80% of bucket-steps exceed 3 ms skew with the sparse path active
     AND that share drops by ≥ 20 points with the masking off (the claim is causal)."""
-    w, skews, _ = _skews(raw)
+    w, skews = _skews(raw)
     share = sum(s > 3.0 for s in skews) / len(skews)
     text = f"{_pct(share)} of {len(skews)} bucket-steps above 3 ms skew (seed: 89.3%)"
     ablation = (raw.get("ablations") or {}).get("sparsity")
@@ -191,10 +193,10 @@ def c4(raw: dict) -> Finding:
     on = ablation["sparse (seed range)"]["share_over_3ms"]
     off = ablation["masking off (s = 0)"]["share_over_3ms"]
     causal = on >= 0.8 and on - off >= 0.2
-    return Finding(f"hardened fp32 on {w} ranks, sparse path on vs masking off",
-                   text + f"; control: {_pct(on)} with the seed's masking vs {_pct(off)} with "
-                   "masking off — the skew here comes from ranks sharing 2 cores, not from "
-                   "the sparse path" * (not causal),
+    text += f"; control: {_pct(on)} with the seed's masking vs {_pct(off)} with masking off"
+    if not causal:
+        text += " — the skew does not come from the sparse path"
+    return Finding(f"hardened fp32 on {w} ranks, sparse path on vs masking off", text,
                    REPRODUCED if causal else NOT_REPRODUCED)
 
 

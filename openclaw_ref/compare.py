@@ -25,6 +25,7 @@ import torch
 from openclaw_ref.environment import environment
 from openclaw_ref.errors import BadInput, ConsistencyError, RankFailed
 from openclaw_ref.launch import LaunchConfig, RankContext, RankPool, resolve_backend
+from openclaw_ref.metrics import percentile
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.train import TrainConfig, train_model
@@ -155,14 +156,6 @@ def _max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> flo
     return max(float((a[n].float() - b[n].float()).abs().max()) for n in a)
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    xs = sorted(values)
-    k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
-    return xs[k]
-
-
 def slim_run(record: dict) -> dict:
     """The figures of one run that the tables and the ledger need (steps kept compactly)."""
     steps = record["steps"]
@@ -181,8 +174,8 @@ def slim_run(record: dict) -> dict:
         "realized_sparsity": [s["realized_sparsity"] for s in steps],
         "mask_entropy_bits": [s["mask_entropy_bits"] for s in steps],
         "skew_ms": skews,
-        "skew_p50_ms": _percentile(skews, 50),
-        "skew_p99_ms": _percentile(skews, 99),
+        "skew_p50_ms": percentile(skews, 50) if skews else None,
+        "skew_p99_ms": percentile(skews, 99) if skews else None,
         "grad_norms": norms,
         "sync_last": steps[-1]["sync"],
         "validation": record.get("validation", []),
@@ -360,7 +353,7 @@ def section_faults(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> di
     finally:
         runner.close()
     alignment = []
-    w = max(w for w in cfg.world_sizes)
+    w = max(cfg.world_sizes)
     for strategy in matrix_strategies():
         sync = dataclasses.replace(settings.sync_config(strategy), bucket_cap_mb=cfg.bucket_cap_mb)
         s = ConformSettings(sync=sync)
@@ -515,8 +508,8 @@ def section_ablations(cfg: CompareConfig, pools: PoolSet, progress: Progress) ->
             skews += slim_run(record)["skew_ms"]
         sparsity[label] = {"world_size": w, "bucket_steps": len(skews),
                            "share_over_3ms": sum(x > 3.0 for x in skews) / max(1, len(skews)),
-                           "skew_p50_ms": _percentile(skews, 50),
-                           "skew_p99_ms": _percentile(skews, 99)}
+                           "skew_p50_ms": percentile(skews, 50) if skews else None,
+                           "skew_p99_ms": percentile(skews, 99) if skews else None}
         progress.tick(f"ablation {label}")
     pw = 2 if 2 in cfg.world_sizes else w
     barrier = measure_skew_barrier(world_size=pw, steps=cfg.steps, repeats=cfg.repeats,
@@ -577,12 +570,3 @@ SECTION_JOBS: dict[str, Callable[[CompareConfig, tuple], int]] = {
     "raw_allreduce": lambda c, v: len(c.world_sizes),
     "ablations": lambda c, v: 3,
 }
-
-
-def median_by(runs: list[dict], key: str) -> dict[tuple[str, int], float]:
-    """Median of ``key`` over repeats, per (variant, world size)."""
-    groups: dict[tuple[str, int], list[float]] = {}
-    for r in runs:
-        if "error" not in r and r.get(key) is not None:
-            groups.setdefault((r["variant"], r["world_size"]), []).append(r[key])
-    return {k: statistics.median(v) for k, v in groups.items()}

@@ -5,6 +5,7 @@ Everything here is rank-local; the training loop gathers it once, at the end of 
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from typing import Sequence
@@ -86,3 +87,13 @@ class StepTimer:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
+    if not values:
+        raise ValueError("percentile of no values")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

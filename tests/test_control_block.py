@@ -9,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from openclaw_ref.errors import (
-    BucketMisalignment, ClockMismatch, NonFiniteGradient, ScaleMismatch,
+    BucketMisalignment, ClockMismatch, MissingGradient, NonFiniteGradient, ScaleMismatch,
 )
 from openclaw_ref.sync.control import (
     SLOT_FIELDS, block_size, decode_block, encode_slot, membership_digest, verify, write_block,
@@ -30,9 +30,10 @@ def reduce_blocks(slots: list[list[int]], dtype: torch.dtype, flags=None) -> lis
     return total.tolist()
 
 
-def slot(clock=7, bucket=3, digest=0xDEADBEEF01234567, scale_exp=12, ready_s=0.0123):
+def slot(clock=7, bucket=3, digest=0xDEADBEEF01234567, scale_exp=12, ready_s=0.0123,
+         absent=None):
     return encode_slot(clock=clock, bucket=bucket, digest=digest, scale_exp=scale_exp,
-                       ready_s=ready_s)
+                       ready_s=ready_s, absent=absent)
 
 
 @pytest.mark.parametrize("dtype", WIRES, ids=str)
@@ -96,6 +97,19 @@ def test_a_local_nan_raises_non_finite_gradient_naming_the_rank():
     with pytest.raises(NonFiniteGradient) as err:
         verify(decode_block(reduced, 2), bucket=0, params=[])
     assert err.value.ranks == [1]
+
+
+@pytest.mark.parametrize("dtype", WIRES, ids=str)
+def test_a_required_gradient_absent_on_one_rank_raises_missing_gradient_naming_it(dtype):
+    reduced = reduce_blocks([slot(), slot(), slot(absent=1)], dtype)
+    with pytest.raises(MissingGradient) as err:
+        verify(decode_block(reduced, 3), bucket=3, params=["w1", "v_proj", "b"])
+    assert err.value.ranks == [2] and err.value.params == ["v_proj"] and err.value.step == 7
+
+
+def test_no_absent_gradient_decodes_as_none():
+    assert all(s.absent is None for s in decode_block(reduce_blocks([slot(), slot()],
+                                                                     torch.float16), 2))
 
 
 def test_a_tie_is_decided_for_the_lowest_rank():
