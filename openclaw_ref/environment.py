@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 
 def git_sha(cwd: Path | None = None) -> str:
-    """The checkout's commit, with ``-dirty`` when tracked files have uncommitted changes.
+    """The checkout's commit, with ``-dirty`` when tracked code has uncommitted changes.
 
     Looks in ``cwd`` (default: the working directory, where tox and users run the suite), then
     beside this file (an editable install); an installed wheel outside a checkout gives
@@ -24,7 +24,9 @@ def git_sha(cwd: Path | None = None) -> str:
                                  text=True, timeout=10).stdout.strip()
             if not sha:
                 continue
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+            # results/ holds outputs, not code: rewriting it does not make a run "dirty"
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                    ".", ":(exclude,top)results"],
                                    cwd=where, capture_output=True, text=True,
                                    timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
