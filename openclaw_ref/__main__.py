@@ -1,6 +1,7 @@
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from openclaw_ref.cli import main
+from openclaw_ref.launch import exit_process
 
 
 @record
@@ -9,4 +10,4 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_main())
+    exit_process(_main())

@@ -64,7 +64,8 @@ STRATEGY_CASES: dict[str, dict] = {
     "ddp-detail": {"name": "ddp-detail"},
 }
 PRECISIONS = ("fp32", "amp")  # seed 004's matrix (claim L3)
-WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+               "native": torch.float32}  # native: the openclaw model's fp32 gradients
 
 ENV_PREFIX = "OPENCLAW_BENCH_"
 

@@ -33,7 +33,7 @@ def _ratio_range(text: str) -> tuple[float, float]:
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from openclaw_ref.model import PRESETS
     from openclaw_ref.sync import STRATEGIES
-    from openclaw_ref.sync.base import PLANNERS, WIRES
+    from openclaw_ref.sync.base import NONFINITE_POLICIES, PLANNERS, WIRES
 
     p = sub.add_parser("train", help="train the openclaw model on N ranks and print a summary")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
@@ -47,8 +47,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sparsity", type=_ratio_range, default=None, metavar="LOW,HIGH",
                    help="range of the masked fraction per step (default: the seed's 0.12,0.68)")
     p.add_argument("--sync", default="ddp", choices=sorted(STRATEGIES))
-    p.add_argument("--wire", default="fp32", choices=WIRES)
+    p.add_argument("--wire", default="native", choices=WIRES)
     p.add_argument("--scale", default="4096", help="FP16 pre-scale: a power of two, or auto")
+    p.add_argument("--nonfinite", default="skip", choices=NONFINITE_POLICIES,
+                   help="a rank's NaN/inf gradient: skip the step on every rank, or raise")
     p.add_argument("--planner", default="static", choices=PLANNERS)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--replica-check-every", type=int, default=0, metavar="K")
@@ -95,6 +97,7 @@ def train_config_from_args(args: argparse.Namespace):
         global_batch=args.global_batch, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
         sparsity_range=args.sparsity, eval_every=args.eval_every,
         sync=SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
+                        nonfinite=args.nonfinite,
                         bucket_cap_mb=args.bucket_cap_mb,
                         replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s),
         data=data, faults=tuple(parse_fault(f) for f in args.inject), backend=args.backend,
@@ -147,7 +150,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated (default: 1,2,4 on CPU; powers of two up to the GPUs)")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--curve-steps", type=int, default=300)
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of: {', '.join(SECTIONS)}")
@@ -215,7 +218,7 @@ def _add_conform(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("conform", help="run the conformance checks on a live process group "
                                        "(under torchrun: this job's; else --world-size ranks)")
     p.add_argument("--sync", default="hardened", choices=sorted(STRATEGIES))
-    p.add_argument("--wire", default="fp32", choices=WIRES)
+    p.add_argument("--wire", default="native", choices=WIRES)
     p.add_argument("--scale", default="4096")
     p.add_argument("--planner", default="static", choices=PLANNERS)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -299,4 +302,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    raise SystemExit(main())
+    from openclaw_ref.launch import exit_process
+
+    exit_process(main())

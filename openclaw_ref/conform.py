@@ -439,7 +439,7 @@ def check_replica_consistency(ctx: RankContext, s: ConformSettings,
 # Equivalence
 
 
-EQUIVALENCE_ATOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 5e-3}
+EQUIVALENCE_ATOL = {"native": 1e-5, "fp32": 1e-5, "bf16": 2e-2, "fp16": 5e-3}
 
 
 def check_equivalence(ctx: RankContext, s: ConformSettings) -> CheckResult:

@@ -80,6 +80,12 @@ class ConsistencyError(OpenClawError):
     def event(self) -> Event:
         return Event(self.kind, self.step, self.ranks, self.bucket, self.params, self.detail)
 
+    def renumbered(self, ranks: list[int]) -> "ConsistencyError":
+        """The same error with group ranks mapped through ``ranks`` (group rank -> global
+        rank): checks run on a DDP model's own process group, users read global ranks."""
+        return type(self)(self.detail, step=self.step, ranks=[ranks[r] for r in self.ranks],
+                          bucket=self.bucket, params=self.params)
+
 
 def _rebuild_consistency_error(cls, detail, step, ranks, bucket, params):
     return cls(detail, step=step, ranks=ranks, bucket=bucket, params=params)

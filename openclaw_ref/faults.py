@@ -78,7 +78,7 @@ CONSTRUCTION_TIME: frozenset[str] = frozenset({"local-buckets", "permuted-params
 # Strategies whose FP16 pre-scale reads ``SyncConfig.per_rank_scale``.
 PRESCALING_STRATEGIES: frozenset[str] = frozenset({"hardened", "bucketed"})
 # Strategies built on torch DDP (bucket layout set by ``bucket_cap_mb``).
-DDP_STRATEGIES: frozenset[str] = frozenset({"ddp", "ddp-fp16", "hardened"})
+DDP_STRATEGIES: frozenset[str] = frozenset({"ddp", "ddp-fp16", "hardened", "seed-f5"})
 BITFLIP_BIT = 22
 DEFAULT_SCALE_EXPONENT = 12
 

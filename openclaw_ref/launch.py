@@ -40,7 +40,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from openclaw_ref.errors import EXIT_CHECK_FIRED, BadInput, LaunchTimeout, OpenClawError, RankFailed
+from openclaw_ref.errors import BadInput, LaunchTimeout, RankFailed
+from openclaw_ref.triage import FailureTriage, Report
 
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -213,14 +214,6 @@ def _loopback_listener(host: str) -> socket.socket:
     return sock
 
 
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        return f"killed by signal {signal.Signals(-code).name}"
-    return f"exited with code {code}"
-
-
 class RankPool:
     """N spawned ranks in one process group, reused across tasks (see module docstring)."""
 
@@ -279,76 +272,53 @@ class RankPool:
             raise
 
     def _collect(self, timeout_s: float, what: str) -> list[Any]:
+        """Every rank's reply to the current task, or the failure named by ``FailureTriage``
+        (which rank is to blame is decided from exit status and reports, not pipe readiness)."""
         deadline = time.monotonic() + timeout_s
+        triage = FailureTriage(range(self.cfg.world_size))
         results: dict[int, Any] = {}
-        pending = {self._conns[r]: r for r in range(self.cfg.world_size)}
-        sentinels = {self._procs[r].sentinel: r for r in range(self.cfg.world_size)}
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._dump_stacks(sorted(pending.values()))
-                raise LaunchTimeout(
-                    f"{what} did not finish within {timeout_s:.0f} s",
-                    ranks=sorted(pending.values()))
-            ready = mpc.wait(list(pending) + [s for s, r in sentinels.items()
-                                              if r in pending.values()], timeout=remaining)
-            for obj in ready:
-                if obj in pending:
-                    rank = pending[obj]
-                    try:
-                        msg = obj.recv()
-                    except EOFError:
-                        continue  # the sentinel reports the death
-                    if msg[0] == "error":
-                        _, summary, tb, cause = msg
-                        others = [c for c in pending if c is not obj]
-                        if getattr(cause, "exit_code", None) == EXIT_CHECK_FIRED:
-                            # a consistency check fires on every rank at once: let the siblings
-                            # (rank 0 writes the run JSON first) finish before they are killed
-                            self._await_last_words(others)
-                        elif not isinstance(cause, OpenClawError):
-                            # "connection closed by peer" often arrives before the peer's death
-                            # is seen: a sibling that died without a word is the root cause
-                            dead = self._silent_death(others)
-                            if dead is not None:
-                                raise RankFailed(
-                                    dead, f"{_describe_exit(self._procs[dead].exitcode)} (then "
-                                          f"rank {rank} reported: {summary[:160]})")
-                        raise RankFailed(rank, summary, tb, cause)
-                    results[rank] = msg[1] if len(msg) > 1 else None
-                    del pending[obj]
-                elif obj in sentinels:
-                    rank = sentinels[obj]
+        listening = {self._conns[r]: r for r in range(self.cfg.world_size)}
+        alive = {self._procs[r].sentinel: r for r in range(self.cfg.world_size)}
+        while len(results) < self.cfg.world_size:
+            now = time.monotonic()
+            blame = triage.decide(now)
+            if blame is not None:
+                raise RankFailed(blame.rank, blame.summary, blame.traceback_text, blame.cause)
+            if now >= deadline:
+                unfinished = sorted(set(range(self.cfg.world_size)) - set(results))
+                self._dump_stacks(unfinished)
+                raise LaunchTimeout(f"{what} did not finish within {timeout_s:.0f} s",
+                                    ranks=unfinished)
+            wake = min(deadline, triage.wake_at() or deadline)
+            for obj in mpc.wait(list(listening) + list(alive), timeout=max(0.0, wake - now)):
+                if obj in listening:
+                    self._receive(obj, listening, results, triage)
+                elif obj in alive:
+                    rank = alive.pop(obj)
                     conn = self._conns[rank]
-                    if conn in pending and conn.poll():
-                        continue  # read its last words first
-                    if conn in pending:
-                        self._procs[rank].join(0.1)
-                        raise RankFailed(rank, _describe_exit(self._procs[rank].exitcode))
+                    while conn in listening:  # its last words, if any, precede its exit
+                        self._receive(conn, listening, results, triage)
+                    self._procs[rank].join(1.0)
+                    triage.exited(rank, self._procs[rank].exitcode)
         return [results[r] for r in range(self.cfg.world_size)]
 
-    def _silent_death(self, conns: list[mpc.Connection], grace_s: float = 2.0) -> int | None:
-        """The rank among ``conns`` that dies within ``grace_s`` without sending a message."""
-        deadline = time.monotonic() + grace_s
-        watch = {self._procs[self._conns.index(c)].sentinel: self._conns.index(c) for c in conns}
-        while watch and time.monotonic() < deadline:
-            for sentinel in mpc.wait(list(watch), timeout=deadline - time.monotonic()):
-                rank = watch.pop(sentinel)
-                if not self._conns[rank].poll():
-                    self._procs[rank].join(0.1)
-                    return rank
-        return None
-
-    def _await_last_words(self, conns: list[mpc.Connection], grace_s: float = 5.0) -> None:
-        """Wait (bounded) until each of ``conns`` has a message waiting or its rank died."""
-        deadline = time.monotonic() + grace_s
-        waiting = {c: self._procs[self._conns.index(c)].sentinel for c in conns}
-        while waiting and time.monotonic() < deadline:
-            ready = mpc.wait(list(waiting) + list(waiting.values()),
-                             timeout=deadline - time.monotonic())
-            for c, sentinel in list(waiting.items()):
-                if c in ready or sentinel in ready:
-                    del waiting[c]
+    @staticmethod
+    def _receive(conn: mpc.Connection, listening: dict[mpc.Connection, int],
+                 results: dict[int, Any], triage: FailureTriage) -> None:
+        """Read one message (or the end of the pipe) from a rank into ``results``/``triage``."""
+        rank = listening[conn]
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            del listening[conn]  # the sentinel reports how the process ended
+            return
+        if msg[0] == "error":
+            _, summary, tb, cause = msg
+            triage.report(Report(rank, summary, tb, cause), time.monotonic())
+            return
+        results[rank] = msg[1] if len(msg) > 1 else None
+        triage.finish(rank)
+        del listening[conn]
 
     def _dump_stacks(self, ranks: list[int]) -> None:
         for r in ranks:
@@ -412,6 +382,31 @@ def init_from_torchrun(cfg: LaunchConfig) -> RankContext:
                        _device_for(backend, local_rank), store)
 
 
+def run_in_torchrun_rank(fn: Callable[..., Any], cfg: LaunchConfig, *args: Any) -> Any:
+    """Run ``fn(ctx, *args)`` as this torchrun rank. A group this call created is destroyed
+    after a successful task, so no process-group thread is still joinable when the interpreter
+    tears down (that ends a clean run in "terminate called without an active exception").
+    After a failure the group may be wedged in a collective: it is left alone, and the process
+    must end through ``exit_process``."""
+    owns_group = not dist.is_initialized()
+    result = fn(init_from_torchrun(cfg), *args)
+    if owns_group:
+        dist.barrier()  # no rank tears its half of a pair down while a sibling still uses it
+        dist.destroy_process_group()
+    return result
+
+
+def exit_process(code: int) -> None:
+    """End this process with ``code``. With a live process group (a failed torchrun rank),
+    flush and ``os._exit``: tearing a wedged group down can hang, and its C++ threads abort the
+    interpreter's shutdown. Otherwise exit normally."""
+    if dist.is_available() and dist.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
 def launch(fn: Callable[..., Any], cfg: LaunchConfig, *args: Any) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``cfg.world_size`` ranks and return their results.
 
@@ -419,6 +414,6 @@ def launch(fn: Callable[..., Any], cfg: LaunchConfig, *args: Any) -> list[Any]:
     ``cfg.world_size`` is ignored in favour of ``WORLD_SIZE``.
     """
     if under_torchrun():
-        return [fn(init_from_torchrun(cfg), *args)]
+        return [run_in_torchrun_rank(fn, cfg, *args)]
     with RankPool(cfg) as pool:
         return pool.run(fn, *args)

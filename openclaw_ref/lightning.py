@@ -231,6 +231,9 @@ class SyncDDPStrategy(DDPStrategy):
         faults = getattr(self.lightning_module, "faults", None)
         if isinstance(faults, FaultInjector):
             cfg = faults.sync_config(cfg)  # e.g. a rank-local FP16 pre-scale (scale-mismatch)
+        # the user's DDP flags (find_unused_parameters, static_graph, gradient_as_bucket_view,
+        # bucket_cap_mb, ...) win over the suite's defaults, as with Lightning's own DDPStrategy
+        cfg = dataclasses.replace(cfg, ddp_options={**cfg.ddp_options, **self._ddp_kwargs})
         self.sync = make_strategy(cfg)
         wrapped = self.sync.wrap(model, self.rank_context())
         if not isinstance(wrapped, nn.parallel.DistributedDataParallel):
@@ -254,10 +257,11 @@ class SyncDDPStrategy(DDPStrategy):
         step, self._step = self._step, self._step + 1
         applied = self.sync.finish_step(step)
         module = self.lightning_module
-        if not applied:  # every rank got False: make the optimizer step a no-op everywhere
+        if not applied:  # every rank got False: the optimizer step is skipped everywhere
             self.skipped_steps += 1
-            for p in module.parameters():
-                p.grad = None
+            if getattr(self.precision_plugin, "scaler", None) is None:
+                for p in module.parameters():  # no loss scaler to see the NaN/inf and skip
+                    p.grad = None
         faults = getattr(module, "faults", None)
         if isinstance(faults, FaultInjector):
             faults.after_sync(step, module.model)
@@ -407,7 +411,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[LightningRunConfig, str | None]:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--precision", default="bf16-mixed")
     p.add_argument("--sync", default="hardened")
-    p.add_argument("--wire", default="fp32")
+    p.add_argument("--wire", default="native")
     p.add_argument("--imbalance", type=float, default=1.0)
     p.add_argument("--balance", action="store_true", help="WeightedRandomSampler over labels")
     p.add_argument("--inject", action="append", default=[], metavar="NAME[=VALUE][@RANK][:STEP]")

@@ -6,9 +6,12 @@ Everything here is rank-local; the training loop gathers it once, at the end of 
 from __future__ import annotations
 
 import math
+import random
 import resource
+import statistics
 import time
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -62,10 +65,61 @@ class GradientProbe:
             h.remove()
 
 
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+_peak_scope = "process"  # what the next peak_memory_mb() covers: "run" once reset succeeded
+
+
+def _vm_hwm_kib() -> int | None:
+    """VmHWM (the resident-set high-water mark, KiB) from /proc/self/status; None elsewhere."""
+    try:
+        with open(_STATUS, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> str:
+    """Start a run's peak-memory window; returns its scope, ``"run"`` or ``"process"``.
+
+    Why: a worker pool runs many measured runs in one process, and ``ru_maxrss`` is the
+    process's lifetime maximum, so every run after the biggest one would inherit its peak.
+    CUDA: the allocator's peak is reset. Linux: writing "5" to /proc/self/clear_refs resets
+    VmHWM to the current RSS. Elsewhere (or if /proc refuses) the figure stays the process's
+    lifetime peak and the scope says so; a fresh process per run is then the only per-run
+    figure. Invariant: ``peak_memory_scope()`` names what ``peak_memory_mb()`` measures."""
+    global _peak_scope
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        _peak_scope = "run"
+        return _peak_scope
+    try:
+        with open(_CLEAR_REFS, "w", encoding="ascii") as f:
+            f.write("5")
+        _peak_scope = "run" if _vm_hwm_kib() is not None else "process"
+    except OSError:
+        _peak_scope = "process"
+    return _peak_scope
+
+
+def peak_memory_scope() -> str:
+    """``"run"`` when the last ``reset_peak_memory`` succeeded in this process, else
+    ``"process"`` (the high-water mark since the process started)."""
+    return _peak_scope
+
+
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this rank: CUDA's allocator peak on GPU, the process's max RSS on CPU."""
+    """Peak memory of this rank: CUDA's allocator peak on GPU; on CPU the resident high-water
+    mark (VmHWM) since the last ``reset_peak_memory``, or the process's max RSS without one."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    if _peak_scope == "run":
+        hwm = _vm_hwm_kib()
+        if hwm is not None:
+            return hwm / 1024.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
@@ -97,3 +151,40 @@ def percentile(values: Sequence[float], q: float) -> float:
     pos = (len(xs) - 1) * q / 100.0
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """A ratio of medians with its bootstrap percentile interval over ``n`` paired repeats."""
+
+    point: float
+    low: float
+    high: float
+    n: int
+
+    def contains(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, resamples: int = 2000,
+                    confidence: float = 0.95, seed: int = 0) -> RatioInterval:
+    """median(num) / median(den) with a paired percentile-bootstrap interval.
+
+    Why paired: ``num[i]`` and ``den[i]`` come from the same interleaved repeat, so they share
+    the host's drift; resampling repeat indices keeps that pairing. Invariants: the generator
+    is seeded, so the same inputs always give the same interval (a re-render never flips a
+    verdict); ``low <= high``; the interval collapses to the point when every pair agrees."""
+    if len(num) != len(den) or not num:
+        raise ValueError(f"need equal, non-empty paired samples; got {len(num)} and {len(den)}")
+    if min(den) <= 0:
+        raise ValueError("the denominator samples must be positive")
+    rng = random.Random(seed)
+    n = len(num)
+    ratios = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        ratios.append(statistics.median(num[i] for i in idx)
+                      / statistics.median(den[i] for i in idx))
+    tail = 100 * (1 - confidence) / 2
+    return RatioInterval(statistics.median(num) / statistics.median(den),
+                         percentile(ratios, tail), percentile(ratios, 100 - tail), n)

@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from openclaw_ref.jsonio import write_bytes_atomic
+from openclaw_ref.record import RunRecord
 
 
 def _figure():
@@ -101,7 +102,9 @@ def plot_overflow_vs_scale(raw: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def render_plots(raw: dict, out_dir: Path) -> list[Path]:
+def render_plots(rec: RunRecord, out_dir: Path) -> list[Path]:
+    """Every plot the record has data for (a plot without data is skipped, not drawn empty)."""
+    raw = rec.doc
     made = [plot_loss_curves(raw, out_dir / "loss_curves.png"),
             plot_bucket_timeline(raw, out_dir / "bucket_timeline.png"),
             plot_step_times(raw, out_dir / "step_times.png"),

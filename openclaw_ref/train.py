@@ -30,7 +30,7 @@ from openclaw_ref.errors import BadInput, ConsistencyError, SyncTimeout
 from openclaw_ref.faults import FaultInjector, FaultSpec, validate_faults
 from openclaw_ref.jsonio import write_json_atomic
 from openclaw_ref.launch import LaunchConfig, RankContext, launch
-from openclaw_ref.metrics import GradientProbe, StepTimer, peak_memory_mb
+from openclaw_ref.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
 from openclaw_ref.model import EVAL_STEP, OpenClawConfig, build_model, preset
 from openclaw_ref.prometheus import MetricsConfig, StepObserver, StepObservers
 from openclaw_ref.sync import make_strategy
@@ -173,6 +173,7 @@ def train_model(ctx: RankContext, cfg: TrainConfig,
                 extra_observers: tuple[StepObserver, ...] = (),
                 hooks: LoopHooks = NO_HOOKS) -> TrainResult:
     """The training loop on one rank; also hands back the replica for equivalence checks."""
+    reset_peak_memory(ctx.device)  # peak memory per run, not per (reused) worker process
     model_cfg = cfg.model_config()
     ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
     faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size)

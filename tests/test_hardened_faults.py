@@ -57,7 +57,7 @@ def run_with_fault(ctx, sync: SyncConfig, fault: Fault, steps: int = 3,
     mine = fault.rank == ctx.rank
     if fault.kind == "swap" and mine:
         _swap_registration(model)
-    seen: dict = {"error": None, "applied": [], "metrics": [], "summary": None}
+    seen: dict = {"error": None, "applied": [], "metrics": [], "summary": None, "events": []}
     state = None
     if fault.kind == "cap" and mine:
         sync = dataclasses.replace(sync, bucket_cap_mb=sync.bucket_cap_mb / 2)
@@ -90,6 +90,7 @@ def run_with_fault(ctx, sync: SyncConfig, fault: Fault, steps: int = 3,
                 with torch.no_grad():
                     watched.add_(1e-3)
         seen["summary"] = state.summary()
+        seen["events"] = list(state.events)
     except ConsistencyError as exc:
         seen["error"] = exc
     finally:
@@ -154,11 +155,30 @@ def test_a_rank_with_another_bucket_cap_is_named_at_construction_not_aborted_by_
     assert err.ranks == [1] and err.step is None
 
 
-def test_a_nan_gradient_on_one_rank_raises_non_finite_naming_it(pools):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", wire="fp16"),
-                               Fault("nan", 1, 1))
+def test_a_nan_gradient_under_the_raise_policy_raises_non_finite_naming_the_rank(pools):
+    sync = SyncConfig("hardened", wire="fp16", nonfinite="raise")
+    results = pools.get(2).run(run_with_fault, sync, Fault("nan", 1, 1))
     err = _same_error_everywhere(results, NonFiniteGradient)
     assert err.ranks == [1] and err.step == 1
+
+
+def test_a_nan_gradient_under_the_skip_policy_skips_the_step_everywhere_and_names_the_rank(
+        pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", wire="fp16"),
+                               Fault("nan", 1, 1))
+    for r in results:
+        assert r["error"] is None
+        assert r["applied"] == [True, False, True]
+        kinds = {(e.kind, e.step, tuple(e.ranks)) for e in r["events"]}
+        assert kinds == {("NonFiniteGradient", 1, (1,))}
+
+
+def test_a_finite_gradient_that_overflows_only_under_the_pre_scale_is_not_a_local_nan(pools):
+    sync = SyncConfig("hardened", wire="fp16", scale="4096", nonfinite="raise")
+    results = pools.get(2).run(run_with_fault, sync, Fault("huge", 1, 1))
+    for r in results:
+        assert r["error"] is None  # 1e9-scaled but finite: an overflow, skipped, not fatal
+        assert r["applied"] == [True, False, True] and r["events"] == []
 
 
 def test_a_wire_overflow_skips_the_step_on_every_rank_and_backs_off_the_scale(pools):

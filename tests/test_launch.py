@@ -120,3 +120,82 @@ def test_nccl_without_gpus_is_rejected_before_spawning():
         pytest.skip("this machine has GPUs")
     with pytest.raises(BadInput, match="GPUs"):
         RankPool(LaunchConfig(2, backend="nccl"))
+
+
+# --- who is blamed: FailureTriage fed every order of arrival, no processes, no sleeps ----------
+
+from openclaw_ref.errors import ClockMismatch  # noqa: E402
+from openclaw_ref.triage import CHECK_GRACE_S, ECHO_GRACE_S, FailureTriage, Report  # noqa: E402
+
+SIGABRT_EXIT = -6
+ECHO = Report(1, "RuntimeError: Connection closed by peer [127.0.0.1]:4242",
+              cause=RuntimeError("Connection closed by peer"))
+
+
+def test_a_signal_death_seen_before_the_siblings_transport_error_is_blamed():
+    triage = FailureTriage(range(2))
+    triage.exited(0, SIGABRT_EXIT)
+    assert triage.decide(now=0.0).rank == 0
+    triage.report(ECHO, now=0.1)
+    blame = triage.decide(now=0.1)
+    assert blame.rank == 0 and "SIGABRT" in blame.summary
+
+
+def test_a_signal_death_seen_after_the_siblings_transport_error_is_blamed():
+    triage = FailureTriage(range(2))
+    triage.report(ECHO, now=0.0)
+    assert triage.decide(now=0.0) is None  # the echo waits for its cause
+    triage.exited(0, SIGABRT_EXIT)
+    blame = triage.decide(now=0.5)
+    assert blame.rank == 0
+    assert "SIGABRT" in blame.summary and "then rank 1 reported" in blame.summary
+
+
+def test_a_reporting_rank_that_then_exits_is_not_a_silent_death():
+    triage = FailureTriage(range(2))
+    triage.report(ECHO, now=0.0)
+    triage.exited(1, 1)
+    assert triage.decide(now=0.1) is None  # rank 0 is still unaccounted for, inside the grace
+    blame = triage.decide(now=ECHO_GRACE_S + 0.1)
+    assert blame.rank == 1 and blame.summary == ECHO.summary
+
+
+def test_a_plain_exception_is_blamed_once_every_sibling_reported():
+    triage = FailureTriage(range(3))
+    boom = Report(2, "ValueError: boom", cause=ValueError("boom"))
+    triage.report(boom, now=0.0)
+    triage.report(Report(0, "RuntimeError: closed", cause=RuntimeError()), now=0.1)
+    assert triage.decide(now=0.1) is None
+    triage.report(Report(1, "RuntimeError: closed", cause=RuntimeError()), now=0.2)
+    assert triage.decide(now=0.2).rank == 2  # settled long before the grace ends
+
+
+def test_a_fired_check_waits_for_the_siblings_last_words_then_names_the_first_reporter():
+    check = ClockMismatch("clocks differ", step=3, ranks=[1])
+    triage = FailureTriage(range(2))
+    triage.report(Report(0, str(check), cause=check), now=0.0)
+    assert triage.decide(now=1.0) is None
+    assert triage.wake_at() == CHECK_GRACE_S
+    triage.report(Report(1, str(check), cause=check), now=1.0)
+    assert triage.decide(now=1.0).rank == 0
+
+
+def test_an_error_that_names_its_cause_is_blamed_at_once():
+    timeout = LaunchTimeout("stuck", ranks=[1])
+    triage = FailureTriage(range(2))
+    triage.report(Report(0, str(timeout), cause=timeout), now=0.0)
+    assert triage.decide(now=0.0).rank == 0
+
+
+def test_among_silent_deaths_a_signal_beats_an_exit_code():
+    triage = FailureTriage(range(3))
+    triage.exited(0, 1)
+    triage.exited(2, SIGABRT_EXIT)
+    assert triage.decide(now=0.0).rank == 2
+
+
+def test_a_finished_rank_that_exits_is_not_blamed():
+    triage = FailureTriage(range(2))
+    triage.finish(0)
+    triage.exited(0, 0)
+    assert triage.decide(now=10.0) is None

@@ -160,3 +160,32 @@ def test_fault_injected_under_lightning_is_caught_by_the_hardened_checks(tmp_pat
     assert code == 3, log[-3000:]
     assert result["error"]["kind"] == "ScaleMismatch"
     assert 1 in result["error"]["ranks"]
+
+
+def build_through_the_strategy(ctx) -> dict:
+    from torch import nn
+
+    from openclaw_ref.lightning import SyncDDPStrategy
+    from openclaw_ref.sync.base import SyncConfig
+
+    import torch
+
+    strategy = SyncDDPStrategy(SyncConfig(name="hardened"), find_unused_parameters=False,
+                               static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=1.0,
+                               parallel_devices=[torch.device("cpu")] * ctx.world_size,
+                               process_group_backend="gloo")
+    ddp = strategy._setup_model(nn.Linear(4, 2))
+    try:
+        return {"find_unused_parameters": ddp.find_unused_parameters,
+                "static_graph": ddp.static_graph,
+                "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
+                "bucket_bytes_cap": ddp.bucket_bytes_cap, "hooked": len(ddp._comm_hooks)}
+    finally:
+        strategy.sync.close()
+
+
+def test_the_users_ddp_options_reach_ddp_through_the_strategy(pools):
+    for built in pools.get(2).run(build_through_the_strategy):
+        assert built == {"find_unused_parameters": False, "static_graph": True,
+                         "gradient_as_bucket_view": True, "bucket_bytes_cap": 2**20,
+                         "hooked": 1}

@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from openclaw_ref.claims import CLAIMS, NOT_MEASURABLE, assess_all
+from openclaw_ref.claims import CLAIMS, NOT_MEASURABLE, VERDICTS, assess_all
 from openclaw_ref.compare import CompareConfig, Variant, run_compare, write_results
 from openclaw_ref.jsonio import read_json
 from openclaw_ref.report import render_all
@@ -35,6 +34,14 @@ def small_results(tmp_path_factory) -> Path:
     raw = run_compare(cfg, variants)
     write_results(raw, cfg.out_dir())
     return cfg.out_dir()
+
+
+def _read_until(stream, marker: str) -> None:
+    """Block until ``marker`` appears on ``stream`` (the test's timeout bounds the wait)."""
+    for line in iter(stream.readline, ""):
+        if marker in line:
+            return
+    raise AssertionError(f"the process ended before printing {marker!r}")
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
@@ -67,12 +74,12 @@ def test_every_seed_claim_has_a_verdict(small_results):
     for claim_id in SEED_CLAIM_IDS:
         assert f"| {claim_id} " in text
     verdicts = {f.verdict.split(" (")[0] for _, f in findings}
-    assert verdicts <= {"reproduced", "not reproduced", "refuted", NOT_MEASURABLE}
+    assert verdicts <= set(VERDICTS)
 
 
 def test_a_claim_without_evidence_says_so(small_results):
     raw = read_json(small_results / "raw.json")
-    f3 = dict((c.id, f) for c, f in assess_all(raw))["F3"]  # the overflow section did not run
+    f3 = {c.id: f for c, f in assess_all(raw)}["F3"]  # the overflow section did not run
     assert f3.verdict.startswith(NOT_MEASURABLE) and "missing" in f3.measured
 
 
@@ -84,9 +91,49 @@ def test_an_interrupted_compare_leaves_previous_results_intact(small_results):
          "--backend", "gloo"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-    time.sleep(8)  # inside the strategies section
+    _read_until(proc.stderr, "compare: section strategies started")
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "not finished" in err and "unchanged" in err
     assert _snapshot(small_results) == before
+
+
+def _verdicts(raw: dict) -> dict[str, str]:
+    return {c.id: f.verdict for c, f in assess_all(raw)}
+
+
+def test_back_to_back_regenerations_give_identical_verdicts(small_results, tmp_path):
+    """A second ``compare`` of the same reduced configuration, right after the first: every
+    verdict (label and reason) is the same. The slow case below does it with 5 repeats."""
+    first = read_json(small_results / "raw.json")
+    cfg = CompareConfig(**{**{k: tuple(v) if isinstance(v, list) else v
+                              for k, v in first["meta"]["compare_config"].items()},
+                           "out_root": str(tmp_path), "tag": "again"})
+    variants = (Variant("local (no sync)", SyncConfig(name="local")),
+                Variant("ddp", SyncConfig(name="ddp")),
+                Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)))
+    write_results(run_compare(cfg, variants), cfg.out_dir())
+    assert _verdicts(read_json(cfg.out_dir() / "raw.json")) == _verdicts(first)
+
+
+@pytest.mark.slow
+def test_back_to_back_regenerations_give_identical_verdicts_with_five_repeats(tmp_path):
+    """Timing rules judged from 5 interleaved repeats, the F3/M4 counts and the P2 arms:
+    two regenerations in a row reach the same verdicts (noise lands inside the interval)."""
+    variants = (Variant("local (no sync)", SyncConfig(name="local")),
+                Variant("ddp", SyncConfig(name="ddp")),
+                Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)),
+                Variant("bucketed static", SyncConfig(name="bucketed", bucket_cap_mb=0.025)),
+                Variant("bucketed norm-ema (seed F2)",
+                        SyncConfig(name="bucketed", planner="norm-ema", bucket_cap_mb=0.025)))
+    found = []
+    for tag in ("first", "second"):
+        cfg = CompareConfig(world_sizes=(2,), steps=8, repeats=5, curve_steps=6,
+                            overflow_extra_sizes=(), overflow_steps=4, mismatch_steps=4,
+                            sections=("strategies", "overflow", "ablations"), backend="gloo",
+                            out_root=str(tmp_path), tag=tag)
+        write_results(run_compare(cfg, variants), cfg.out_dir())
+        found.append(_verdicts(read_json(cfg.out_dir() / "raw.json")))
+    assert found[0] == found[1]
+

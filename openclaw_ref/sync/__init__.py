@@ -19,6 +19,7 @@ STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {
     "local": LocalOnly,
     "hardened": Hardened,
     "bucketed": Bucketed,
+    "seed-f5": lambda cfg: __import__("openclaw_ref.sync.seed_f5", fromlist=["SeedF5"]).SeedF5(cfg),
 }
 
 

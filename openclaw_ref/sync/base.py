@@ -9,13 +9,30 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
 from openclaw_ref.errors import BadInput, Event
-from openclaw_ref.launch import RankContext
 
-WIRES = ("fp32", "fp16", "bf16")
+WIRES = ("native", "fp32", "fp16", "bf16")
+NONFINITE_POLICIES = ("skip", "raise")
+
+
+class RankInfo(Protocol):
+    """What a strategy needs to know about the rank it runs on. The launcher's ``RankContext``
+    implements it; so can any user's object (the hook library never imports the launcher)."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    store: dist.Store  # heartbeats of the watchdog
+
+    def report_fatal(self, exc: BaseException) -> None:
+        """Report ``exc`` as this rank's failure from any thread and end the process."""
 PLANNERS = ("static", "norm-ema", "norm-ema-agreed")
 
 
@@ -24,17 +41,26 @@ class SyncConfig:
     """Every knob of every strategy; each strategy validates the ones it reads."""
 
     name: str = "ddp"
-    wire: str = "fp32"
+    wire: str = "native"  # the gradients' own dtype; fp32/fp16/bf16 cast every bucket
     scale: str = "4096"  # a power of two, or "auto" (dynamic, identical on every rank)
     planner: str = "static"
     bucket_cap_mb: float = 25.0  # torch DDP's default
     replica_check_every: int = 0  # steps between parameter-digest comparisons; 0 = off
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
     per_rank_scale: dict[int, int] = field(default_factory=dict)  # fault hook: rank -> exponent
+    # A rank's local NaN/inf gradient: "skip" the step on every rank together (what a loss
+    # scaler such as torch.amp.GradScaler expects) or "raise" NonFiniteGradient (no scaler).
+    nonfinite: str = "skip"
+    # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
+    # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
+    ddp_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.wire not in WIRES:
             raise BadInput(f"--wire must be one of {', '.join(WIRES)}; got {self.wire!r}")
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise BadInput(f"--nonfinite must be one of {', '.join(NONFINITE_POLICIES)}; "
+                           f"got {self.nonfinite!r}")
         if self.planner not in PLANNERS:
             raise BadInput(f"--planner must be one of {', '.join(PLANNERS)}; got {self.planner!r}")
         if self.scale != "auto":
@@ -67,7 +93,7 @@ class SyncStrategy(abc.ABC):
         self.events: list[Event] = []
 
     @abc.abstractmethod
-    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         """Return the module to run forward on (DDP wrapper, or the model itself)."""
 
     def begin_step(self, step: int) -> None:

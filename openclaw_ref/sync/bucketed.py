@@ -28,8 +28,7 @@ from torch import nn
 
 from openclaw_ref import checks
 from openclaw_ref.errors import ConsistencyError
-from openclaw_ref.launch import RankContext
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.bucket_plan import BucketPlan, Frame, ParamInfo, Planner, cut_frames, make_planner
 from openclaw_ref.sync.control import (
     BucketRecord, Ledger, block_size, encode_slot, write_block,
@@ -100,7 +99,8 @@ class BucketedEngine:
     def _wire(self, index: int, size: int, device: torch.device) -> torch.Tensor:
         buf = self._wires.get(index)
         if buf is None or buf.numel() != size or buf.device != device:
-            buf = self._wires[index] = torch.empty(size, dtype=self.policy.dtype, device=device)
+            dtype = self.policy.dtype_for(self.params[0].dtype if self.params else torch.float32)
+            buf = self._wires[index] = torch.empty(size, dtype=dtype, device=device)
         return buf
 
     def wire_sizes(self) -> list[int]:
@@ -203,7 +203,7 @@ class Bucketed(SyncStrategy):
 
     name = "bucketed"
 
-    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         self.engine = BucketedEngine(model, self.cfg, ctx.rank, ctx.world_size, store=ctx.store,
                                      report=ctx.report_fatal)
         return model

@@ -9,7 +9,9 @@ which fp32, fp16 (11-bit significand) and bf16 (8-bit significand) all represent
 block survives any wire dtype bit for bit, and costs no extra collective.
 
 Fields of a slot (chunks, most significant first):
-  ``magic``      1  constant 0xA5: the slot was written (a zero slot = that rank sent no block)
+  ``magic``      1  0xA5: the slot was written (a zero slot = that rank sent no block); 0x5A: the
+                    rank has joined (``DDP.join()``) and sends zeros in DDP's shadow allreduce —
+                    its slot abstains from every comparison
   ``clock``      4  the rank's logical clock (training step) mod 2**32
   ``bucket``     2  the bucket index the rank thinks it is reducing
   ``digest``     8  64-bit digest of the bucket's parameter membership (names, shapes, dtypes,
@@ -28,7 +30,8 @@ bitwise identical on every rank, so every rank raises the same error at the same
 or none does. For each field the reference value is the one most ranks report (ties: the value
 of the lowest such rank); the ranks reporting anything else are the disagreeing ranks.
 Checks run in cause order: missing slot → clock → bucket index/membership → scale → non-finite
-→ absent required gradient.
+→ absent required gradient. A local non-finite gradient raises only under the ``raise`` policy;
+under ``skip`` the verdict carries the ranks and the step is skipped on every rank together.
 """
 
 from __future__ import annotations
@@ -36,19 +39,21 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from openclaw_ref.errors import (
-    BucketMisalignment, ClockMismatch, MissingGradient, NonFiniteGradient, ScaleMismatch,
+    BucketMisalignment, ClockMismatch, ConsistencyError, Event, MissingGradient,
+    NonFiniteGradient, ScaleMismatch,
 )
 from openclaw_ref.sync.precision import count_nonfinite, has_nonfinite
 
 CHUNK_BITS = 8
 CHUNK = 1 << CHUNK_BITS
 MAGIC = 0xA5
+MAGIC_JOINED = 0x5A
 READY_UNIT_US = 10.0  # ready-time resolution: 10 µs, floor-quantized
 SCALE_OFFSET = 128
 
@@ -109,6 +114,11 @@ def encode_slot(*, clock: int, bucket: int, digest: int, scale_exp: int, ready_s
             + _chunks(absent_code, 2))
 
 
+def joined_slot() -> list[int]:
+    """The slot of a rank that has joined: present, abstaining from every comparison."""
+    return [MAGIC_JOINED] + [0] * (SLOT_FIELDS - 1)
+
+
 def write_block(block: torch.Tensor, rank: int, slot: Sequence[int],
                 local_nonfinite: torch.Tensor | None = None) -> None:
     """Fill ``block`` (``block_size(W)`` elements of the wire dtype): zeros, then our slot."""
@@ -124,6 +134,7 @@ class Slot:
     """One rank's decoded fields; ``valid`` is False when the slot is empty or corrupt."""
 
     valid: bool
+    joined: bool = False
     clock: int = -1
     bucket: int = -1
     digest: int = -1
@@ -141,6 +152,9 @@ def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
         raw = values[r * SLOT_FIELDS:(r + 1) * SLOT_FIELDS]
         ok = all(math.isfinite(v) and v == int(v) and 0 <= v < CHUNK for v in raw)
         ints = [int(v) if ok else 0 for v in raw]
+        if ok and ints[0] == MAGIC_JOINED:
+            slots.append(Slot(True, joined=True))
+            continue
         if not ok or ints[0] != MAGIC:
             slots.append(Slot(False))
             continue
@@ -168,58 +182,71 @@ def disagreeing(values: Sequence[object]) -> tuple[object, list[int]]:
 
 @dataclass(frozen=True)
 class BucketVerdict:
-    """What one verified bucket tells about timing (all ranks compute the same figures)."""
+    """What one verified bucket tells (all ranks compute the same figures). ``ready_ms`` and
+    the skew cover the ranks that took part (joined ranks abstain); ``nonfinite_ranks`` are
+    the ranks whose local gradients held NaN/inf (non-empty only under the ``skip`` policy)."""
 
     index: int
     ready_ms: list[float]
     skew_ms: float
     late_rank: int
+    nonfinite_ranks: list[int] = field(default_factory=list)
 
 
-def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdict:
-    """Raise the first disagreement in the reduced block of one bucket, else the timing verdict.
+def verify(slots: list[Slot], *, bucket: int, params: list[str],
+           raise_nonfinite: bool = True) -> BucketVerdict:
+    """Raise the first disagreement in the reduced block of one bucket, else the verdict.
 
     ``bucket`` and ``params`` are this rank's view, used only to *name* the bucket in the error
     (``params`` may differ on the very rank whose membership disagrees); the decision itself and
-    the step, bucket and ranks in the error come from the shared block alone.
+    the step, bucket and ranks in the error come from the shared block alone. Joined ranks'
+    slots abstain: they take part in the sum with zeros and report nothing to compare.
     """
     missing = [r for r, s in enumerate(slots) if not s.valid]
+    active = [r for r, s in enumerate(slots) if s.valid and not s.joined]
     if missing:
-        clocks = [s.clock for s in slots if s.valid]
+        clocks = [slots[r].clock for r in active]
         raise BucketMisalignment(
             "no readable control block from these ranks (different bucket sizes or slot "
             "collision)", step=int(disagreeing(clocks)[0]) if clocks else None, ranks=missing,
             bucket=bucket, params=params)
-    clock, late = disagreeing([s.clock for s in slots])
+    if not active:
+        return BucketVerdict(bucket, [], 0.0, 0)
+
+    def odd(name: str) -> tuple[object, list[int]]:
+        ref, off = disagreeing([getattr(slots[r], name) for r in active])
+        return ref, [active[i] for i in off]
+
+    clock, late = odd("clock")
     if late:
         got = {r: slots[r].clock for r in late}
         raise ClockMismatch(f"logical clocks differ: most ranks at step {clock}, but {got}",
                             step=int(clock), ranks=late, bucket=bucket, params=params)
     step = int(clock)
-    index, off = disagreeing([s.bucket for s in slots])
+    index, off = odd("bucket")
     if off:
         raise BucketMisalignment(
             f"ranks reduce different buckets together: most say bucket {index}, "
             f"{ {r: slots[r].bucket for r in off} }", step=step, ranks=off, bucket=int(index),
             params=params)
-    digest, off = disagreeing([s.digest for s in slots])
+    digest, off = odd("digest")
     if off:
         raise BucketMisalignment(
             f"bucket {index} holds different parameters on these ranks (membership digest "
             f"{digest:016x} on most ranks, "
             f"{ {r: format(slots[r].digest, '016x') for r in off} })",
             step=step, ranks=off, bucket=int(index), params=params)
-    exp, off = disagreeing([s.scale_exp for s in slots])
+    exp, off = odd("scale_exp")
     if off:
         raise ScaleMismatch(
             f"FP16 pre-scale differs: 2^{exp} on most ranks, "
             f"{ {r: '2^%d' % slots[r].scale_exp for r in off} }",
             step=step, ranks=off, bucket=int(index), params=params)
-    bad = [r for r, s in enumerate(slots) if s.nonfinite]
-    if bad:
+    bad = [r for r in active if slots[r].nonfinite]
+    if bad and raise_nonfinite:
         raise NonFiniteGradient("local gradients held NaN/inf before the wire",
                                 step=step, ranks=bad, bucket=int(index), params=params)
-    absent = [r for r, s in enumerate(slots) if s.absent is not None]
+    absent = [r for r in active if slots[r].absent is not None]
     if absent:
         first = slots[absent[0]].absent
         named = [params[first]] if first is not None and first < len(params) else params
@@ -227,9 +254,9 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
             f"required parameter(s) got no gradient on these ranks (member index "
             f"{ {r: slots[r].absent for r in absent} }); the sum would silently miss them",
             step=step, ranks=absent, bucket=int(index), params=named)
-    ready = [s.ready_ms for s in slots]
-    late_rank = max(range(len(ready)), key=lambda r: (ready[r], -r))
-    return BucketVerdict(int(index), ready, max(ready) - min(ready), late_rank)
+    ready = [slots[r].ready_ms for r in active]
+    late_rank = active[max(range(len(ready)), key=lambda i: (ready[i], -i))]
+    return BucketVerdict(int(index), ready, max(ready) - min(ready), late_rank, bad)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +272,7 @@ class BucketRecord:
     elements: int  # gradient elements on the wire (excluding the control block)
     block: torch.Tensor  # the reduced control block (a view into the wire buffer)
     reduced: torch.Tensor  # the reduced gradient elements, still in the wire dtype
+    done: torch.futures.Future | None = None  # the allreduce; waited on before reading
 
 
 def read_step(records: Sequence[BucketRecord], world_size: int,
@@ -252,6 +280,9 @@ def read_step(records: Sequence[BucketRecord], world_size: int,
     """Decoded slots and wire non-finite counts of every bucket of the step (and the values of
     ``extra``), read with ONE host synchronization (a single ``.tolist()`` over everything) on
     steps without overflow; an overflowed step pays one more to count its non-finite elements."""
+    for r in records:
+        if r.done is not None:
+            r.done.wait()
     flags = torch.stack([has_nonfinite(r.reduced) for r in records])
     parts = [r.block.to(torch.float64) for r in records] + [flags.to(torch.float64)]
     if extra is not None:
@@ -275,11 +306,15 @@ class Ledger:
     optimizer step may run. Overflowed steps are skipped on every rank together and counted.
     """
 
-    def __init__(self, world_size: int, policy) -> None:  # policy: precision.ScalePolicy
+    def __init__(self, world_size: int, policy, *,  # policy: precision.ScalePolicy
+                 global_ranks: Sequence[int] | None = None, raise_nonfinite: bool = True) -> None:
         from openclaw_ref.sync.precision import OverflowStats
 
         self.world_size = world_size
         self.policy = policy
+        self.global_ranks = list(global_ranks if global_ranks is not None else range(world_size))
+        self.raise_nonfinite = raise_nonfinite
+        self.events: list[Event] = []  # non-fatal findings (skipped non-finite steps)
         self.overflow = OverflowStats()
         self.checks_run = 0
         self.checks_passed = 0
@@ -311,16 +346,26 @@ class Ledger:
         for rec, s in zip(records, slots):
             self.checks_run += 1
             self._pending_checks[0] += 1
-            verdict = verify(s, bucket=rec.index, params=rec.params)
+            try:
+                verdict = verify(s, bucket=rec.index, params=rec.params,
+                                 raise_nonfinite=self.raise_nonfinite)
+            except ConsistencyError as exc:
+                raise exc.renumbered(self.global_ranks) from None
+            if verdict.nonfinite_ranks:
+                self.events.append(NonFiniteGradient(
+                    "local gradients held NaN/inf: the step is skipped on every rank",
+                    step=step, ranks=[self.global_ranks[r] for r in verdict.nonfinite_ranks],
+                    bucket=verdict.index, params=rec.params).event())
             self.checks_passed += 1
             self.bucket_checks += 1
             self._pending_checks[1] += 1
             buckets.append({"index": verdict.index, "skew_ms": verdict.skew_ms,
-                            "late_rank": verdict.late_rank, "ready_ms": verdict.ready_ms})
+                            "late_rank": self.global_ranks[verdict.late_rank],
+                            "ready_ms": verdict.ready_ms})
             if verdict.skew_ms > self.max_skew_ms:
                 self.max_skew_ms = verdict.skew_ms
                 self.max_skew_at = {"step": step, "bucket": verdict.index,
-                                    "late_rank": verdict.late_rank}
+                                    "late_rank": self.global_ranks[verdict.late_rank]}
         overflow_elements = sum(nonfinite)
         elements = sum(r.elements for r in records)
         overflowed = overflow_elements > 0

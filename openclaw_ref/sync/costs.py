@@ -72,7 +72,7 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
         used_map = (1, n_params * USED_MAP_BYTES) if unused else (0, 0)
         grad_elem = 4  # fp32 gradients
         if name == "hardened":
-            wire = _element_size(WIRE_DTYPES[strategy.cfg.wire])
+            wire = _element_size(WIRE_DTYPES.get(strategy.cfg.wire, torch.float32))  # native: fp32
             block = block_size(world_size)
             payload = sum((s // grad_elem + block) * wire for s in sizes)
             return StepCost(name, world_size, len(sizes) + used_map[0], payload + used_map[1],
@@ -86,7 +86,7 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
                               "waits not counted")
     if name == "bucketed":
         engine = strategy.engine
-        wire = _element_size(WIRE_DTYPES[strategy.cfg.wire])
+        wire = _element_size(WIRE_DTYPES.get(strategy.cfg.wire, torch.float32))  # native: fp32
         sizes = engine.wire_sizes()
         planner_syncs = int(engine.planner.needs_local_norms) + int(engine.planner.needs_synced_norms)
         return StepCost(name, world_size, len(sizes), sum(sizes) * wire, 1 + planner_syncs,

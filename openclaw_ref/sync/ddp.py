@@ -8,18 +8,20 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.launch import RankContext
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 
 
-def wrap_ddp(model: nn.Module, ctx: RankContext, cfg: SyncConfig) -> DDP:
+def wrap_ddp(model: nn.Module, ctx: RankInfo, cfg: SyncConfig) -> DDP:
     """DDP as the openclaw model needs it: unused parameters (idle experts) are expected. The
     model has no buffers (its routing statistics are plain per-rank attributes), so DDP issues
-    no buffer broadcast."""
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    warnings.filterwarnings("ignore", message="find_unused_parameters=True was specified")
-    return DDP(model, device_ids=device_ids, find_unused_parameters=True,
-               bucket_cap_mb=cfg.bucket_cap_mb)
+    no buffer broadcast. ``cfg.ddp_options`` override these defaults (Lightning passes the
+    user's DDP flags through here)."""
+    options = {"device_ids": [ctx.device.index] if ctx.device.type == "cuda" else None,
+               "find_unused_parameters": True, "bucket_cap_mb": cfg.bucket_cap_mb,
+               **cfg.ddp_options}
+    if options["find_unused_parameters"]:
+        warnings.filterwarnings("ignore", message="find_unused_parameters=True was specified")
+    return DDP(model, **options)
 
 
 class StockDDP(SyncStrategy):
@@ -27,7 +29,7 @@ class StockDDP(SyncStrategy):
 
     name = "ddp"
 
-    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         self.ddp = wrap_ddp(model, ctx, self.cfg)
         return self.ddp
 
@@ -38,7 +40,7 @@ class StockDDPFP16(StockDDP):
 
     name = "ddp-fp16"
 
-    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         ddp = super().wrap(model, ctx)
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return ddp

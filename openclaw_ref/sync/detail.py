@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from openclaw_ref.launch import RankContext
+from openclaw_ref.sync.base import RankInfo
 from openclaw_ref.sync.ddp import StockDDP
 
 
@@ -35,7 +35,7 @@ class DetailDDP(StockDDP):
 
     name = "ddp-detail"
 
-    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         self._previous_level = dist.get_debug_level()
         dist.set_debug_level(dist.DebugLevel.DETAIL)
         self.group = dist.new_group(backend=ctx.backend)  # wrapped: created under DETAIL

@@ -1,30 +1,44 @@
 """``hardened``: stock DDP plus one comm hook that makes every bucket's sync verifiable.
 
-``harden(ddp_model, cfg, ctx)`` works on any ``DistributedDataParallel`` model (under our
-launcher, under ``torchrun``, inside Lightning's DDP strategy): it checks at construction that
-parameter names, shapes, dtypes and order agree on all ranks, starts a watchdog, and registers
-``hardened_hook``. Per bucket, the hook
+``harden(ddp_model, cfg)`` works on any ``DistributedDataParallel`` model — on its own process
+group (a sub-group or a DeviceMesh dimension included), under our launcher, under ``torchrun``,
+inside Lightning. At construction it checks that parameter names, shapes, dtypes and order agree
+on every rank of the group, starts a watchdog, and registers ``hardened_hook``. Per bucket, the
+hook
 
-  1. writes ``g · 2^e / W`` into a wire buffer of the chosen dtype (divide before the cast);
+  1. tests the local gradients for NaN/inf (before any scale or cast), then writes
+     ``g · 2^e / W`` into a wire buffer (``native``: the gradients' own dtype; divide before the
+     cast);
   2. appends the control block (``control.py``): this rank's clock, bucket index, membership
      digest, scale exponent, local non-finite flag and bucket-ready time in its own slot;
-  3. issues ONE allreduce over gradients + block — exactly the collectives stock DDP issues;
-  4. hands DDP the unscaled fp32 average (a zero-copy view for the fp32 wire).
+  3. issues ONE allreduce on the DDP model's group — exactly the collectives stock DDP issues;
+  4. hands DDP the unscaled average in the gradients' dtype (a zero-copy view when possible).
 
-``HardenState.finish_step`` then reads every reduced block of the step with one host sync and
-raises ``ClockMismatch`` / ``BucketMisalignment`` / ``ScaleMismatch`` / ``NonFiniteGradient``
-identically on every rank, or decides overflow (skip the optimizer step everywhere).
+At the end of every backward (a callback queued on the autograd engine, as DDP queues its own)
+every reduced block of the step is read with one host sync and checked: ``ClockMismatch`` /
+``BucketMisalignment`` / ``ScaleMismatch`` / ``MissingGradient`` / ``NonFiniteGradient`` are
+raised identically on every rank, from ``backward()``. A local NaN/inf is fatal under
+``nonfinite="raise"``; under ``skip`` (the default) it passes through the sum as in stock DDP,
+so every rank holds the same non-finite gradients and a loss scaler skips the step together.
 
-Usage outside the training loop::
+Two ways to use it, the same checks in both::
 
-    ddp = DistributedDataParallel(model, find_unused_parameters=True)
-    state = harden(ddp, SyncConfig(wire="fp16", scale="auto"))
-    for step, batch in enumerate(loader):
+    ddp = DistributedDataParallel(model)
+    state = harden(ddp)                       # 1. no protocol: train as usual
+    for batch in loader:
+        loss_fn(ddp(batch)).backward()        #    raises on any disagreement
+        opt.step(); opt.zero_grad()
+
+    for step, batch in enumerate(loader):     # 2. explicit: name the step, learn the verdict
         state.begin_step(step)
         loss_fn(ddp(batch)).backward()
-        if state.finish_step(step):
+        if state.finish_step(step):           #    False: every rank skips this step
             opt.step()
         opt.zero_grad()
+
+``DDP.join()`` is supported: a joined rank's shadow allreduces carry a "joined" slot that
+abstains from every comparison. The replica check (``replica_check_every``) is a collective in
+the forward and must not be combined with ``join()``.
 """
 
 from __future__ import annotations
@@ -39,45 +53,53 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref import checks
-from openclaw_ref.errors import ConsistencyError, Event
-from openclaw_ref.launch import RankContext
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.errors import BadInput, ConsistencyError
+from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control import (
-    BucketRecord, Ledger, block_size, encode_slot, membership_digest, write_block,
+    BucketRecord, Ledger, block_size, encode_slot, joined_slot, membership_digest, write_block,
 )
 from openclaw_ref.sync.ddp import wrap_ddp
-from openclaw_ref.sync.precision import ScalePolicy, from_wire, to_wire
+from openclaw_ref.sync.precision import WIRE_DTYPES, ScalePolicy, from_wire, to_wire
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
 
-class HardenState:
-    """Everything the hook and the per-step check share (one per DDP model)."""
+def _in_backward() -> bool:
+    """True inside an autograd backward; DDP's join shadow calls the hook outside of one."""
+    return torch._C._current_graph_task_id() != -1
 
-    def __init__(self, cfg: SyncConfig, rank: int, world_size: int, names: dict[int, str],
-                 group=None) -> None:
-        # user configuration
+
+class HardenState:
+    """Everything the hook and the step check share (one per DDP model).
+
+    Step lifecycle: the first bucket of a backward opens a step and queues ``_settle`` at the
+    end of that backward; ``_settle`` verifies the step, resets the per-step state (presence,
+    ready-time origin) and advances the clock. ``begin_step(n)`` only names the clock."""
+
+    def __init__(self, cfg: SyncConfig, group, named: list[tuple[str, nn.Parameter]]) -> None:
         self.cfg = cfg
-        self.rank = rank
-        self.world_size = world_size
         self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.global_ranks = dist.get_process_group_ranks(group)
         self.policy = ScalePolicy.from_config(cfg)
-        # internal state
-        self.names = names  # id(parameter) -> name
-        self.named_parameters: list[tuple[str, nn.Parameter]] = []
+        self.named_parameters = named
+        self.names = {id(p): n for n, p in named}
         self.watchdog: Watchdog | None = None
+        self.ledger = Ledger(self.world_size, self.policy, global_ranks=self.global_ranks,
+                             raise_nonfinite=cfg.nonfinite == "raise")
+        self.events = self.ledger.events
+        self.required: set[int] = set()  # ids of parameters that must get a gradient every step
+        self.present: set[int] = set()  # required parameters that got a local gradient
         self.clock = 0
         self.step_t0 = time.perf_counter()
+        self.shadow_buckets = 0  # buckets this rank sent as a joined rank (DDP.join())
+        self._records: list[BucketRecord] = []
         self._first_issue: float | None = None
-        self._explicit_clock = False
+        self._verdict: bool | None = None  # of the last settled step, until finish_step reads it
+        self.last_layout: list[tuple[int, list[str]]] = []  # (bucket, members) last settled
+        self._replica_checked_at = -1
         self._members: dict[tuple[int, ...], tuple[int, list[str]]] = {}
         self._wires: dict[int, torch.Tensor] = {}
-        self._records: list[BucketRecord] = []
-        self.required: set[int] = set()  # ids of parameters that must get a gradient every step
-        self.present: set[int] = set()  # required parameters that got a local gradient this step
-        # statistics
-        self.ledger = Ledger(world_size, self.policy)
-        self.events: list[Event] = []
-        self.nccl_async_error_handling = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
     # called by the hook -------------------------------------------------------------------
     def membership(self, bucket: dist.GradBucket) -> tuple[int, list[str]]:
@@ -106,52 +128,80 @@ class HardenState:
                 return i
         return None
 
-    def wire_buffer(self, index: int, n: int, device: torch.device) -> torch.Tensor:
+    def wire_buffer(self, index: int, grads: torch.Tensor) -> torch.Tensor:
         """A reused buffer per bucket: DDP copies the hook's result out into the gradients
         before the next step, so the previous step's reduced values are never needed again."""
-        size = n + block_size(self.world_size)
+        size = grads.numel() + block_size(self.world_size)
+        dtype = self.policy.dtype_for(grads.dtype)
         buf = self._wires.get(index)
-        if buf is None or buf.numel() != size or buf.device != device:
-            buf = self._wires[index] = torch.empty(size, dtype=self.policy.dtype, device=device)
+        if buf is None or buf.numel() != size or buf.dtype != dtype or buf.device != grads.device:
+            buf = self._wires[index] = torch.empty(size, dtype=dtype, device=grads.device)
         return buf
 
-    # the step protocol --------------------------------------------------------------------
+    def open_step(self, t: float) -> None:
+        """The first bucket of a backward: verify the step when that backward ends."""
+        if self._first_issue is not None:
+            return
+        self._first_issue = t
+        torch.autograd.Variable._execution_engine.queue_callback(self._settle)
+
+    # the step -----------------------------------------------------------------------------
+    def forward_started(self) -> None:
+        """Forward pre-hook of the DDP model: the ready-time origin of the next step."""
+        if self._first_issue is None:
+            self.step_t0 = time.perf_counter()
+            self._maybe_check_replicas()
+
     def begin_step(self, step: int) -> None:
-        """Set the logical clock and the ready-time origin; every K steps compare replicas."""
+        """Name the step (the clock every rank must agree on); every K steps compare replicas."""
         self.clock = step
-        self._explicit_clock = True
-        self._records = []
-        self.present.clear()
-        self._first_issue = None
-        k = self.cfg.replica_check_every
-        if k and step % k == 0 and self.named_parameters:
-            self.ledger.replica_checks += 1
-            try:
-                checks.replica_check(self.named_parameters, step=step, group=self.group)
-            except ConsistencyError:
-                self.ledger.count_check(False)
-                raise
-            self.ledger.count_check(True)
+        self._verdict = None
         self.step_t0 = time.perf_counter()
+        self._maybe_check_replicas()
 
     def finish_step(self, step: int | None = None) -> bool:
-        """Verify every bucket of the step; False = every rank skips this optimizer step."""
+        """The verdict of the step the last backward settled: False = every rank skips this
+        optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
+        if self._records:  # a backward whose end-of-backward callback could not run
+            self._settle()
+        verdict, self._verdict = self._verdict, None
+        return True if verdict is None else verdict
+
+    @property
+    def last_step_skipped(self) -> bool:
+        return self.ledger.last.get("overflowed", False)
+
+    def _settle(self) -> None:
         t = time.perf_counter()
         records, self._records = self._records, []
         exposed = (t - self._first_issue) * 1e3 if self._first_issue is not None else 0.0
-        applied = self.ledger.settle(self.clock if step is None else step, records,
-                                     sync_ms=exposed, verify_started=t)
-        if not self._explicit_clock:
-            self.clock += 1
-        self._explicit_clock = False
-        return applied
+        step = self.clock
+        self.last_layout = [(r.index, list(r.params)) for r in records]
+        self._first_issue = None
+        self.present.clear()
+        self.clock += 1
+        self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t)
+
+    def _maybe_check_replicas(self) -> None:
+        k = self.cfg.replica_check_every
+        if not k or self.clock % k or self._replica_checked_at == self.clock:
+            return
+        self._replica_checked_at = self.clock
+        self.ledger.replica_checks += 1
+        try:
+            checks.replica_check(self.named_parameters, step=self.clock, group=self.group)
+        except ConsistencyError as exc:
+            self.ledger.count_check(False)
+            raise exc.renumbered(self.global_ranks) from None
+        self.ledger.count_check(True)
 
     def step_metrics(self) -> dict:
         return dict(self.ledger.last)
 
     def summary(self) -> dict:
-        return {**self.ledger.summary(), "wire": self.cfg.wire,
-                "scale_mode": "auto" if self.policy.auto else "fixed"}
+        return {**self.ledger.summary(), "wire": self.cfg.wire, "nonfinite": self.cfg.nonfinite,
+                "scale_mode": "auto" if self.policy.auto else "fixed",
+                "shadow_buckets": self.shadow_buckets}
 
     def close(self) -> None:
         if self.watchdog is not None:
@@ -161,25 +211,26 @@ class HardenState:
 def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects string ones
     """The DDP comm hook (see the module docstring); one allreduce per bucket, like DDP's own.
     ``bucket`` is a ``dist.GradBucket``; returns a ``Future[Tensor]`` of the bucket's size."""
+    if not _in_backward():
+        return _shadow_allreduce(state, bucket)
     t = time.perf_counter()
-    if state._first_issue is None:
-        state._first_issue = t
+    state.open_step(t)
     grads = bucket.buffer()
     n, index = grads.numel(), bucket.index()
     digest, names = state.membership(bucket)
     exponent = state.policy.exponent_for(state.rank)
-    wire = state.wire_buffer(index, n, grads.device)
+    wire = state.wire_buffer(index, grads)
     local_nonfinite = to_wire(grads, wire[:n], state.world_size, exponent)
     block = wire[n:]
     write_block(block, state.rank,
                 encode_slot(clock=state.clock, bucket=index, digest=digest, scale_exp=exponent,
                             ready_s=t - state.step_t0, absent=state.first_absent(bucket)),
                 local_nonfinite)
-    state._records.append(BucketRecord(index, names, n, block, wire[:n]))
     clock, watchdog = state.clock, state.watchdog
     if watchdog is not None:
         watchdog.issued(clock, index)
     fut = dist.all_reduce(wire, group=state.group, async_op=True).get_future()
+    state._records.append(BucketRecord(index, names, n, block, wire[:n], fut))
 
     def unpack(_: torch.futures.Future) -> torch.Tensor:
         if watchdog is not None:
@@ -187,6 +238,19 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
         return from_wire(wire[:n], exponent, grads.dtype)
 
     return fut.then(unpack)
+
+
+def _shadow_allreduce(state: HardenState, bucket):
+    """A joined rank's (``DDP.join()``) zero bucket, matching the active ranks' allreduce: a
+    "joined" slot abstains from their checks; the result is not used by DDP."""
+    grads = bucket.buffer()
+    n = grads.numel()
+    wire = state.wire_buffer(bucket.index(), grads)
+    wire[:n].zero_()
+    write_block(wire[n:], state.rank, joined_slot())
+    state.shadow_buckets += 1
+    fut = dist.all_reduce(wire, group=state.group, async_op=True).get_future()
+    return fut.then(lambda _: from_wire(wire[:n], 0, grads.dtype))
 
 
 def _bucket_sizes(ddp_model: DDP) -> list[int] | None:
@@ -199,38 +263,88 @@ def _bucket_sizes(ddp_model: DDP) -> list[int] | None:
     return [int(x) for x in str(raw).split(",") if x.strip()]
 
 
-def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankContext | None = None, *,
-           check_construction: bool = True, group=None) -> HardenState:
-    """Make a DDP model's gradient sync verifiable; returns the state to drive per step.
+def reducible_dtypes(backend: str, nccl_version: tuple[int, ...] | None = None
+                     ) -> set[torch.dtype] | None:
+    """Floating dtypes ``backend`` can SUM-allreduce (None: unknown backend, not checked).
+    bf16 needs NCCL 2.10; gloo reduces all four on CPU (its bf16 is why a bf16 wire works on
+    gloo although PyTorch's ``bf16_compress_hook`` refuses CPU)."""
+    common = {torch.float16, torch.float32, torch.float64}
+    if backend == "gloo":
+        return common | {torch.bfloat16}
+    if backend == "nccl":
+        return common | ({torch.bfloat16} if nccl_version and nccl_version >= (2, 10) else set())
+    return None
 
-    ``ctx`` (our launcher's) gives the store for the watchdog and the way to report a hang from
-    its thread; without it (plain ``torchrun``) the default store and ``os._exit`` are used.
-    ``check_construction=False`` skips the cross-rank parameter check (tests use it to show that
-    the in-band membership digest alone still catches a swapped registration).
+
+def _nccl_version() -> tuple[int, ...] | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return tuple(v) if isinstance(v, tuple) else None
+
+
+def validate_target(ddp_model: object, cfg: SyncConfig) -> None:
+    """Every reason ``harden`` must refuse, checked before anything is registered."""
+    if not isinstance(ddp_model, DDP):
+        raise BadInput(f"harden() needs a torch DistributedDataParallel model; got "
+                       f"{type(ddp_model).__name__}")
+    if getattr(ddp_model, "_comm_hooks", None):
+        raise BadInput("this DDP model already has a comm hook (harden() called twice, or "
+                       "another hook registered): DDP accepts one")
+    backend = dist.get_backend(ddp_model.process_group)
+    allowed = reducible_dtypes(backend, _nccl_version() if backend == "nccl" else None)
+    if allowed is None:
+        return
+    grad_dtypes = {p.dtype for p in ddp_model.module.parameters() if p.requires_grad}
+    wire = {WIRE_DTYPES[cfg.wire]} if cfg.wire in WIRE_DTYPES else grad_dtypes
+    bad = sorted(str(d) for d in wire - allowed)
+    if bad:
+        raise BadInput(f"backend {backend} cannot reduce wire dtype(s) {', '.join(bad)}; choose "
+                       f"--wire among {sorted(str(d) for d in allowed)}")
+
+
+def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None = None, *,
+           check_construction: bool = True) -> HardenState:
+    """Make a DDP model's gradient sync verifiable; returns the state (see module docstring).
+
+    Everything runs on ``ddp_model.process_group``. ``ctx`` (any ``RankInfo``, e.g. our
+    launcher's) gives the store for the watchdog and the way to report a hang from its thread;
+    without it the default store and ``os._exit`` are used. ``check_construction=False`` skips
+    the cross-rank parameter check (tests use it to show that the in-band membership digest
+    alone still catches a swapped registration). Raises ``BadInput`` before registering
+    anything when the model cannot be hardened.
     """
     cfg = cfg or SyncConfig(name="hardened")
-    rank = dist.get_rank(group)
-    world = dist.get_world_size(group)
+    validate_target(ddp_model, cfg)
+    group = ddp_model.process_group
     named = list(ddp_model.module.named_parameters())
     if check_construction:
         checks.construction_check(named, group=group, layout=_bucket_sizes(ddp_model))
-    state = HardenState(cfg, rank, world, {id(p): n for n, p in named}, group)
-    state.named_parameters = named
+    state = HardenState(cfg, group, named)
+    if check_construction:
+        state.ledger.count_check(True)
+    store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()
+    report = ctx.report_fatal if ctx is not None else exit_fatal
+    global_rank = state.global_ranks[state.rank]
+    state.watchdog = Watchdog(store, state.rank, state.world_size, cfg.watchdog_s,
+                              namespace_for(store, global_rank, group_ranks=state.global_ranks),
+                              on_timeout=report, global_ranks=state.global_ranks)
+    try:
+        ddp_model.register_comm_hook(state, hardened_hook)
+    except BaseException:
+        state.close()
+        raise
     required = checks.required_gradient_names(ddp_model.module)
     for name, p in named:
         if required is not None and name in required and p.requires_grad:
             state.required.add(id(p))
             p.register_hook(lambda grad, key=id(p): state.present.add(key))
-    if check_construction:
-        state.ledger.count_check(True)
-    store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()
-    report = ctx.report_fatal if ctx is not None else exit_fatal
-    state.watchdog = Watchdog(store, rank, world, cfg.watchdog_s, namespace_for(store, rank),
-                              on_timeout=report)
-    if dist.get_backend(group) == "nccl" and state.nccl_async_error_handling is None:
+    ddp_model.register_forward_pre_hook(lambda module, args: state.forward_started())
+    if dist.get_backend(group) == "nccl" and os.environ.get(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
         warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
                       "was created; a failed collective may hang instead of aborting")
-    ddp_model.register_comm_hook(state, hardened_hook)
     return state
 
 
@@ -239,7 +353,7 @@ class Hardened(SyncStrategy):
 
     name = "hardened"
 
-    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         self.ddp = wrap_ddp(model, ctx, self.cfg)
         self.state = harden(self.ddp, self.cfg, ctx)
         self.events = self.state.events
@@ -253,6 +367,10 @@ class Hardened(SyncStrategy):
 
     def step_metrics(self) -> dict:
         return self.state.step_metrics()
+
+    def bucket_layout(self) -> list[tuple[int, list[str]]]:
+        """(bucket index, member names) of the last verified step, as this rank saw them."""
+        return self.state.last_layout
 
     def summary(self) -> dict:
         return self.state.summary()

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from openclaw_ref.launch import RankContext
-from openclaw_ref.sync.base import SyncStrategy
+from openclaw_ref.sync.base import RankInfo, SyncStrategy
 
 
 class LocalOnly(SyncStrategy):
     name = "local"
 
-    def wrap(self, model: nn.Module, ctx: RankContext) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         return model

@@ -33,7 +33,7 @@ from openclaw_ref.sync.base import SyncConfig
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-}
+}  # "native": each bucket's own gradient dtype (DDP buckets by dtype), never up- or down-cast
 MIN_EXP, MAX_EXP = 0, 24
 DEFAULT_AUTO_EXP = 12  # the seed's 2^12, the starting point of the dynamic scale
 GROWTH_INTERVAL = 100  # clean steps before the dynamic scale doubles
@@ -61,9 +61,9 @@ class ScalePolicy:
             return cls(cfg.wire, True, DEFAULT_AUTO_EXP, dict(cfg.per_rank_scale))
         return cls(cfg.wire, False, int(math.log2(int(cfg.scale))), dict(cfg.per_rank_scale))
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return WIRE_DTYPES[self.wire]
+    def dtype_for(self, grad_dtype: torch.dtype) -> torch.dtype:
+        """The wire dtype of a bucket whose gradients are ``grad_dtype``."""
+        return grad_dtype if self.wire == "native" else WIRE_DTYPES[self.wire]
 
     def exponent_for(self, rank: int) -> int:
         """This rank's exponent: the shared one, unless the fault hook overrides it."""
@@ -89,15 +89,17 @@ class ScalePolicy:
 def to_wire(grad: torch.Tensor, out: torch.Tensor, world_size: int, exponent: int) -> torch.Tensor:
     """Write ``grad · 2^exponent / W`` into ``out`` (wire dtype), dividing before any cast.
 
-    Returns a 0-dim bool tensor, True if ``grad`` held a NaN/inf *before* the cast (no host
-    sync: it is written into the control block on the device)."""
+    Returns a 0-dim bool tensor, True if ``grad`` itself held a NaN/inf — tested before the
+    pre-scale and the cast, so a finite gradient that only overflows under 2^e is a wire
+    overflow (skipped and backed off), never a local non-finite gradient. No host sync: it is
+    written into the control block on the device."""
+    local_nonfinite = has_nonfinite(grad)
+    divisor = world_size if exponent == 0 else world_size * 2.0 ** -exponent
     if out.dtype == grad.dtype:
-        divisor = world_size if exponent == 0 else world_size * 2.0 ** -exponent
         torch.div(grad, divisor, out=out)
-        return has_nonfinite(out)
-    scaled = grad.div(world_size * 2.0 ** -exponent)
-    out.copy_(scaled)
-    return has_nonfinite(scaled)
+    else:
+        out.copy_(grad.div(divisor))
+    return local_nonfinite
 
 
 def from_wire(reduced: torch.Tensor, exponent: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

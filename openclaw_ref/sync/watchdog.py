@@ -9,7 +9,7 @@ lock contention). A background thread, every ``tick_s``:
      arrived at the collective — and calls ``on_timeout(SyncTimeout(...))``.
 
 The main thread is then blocked inside a gloo/NCCL collective, so nothing it could raise would
-ever be seen: ``on_timeout`` must report and end the process itself (``RankContext.report_fatal``
+ever be seen: ``on_timeout`` must report and end the process itself (the launcher's ``report_fatal``
 sends the error to the launcher and ``os._exit(4)``s). Progress is compared as (step, bucket)
 tuples because every rank issues buckets in increasing index order within a step.
 
@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch.distributed as dist
 
@@ -40,10 +40,15 @@ def exit_fatal(exc: BaseException) -> None:
     os._exit(getattr(exc, "exit_code", 1))
 
 
-def namespace_for(store: dist.Store, rank: int, prefix: str = "openclaw/watchdog") -> str:
+def namespace_for(store: dist.Store, rank: int, prefix: str = "openclaw/watchdog",
+                  group_ranks: Sequence[int] | None = None) -> str:
     """A key namespace unique to this construction, agreed without a collective: each rank
-    counts its own constructions in the store, and every rank constructs the same strategies in
-    the same order, so the counters agree."""
+    counts its own constructions in the store, and every rank of a group constructs the same
+    strategies in the same order, so the counters agree. ``group_ranks`` (the global ranks of a
+    DDP model's process group) keeps two groups of one job out of each other's keys; ``rank``
+    is then the global rank."""
+    if group_ranks is not None:
+        prefix = f"{prefix}/g{'-'.join(str(r) for r in group_ranks)}"
     generation = store.add(f"{prefix}/generation/{rank}", 1)
     return f"{prefix}/{generation}"
 
@@ -53,8 +58,10 @@ class Watchdog:
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, deadline_s: float,
                  namespace: str, on_timeout: Callable[[BaseException], None] = exit_fatal,
-                 tick_s: float | None = None) -> None:
+                 tick_s: float | None = None, global_ranks: Sequence[int] | None = None) -> None:
         self.store = store
+        # ``rank``/``world_size`` are within the watched group; errors name global ranks
+        self.global_ranks = list(global_ranks if global_ranks is not None else range(world_size))
         self.rank = rank
         self.world_size = world_size
         self.deadline_s = deadline_s
@@ -99,14 +106,14 @@ class Watchdog:
                 t, (step, bucket) = min(overdue)
                 late = self.late_ranks((step, bucket))
                 self.fired = SyncTimeout(
-                    f"rank {self.rank}: allreduce of bucket {bucket} at step {step} still waiting "
+                    f"rank {self.global_ranks[self.rank]}: allreduce of bucket {bucket} at step {step} still waiting "
                     f"after {time.monotonic() - t:.1f} s (deadline {self.deadline_s:g} s)",
                     ranks=late, step=step, bucket=bucket)
                 self.on_timeout(self.fired)
                 return
 
     def late_ranks(self, waiting_for: Progress) -> list[int]:
-        """Ranks whose published progress has not reached ``waiting_for``."""
+        """Global ranks whose published progress has not reached ``waiting_for``."""
         late = []
         for r in range(self.world_size):
             if r == self.rank:
@@ -117,7 +124,7 @@ class Watchdog:
                 continue
             if _parse(self.store.get(key)) < waiting_for:
                 late.append(r)
-        return late
+        return [self.global_ranks[r] for r in late]
 
     def close(self) -> None:
         self._stop.set()

@@ -1,0 +1,192 @@
+"""The run record: one typed, versioned definition of ``raw.json``.
+
+``compare`` writes it; ``report``, ``claims`` and ``plots`` read it only through
+:func:`load_record` / :func:`parse_record`, which validate it first, so a malformed or
+foreign file fails with one clear message instead of a ``KeyError`` deep inside a renderer.
+
+Versions:
+
+- 1: the layout before versioning (no ``schema_version`` field). Read as version 2 unchanged:
+  every field version 2 adds is optional and absent in it, so nothing is invented.
+- 2: adds ``schema_version``, the ``doctor`` section (the lint of the seed's NCCL settings) and
+  ``ablations.skew_barrier_repeats`` (per-repeat figures of the P2 barrier arms).
+- 3: written compact (no whitespace, floats to 6 significant digits). Adds
+  ``overflow.scale_mismatch`` (M4: rank-dependent pre-scale, per size and workload),
+  ``overflow.rates`` at 8 ranks, fault-matrix cases of strategy ``seed-f5`` (with fault
+  ``none``), ``precision.rows_data[].s_per_iter_repeats``, ``summary.peak_memory_scope`` of
+  each run, and the ``lightning`` and ``quantization`` sections. Strategy runs no longer
+  carry ``rank_step_ms``, ``applied``, ``missing_grads``, ``skew_ms`` (``skew_p50_ms`` and
+  ``skew_p99_ms`` stay), ``realized_sparsity`` and ``mask_entropy_bits`` (curves keep the
+  last three), and keep the gradient norms of ``layer.3.attn.v_proj.weight`` only (curves:
+  both seed-named parameters). Versions 1 and 2 are read unchanged: every field 3 adds is
+  optional, and the rules read the dropped ones only where 3 keeps them (C3 falls back to
+  ``skew_ms`` in older records).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openclaw_ref.errors import BadInput
+
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+REGENERATE = "regenerate it with `openclaw-bench compare`"
+
+# Every top-level key a record may hold besides ``schema_version`` and ``meta``.
+SECTIONS = ("strategies", "curves", "faults", "precision", "overflow", "raw_allreduce",
+            "ablations", "doctor", "lightning", "quantization")
+
+
+class RecordError(BadInput):
+    """``raw.json`` is not a run record this code can read; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the comparison ran on: the facts a hardware-honest verdict is decided from."""
+
+    backend: str
+    cpu_count: int
+    gpu_count: int
+    gpu_models: tuple[str, ...]
+    nccl: str | None
+    cuda: str | None
+    torch: str
+    cpu_model: str
+    git_sha: str
+    date: str
+
+    @property
+    def capacity(self) -> int:
+        """Ranks that can run at once without sharing a device: GPUs under NCCL, else cores.
+        Timing and skew are judged only at world sizes up to this."""
+        return self.gpu_count if self.backend == "nccl" else self.cpu_count
+
+    def describe(self) -> str:
+        gpus = f"{self.gpu_count} GPUs" + (f" ({', '.join(self.gpu_models)})"
+                                           if self.gpu_models else "")
+        return (f"{self.cpu_count} CPU cores ({self.cpu_model}), {gpus}, torch {self.torch}, "
+                f"backend {self.backend}, NCCL {self.nccl or 'none'}")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A validated ``raw.json``. ``doc`` is the document itself (read-only by convention);
+    ``source`` names the machine directory it came from; ``upgraded_from`` is the version
+    read when it was older than :data:`SCHEMA_VERSION`."""
+
+    schema_version: int
+    environment: Environment
+    doc: Mapping[str, Any]
+    source: str = "<memory>"
+    upgraded_from: int | None = None
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        return self.doc["meta"]
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        return self.doc["meta"]["compare_config"]
+
+    def section(self, name: str) -> Mapping[str, Any] | None:
+        """The named section, or None when it did not run (empty counts as not run)."""
+        if name not in SECTIONS:
+            raise KeyError(f"unknown section {name!r}")
+        return self.doc.get(name) or None
+
+
+def _need(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise RecordError(f"{where}: {what}; {REGENERATE}")
+
+
+def _version(doc: Mapping[str, Any], where: str) -> int:
+    """The document's schema version; a missing one means version 1 if the layout is v1's."""
+    if "schema_version" not in doc:
+        meta = doc.get("meta")
+        _need(isinstance(meta, dict) and "environment" in meta and "compare_config" in meta,
+              where, "no schema_version and not a version-1 comparison record")
+        return 1
+    v = doc["schema_version"]
+    _need(isinstance(v, int) and v in READABLE_VERSIONS, where,
+          f"schema_version {v!r} is not one this code reads {READABLE_VERSIONS} (this code "
+          f"writes {SCHEMA_VERSION}; a newer record needs a newer openclaw-sync)")
+    return v
+
+
+def _environment(meta: Mapping[str, Any], where: str) -> Environment:
+    env = meta.get("environment")
+    _need(isinstance(env, dict), where, "meta.environment missing")
+    for key, kind in (("backend", str), ("cpu_count", int), ("gpu_count", int), ("torch", str)):
+        _need(isinstance(env.get(key), kind), where,
+              f"meta.environment.{key} must be {kind.__name__}, got {env.get(key)!r}")
+    _need(env["cpu_count"] >= 1 and env["gpu_count"] >= 0, where, "impossible core/GPU count")
+    return Environment(backend=env["backend"], cpu_count=env["cpu_count"],
+                       gpu_count=env["gpu_count"], gpu_models=tuple(env.get("gpu_models") or ()),
+                       nccl=env.get("nccl"), cuda=env.get("cuda"), torch=env["torch"],
+                       cpu_model=str(env.get("cpu_model", "?")),
+                       git_sha=str(env.get("git_sha", "unknown")), date=str(env.get("date", "?")))
+
+
+def _check_runs(doc: Mapping[str, Any], where: str) -> None:
+    runs = (doc.get("strategies") or {}).get("runs", [])
+    _need(isinstance(runs, list), where, "strategies.runs must be a list")
+    for i, r in enumerate(runs):
+        at = f"strategies.runs[{i}]"
+        _need(isinstance(r, dict) and isinstance(r.get("variant"), str)
+              and isinstance(r.get("world_size"), int) and isinstance(r.get("repeat"), int),
+              where, f"{at} needs variant (str), world_size and repeat (int)")
+        if "error" not in r:
+            _need(isinstance(r.get("summary"), dict) and isinstance(r.get("step_ms"), list),
+                  where, f"{at} ran but has no summary/step_ms")
+
+
+def _check_counts(doc: Mapping[str, Any], where: str) -> None:
+    """The integer rows the M4 rule divides: a string or a float there is a foreign file."""
+    rows = (doc.get("overflow") or {}).get("scale_mismatch", [])
+    _need(isinstance(rows, list), where, "overflow.scale_mismatch must be a list")
+    for i, r in enumerate(rows):
+        _need(isinstance(r, dict) and all(isinstance(r.get(k), int) for k in
+                                          ("world_size", "allreduces", "overflowed", "corrupted")),
+              where, f"overflow.scale_mismatch[{i}] needs integer world_size, allreduces, "
+                     "overflowed, corrupted")
+
+
+def parse_record(doc: Any, source: str = "<memory>") -> RunRecord:
+    """Validate a loaded document; raises :class:`RecordError` naming what is wrong."""
+    _need(isinstance(doc, dict), source, "not a JSON object")
+    version = _version(doc, source)
+    meta = doc.get("meta")
+    _need(isinstance(meta, dict) and isinstance(meta.get("compare_config"), dict), source,
+          "meta.compare_config missing")
+    unknown = set(doc) - set(SECTIONS) - {"schema_version", "meta"}
+    _need(not unknown, source, f"unknown top-level keys {sorted(unknown)}")
+    for name in SECTIONS:
+        _need(doc.get(name) is None or isinstance(doc[name], dict), source,
+              f"section {name} must be an object")
+    _check_runs(doc, source)
+    _check_counts(doc, source)
+    return RunRecord(SCHEMA_VERSION, _environment(meta, source), doc, source,
+                     None if version == SCHEMA_VERSION else version)
+
+
+def as_record(obj: RunRecord | Mapping[str, Any]) -> RunRecord:
+    """A record as is, or a loaded document validated (for callers holding ``raw.json``'s dict)."""
+    return obj if isinstance(obj, RunRecord) else parse_record(obj)
+
+
+def load_record(path: str | os.PathLike) -> RunRecord:
+    """Read and validate ``path``; the record's source is its machine directory's name."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{path}: cannot read a run record ({exc}); {REGENERATE}") from None
+    return parse_record(doc, source=path.parent.name or str(path))
