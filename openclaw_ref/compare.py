@@ -1054,7 +1054,7 @@ SECTION_RUNNERS: dict[str, Callable[[CompareConfig, PoolSet, Progress], dict]] =
 SECTION_JOBS: dict[str, Callable[[CompareConfig, tuple], int]] = {
     "strategies": lambda c, v: 1 + c.repeats * len(c.world_sizes) * len(v),
     "curves": lambda c, v: 2,
-    "faults": lambda c, v: 5 * 10 + 4,
+    "faults": lambda c, v: 4 * 9 + 10 + 4,  # matrix, the seed-f5 column (with "none"), layouts
     "overflow": lambda c, v: len(overflow_sizes(c)) * 7 + 4,
     "precision": lambda c, v: 4 * c.repeats,
     "raw_allreduce": lambda c, v: len(c.world_sizes),
