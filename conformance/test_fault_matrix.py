@@ -17,7 +17,7 @@ import dataclasses
 
 import pytest
 
-from openclaw_ref.conform import (
+from openclaw_ref.fault_matrix import (
     MATRIX_STRATEGIES, CaseOutcome, MatrixRunner, MatrixSettings, matrix_strategies, matrix_table,
 )
 from openclaw_ref.faults import FAULTS

@@ -460,6 +460,7 @@ def run_seed004_case(precision: str, world_size: int, backend: str, settings: Be
         "s_per_iter": statistics.median(_timed_steps(records)) / 1e3,
         "peak_memory_mb": max(summary["peak_memory_mb"]),
         "peak_memory_mb_per_rank": summary["peak_memory_mb"],
+        "peak_memory_scope": summary.get("peak_memory_scope", "process"),
         "final_loss": summary["final_loss"],
     }
 

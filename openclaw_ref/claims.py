@@ -474,11 +474,13 @@ def m3(rec: RunRecord) -> Finding:
 
 
 def m4(rec: RunRecord) -> Finding:
-    """Reads ``overflow.scale_mismatch`` (stock ddp-fp16 with 2^12 on some ranks and 2^10 on
-    one: allreduces, overflowed, corrupted) at ≥ 8 ranks (the seed's 8-rank FP16 sum); with
-    several workloads at that size, the one overflowing most (the seed: worse at high dynamic
-    range). Reproduced if ≥ 1.6% of allreduces overflow (half the seed's 3.2%); refuted if none
-    overflows yet results are corrupted (the mismatch corrupts silently); else not reproduced."""
+    """Reads ``overflow.scale_mismatch`` (a ddp-fp16 sum with 2^12 on every rank but one at
+    2^10: allreduces, overflowed, corrupted, and ``overflowed_uniform`` — the same sum with 2^12
+    on every rank, the control) at ≥ 8 ranks (the seed's 8-rank FP16 sum); with several
+    workloads at that size, the one where the mismatch adds most overflow. The claim is that the
+    *mismatch* overflows, so the effect is the overflow it adds over the uniform control.
+    Reproduced if that excess is ≥ 1.6% of allreduces (half the seed's 3.2%); refuted if it adds
+    none yet results are corrupted (the mismatch corrupts silently); else not reproduced."""
     cells = [c for c in (rec.section("faults") or {}).get("cases", [])
              if c.get("fault_name") == "scale-mismatch"]
     matrix = "; ".join(f"{c['strategy']}: {c['cell']}" for c in cells)
@@ -490,15 +492,25 @@ def m4(rec: RunRecord) -> Finding:
         raise Missing("overflow.scale_mismatch at 8 ranks (allreduces, overflowed, corrupted) "
                       f"not recorded (recorded sizes: {sizes or 'none'})"
                       + (f"; fault matrix at 2 ranks: {matrix}" if matrix else ""))
-    r = max(rows, key=lambda x: (x["world_size"], x["overflowed"] / max(1, x["allreduces"])))
-    rate = r["overflowed"] / max(1, r["allreduces"])
-    label = (REPRODUCED if rate >= 0.032 / 2 else
-             REFUTED if r["overflowed"] == 0 and r["corrupted"] > 0 else NOT_REPRODUCED)
+    if any("overflowed_uniform" not in r for r in rows):
+        raise Missing("overflow.scale_mismatch lacks the uniform-scale control "
+                      "(overflowed_uniform): the mismatch's own effect cannot be separated")
+
+    def excess(x: dict) -> float:
+        return (x["overflowed"] - x["overflowed_uniform"]) / max(1, x["allreduces"])
+
+    r = max(rows, key=lambda x: (x["world_size"], excess(x)))
+    added = excess(r)
+    label = (REPRODUCED if added >= 0.032 / 2 else
+             REFUTED if added <= 0 and r["corrupted"] > 0 else NOT_REPRODUCED)
     return Finding(label, f"rank-dependent pre-scale (2^12 / 2^10) on {r['world_size']} ranks"
-                   + (f", {r['workload']} workload" if r.get("workload") else ""),
-                   f"{r['overflowed']} of {r['allreduces']} allreduces overflowed "
-                   f"({_pct(rate)}), {r['corrupted']} corrupted silently",
-                   "corrupts without overflowing" if label == REFUTED else "", CMD_CONFORM)
+                   + (f", {r['workload']} workload" if r.get("workload") else "")
+                   + ", beside the same sum at a uniform 2^12",
+                   f"{r['overflowed']} of {r['allreduces']} allreduces overflowed with the "
+                   f"mismatch, {r['overflowed_uniform']} with a uniform scale (added: "
+                   f"{_pct(added)}); {r['corrupted']} corrupted silently",
+                   "the overflow comes from the scale itself; the mismatch corrupts silently"
+                   if label == REFUTED else "", CMD_CONFORM)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import torch
 from openclaw_ref.environment import environment
 from openclaw_ref.errors import BadInput, ConsistencyError, RankFailed
 from openclaw_ref.launch import LaunchConfig, RankContext, RankPool, resolve_backend
-from openclaw_ref.metrics import peak_memory_scope, percentile
+from openclaw_ref.metrics import percentile
 from openclaw_ref.record import SCHEMA_VERSION
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig
@@ -143,14 +143,8 @@ def run_and_return_params(ctx: RankContext, cfg: TrainConfig) -> dict | None:
     result = train_model(ctx, cfg)
     if not ctx.is_main:
         return None
-    result.record["summary"]["peak_memory_scope"] = peak_memory_scope()
     params = {n: p.detach().to("cpu").clone() for n, p in result.model.named_parameters()}
     return {"record": result.record, "params": params}
-
-
-def peak_scope_rank(ctx: RankContext) -> str:
-    """The peak-memory scope of this worker's last run (read right after it, same process)."""
-    return peak_memory_scope()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,14 +397,8 @@ def _costs(pools: PoolSet, tcfg: TrainConfig) -> dict | None:
 
 def section_faults(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
     """The fault × strategy matrix (2 ranks) and per-rank bucket layouts of every strategy."""
-    from openclaw_ref.conform import (
-        FAULTS,
-        ConformSettings,
-        MatrixRunner,
-        MatrixSettings,
-        check_bucket_alignment,
-        matrix_strategies,
-    )
+    from openclaw_ref.conform import ConformSettings, check_bucket_alignment
+    from openclaw_ref.fault_matrix import FAULTS, MatrixRunner, MatrixSettings, matrix_strategies
 
     settings = MatrixSettings()
     runner = MatrixRunner(settings, get_pool=pools.get)
@@ -475,7 +463,7 @@ def seed_f5_cases(runner: Any, pools: PoolSet, progress: Progress) -> list[dict]
     a fault-free case (fault ``none``): no-effect when it trains exactly like stock ``ddp``
     (same parameter digest), detected when its assertion fires (a false alarm), crash /
     hang-timeout when a rank dies or stalls, silent-corruption when it changes the result."""
-    from openclaw_ref.conform import FAULTS, CaseOutcome, case_task
+    from openclaw_ref.fault_matrix import FAULTS, CaseOutcome, case_task
     from openclaw_ref.errors import LaunchTimeout
 
     st = runner.settings
@@ -755,7 +743,6 @@ def section_precision(cfg: CompareConfig, pools: PoolSet, progress: Progress) ->
         for precision, w in rotated(cases, repeat):
             r = run_seed004_case(precision, w, resolve_backend(cfg.backend, w), settings,
                                  pool=pools.get(w))
-            r["peak_memory_scope"] = pools.get(w).run(peak_scope_rank)[0]
             runs[(precision, w)].append(r)
             progress.tick(f"precision {precision} ×{w} r{repeat}")
     rows = []

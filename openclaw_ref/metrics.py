@@ -69,7 +69,6 @@ class GradientProbe:
 
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
-_peak_scope = "process"  # what the next peak_memory_mb() covers: "run" once reset succeeded
 
 
 def _vm_hwm_kib() -> int | None:
@@ -94,13 +93,11 @@ def reset_peak_memory(device: torch.device) -> str:
     current RSS — so a run's figure still includes what the process holds at its start
     (torch's code and caches, ~330 MiB for the tiny preset here), never an earlier run's
     peak. Elsewhere (or if /proc refuses) the figure stays the process's lifetime peak and
-    the scope says so; a fresh process per run is then the only per-run figure. Invariant:
-    ``peak_memory_scope()`` names what ``peak_memory_mb()`` measures."""
-    global _peak_scope
+    the scope says so; a fresh process per run is then the only per-run figure. Pass the
+    returned scope to ``peak_memory_mb``: it names what that figure measures."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        _peak_scope = "run"
-        return _peak_scope
+        return "run"
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -109,24 +106,18 @@ def reset_peak_memory(device: torch.device) -> str:
     try:
         with open(_CLEAR_REFS, "w", encoding="ascii") as f:
             f.write("5")
-        _peak_scope = "run" if _vm_hwm_kib() is not None else "process"
     except OSError:
-        _peak_scope = "process"
-    return _peak_scope
+        return "process"
+    return "run" if _vm_hwm_kib() is not None else "process"
 
 
-def peak_memory_scope() -> str:
-    """``"run"`` when the last ``reset_peak_memory`` succeeded in this process, else
-    ``"process"`` (the high-water mark since the process started)."""
-    return _peak_scope
-
-
-def peak_memory_mb(device: torch.device) -> float:
+def peak_memory_mb(device: torch.device, scope: str = "process") -> float:
     """Peak memory of this rank: CUDA's allocator peak on GPU; on CPU the resident high-water
-    mark (VmHWM) since the last ``reset_peak_memory``, or the process's max RSS without one."""
+    mark (VmHWM) since the ``reset_peak_memory`` that returned ``scope == "run"``, else the
+    process's max RSS."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    if _peak_scope == "run":
+    if scope == "run":
         hwm = _vm_hwm_kib()
         if hwm is not None:
             return hwm / 1024.0

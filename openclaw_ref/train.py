@@ -131,6 +131,7 @@ class RankLog:
     sync: list[dict] = field(default_factory=list)
     applied: list[bool] = field(default_factory=list)
     peak_memory_mb: float = 0.0
+    peak_memory_scope: str = "process"  # "run": the high-water mark was reset at its start
     param_digest: str = ""
 
 
@@ -173,7 +174,7 @@ def train_model(ctx: RankContext, cfg: TrainConfig,
                 extra_observers: tuple[StepObserver, ...] = (),
                 hooks: LoopHooks = NO_HOOKS) -> TrainResult:
     """The training loop on one rank; also hands back the replica for equivalence checks."""
-    reset_peak_memory(ctx.device)  # peak memory per run, not per (reused) worker process
+    memory_scope = reset_peak_memory(ctx.device)  # per run, not per (reused) worker process
     model_cfg = cfg.model_config()
     ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
     faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size)
@@ -246,7 +247,8 @@ def train_model(ctx: RankContext, cfg: TrainConfig,
         probe.remove()
         strategy.close()
         observers.close()
-    log.peak_memory_mb = peak_memory_mb(ctx.device)
+    log.peak_memory_mb = peak_memory_mb(ctx.device, memory_scope)
+    log.peak_memory_scope = memory_scope
     log.param_digest = params_digest(model.named_parameters())
     logs: list[RankLog] = [log]
     if ctx.world_size > 1:  # a one-rank context (e.g. a reference run inside rank 0) never talks
@@ -316,6 +318,8 @@ def _record(ctx: RankContext, cfg: TrainConfig, logs: list[RankLog],
             "step_ms_cv": (statistics.pstdev(timed) / statistics.mean(timed)) if len(timed) > 1
             else 0.0,
             "peak_memory_mb": [lg.peak_memory_mb for lg in logs],
+            "peak_memory_scope": ("run" if all(lg.peak_memory_scope == "run" for lg in logs)
+                                  else "process"),
             "skipped_steps": sum(not s["applied"] for s in steps),
             "wall_s": wall_s,
             "sync": sync_summary,

@@ -133,9 +133,11 @@ def overflow(base: float, seed: float, workload: str = "harsh", w: int = 2) -> d
                                    row("hardened-fp16-auto", "auto", 0.0)]}}
 
 
-def scale_mismatch(w: int, allreduces: int, overflowed: int, corrupted: int) -> dict:
+def scale_mismatch(w: int, allreduces: int, overflowed: int, corrupted: int,
+                   uniform: int = 0) -> dict:
     return {"overflow": {"scale_mismatch": [{"world_size": w, "allreduces": allreduces,
-                                             "overflowed": overflowed, "corrupted": corrupted}]}}
+                                             "overflowed": overflowed, "corrupted": corrupted,
+                                             "overflowed_uniform": uniform}]}}
 
 
 def sparsity_ablation(on: float, off: float, w: int = 2) -> dict:
@@ -258,6 +260,10 @@ CASES: list[tuple[str, str, Callable[[], RunRecord], str]] = [
     ("M4", "corrupts silently", lambda: record(scale_mismatch(8, 100, 0, 10)), REFUTED),
     ("M4", "rarely overflows", lambda: record(scale_mismatch(8, 1000, 1, 0)), NOT_REPRODUCED),
     ("M4", "2 ranks only", lambda: record(scale_mismatch(2, 100, 5, 5)), NOT_MEASURABLE),
+    ("M4", "overflow the uniform control has too", lambda: record(
+        scale_mismatch(8, 120, 44, 120, uniform=46)), REFUTED),
+    ("M4", "no uniform control recorded", lambda: record({"overflow": {"scale_mismatch": [
+        {"world_size": 8, "allreduces": 10, "overflowed": 5, "corrupted": 5}]}}), NOT_MEASURABLE),
     ("F1", "baseline never fails", lambda: record(strategies(run("ddp", 2),
                                                              run("hardened fp32", 2))),
      NOT_MEASURABLE),

@@ -29,7 +29,7 @@ from openclaw_ref.compare import (
 )
 from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.jsonio import write_json_atomic
-from openclaw_ref.metrics import peak_memory_mb, peak_memory_scope, reset_peak_memory
+from openclaw_ref.metrics import peak_memory_mb, reset_peak_memory
 from openclaw_ref.model import EVAL_STEP, build_model, preset
 from openclaw_ref.record import SCHEMA_VERSION, load_record
 from openclaw_ref.sync import make_strategy
@@ -161,12 +161,12 @@ def test_scale_mismatch_at_eight_ranks(pools):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux /proc only")
 def test_peak_memory_is_reset_at_each_run_start():
-    reset_peak_memory(CPU)
+    scope = reset_peak_memory(CPU)
     big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-    first = peak_memory_mb(CPU)
+    first = peak_memory_mb(CPU, scope)
     del big
-    assert reset_peak_memory(CPU) == "run" == peak_memory_scope()
-    second = peak_memory_mb(CPU)
+    assert reset_peak_memory(CPU) == "run"
+    second = peak_memory_mb(CPU, "run")
     assert second < first - 32  # the earlier run's peak is not inherited
 
 

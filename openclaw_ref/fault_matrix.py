@@ -1,0 +1,317 @@
+"""The fault × strategy matrix: what each sync path does when each fault is injected.
+
+``MatrixRunner`` runs one short training per (strategy, fault) cell on reusable rank pools
+(group-killing faults on fresh pools with short deadlines), and ``classify`` turns what the
+system surfaced — a rank's reply, the detection it raised in-band, or the pool's failure; never
+what the injector knows — into one of ``OUTCOMES``: ``detected`` (with rank and
+parameter/bucket), ``silent-corruption`` (replicas diverge, or the result differs from the
+fault-free run), ``hang-timeout`` (ended by a deadline), ``crash`` (a rank error/death
+surfaced), ``no-effect``. ``conformance/test_fault_matrix.py`` asserts on it; ``compare``
+publishes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch.distributed as dist
+
+from openclaw_ref.errors import ConsistencyError, LaunchTimeout, RankFailed, SyncTimeout
+from openclaw_ref.faults import FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault
+from openclaw_ref.launch import LaunchConfig, RankContext, RankPool
+from openclaw_ref.sync import STRATEGIES
+from openclaw_ref.sync.base import SyncConfig
+
+OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
+MATRIX_STRATEGIES = ("ddp", "ddp-fp16", "hardened", "bucketed")
+
+# ---------------------------------------------------------------------------------------------
+# The fault × strategy matrix
+
+
+@dataclass(frozen=True)
+class MatrixSettings:
+    world_size: int = 2
+    steps: int = 5
+    fault_step: int = 2
+    global_batch: int = 8
+    replica_check_every: int = 2
+    watchdog_s: float = 2.0
+    pg_timeout_s: float = 5.0  # gloo's own deadline in the fresh pools of group-killing faults
+    case_timeout_s: float = 60.0
+    late_rank_value: str = "250ms"  # far above scheduler noise on a loaded box (≤ 75 ms seen)
+    hang_value: str = "600s"
+
+    def fault_text(self, fault: str) -> str:
+        value = {"late-rank": self.late_rank_value, "hang": self.hang_value}.get(fault)
+        return f"{fault}{'=' + value if value else ''}:{self.fault_step}"
+
+    def sync_config(self, strategy: str) -> SyncConfig:
+        """``ddp``/``ddp-fp16`` as users get them; ``hardened`` with an FP16 wire at the seed's
+        2^12 (so scale faults are meaningful), replica check every K steps, a short watchdog;
+        ``bucketed`` likewise, with the agreed planner."""
+        if strategy in ("ddp", "ddp-fp16", "local"):
+            return SyncConfig(name=strategy)
+        planner = "norm-ema-agreed" if strategy == "bucketed" else "static"
+        return SyncConfig(name=strategy, wire="fp16", scale="4096", planner=planner,
+                          replica_check_every=self.replica_check_every,
+                          watchdog_s=self.watchdog_s)
+
+    def train_config(self, strategy: str, fault: str | None):
+        from openclaw_ref.train import TrainConfig
+
+        faults = (parse_fault(self.fault_text(fault)),) if fault else ()
+        return TrainConfig(preset="tiny", world_size=self.world_size, steps=self.steps,
+                           global_batch=self.global_batch, seed=1, eval_every=0,
+                           sync=self.sync_config(strategy), faults=faults, backend="gloo",
+                           progress=False)
+
+
+@dataclass
+class CaseOutcome:
+    strategy: str
+    fault: str
+    outcome: str
+    kind: str = ""
+    step: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    bucket: int | None = None
+    params: list[str] = field(default_factory=list)
+    detail: str = ""
+    expected_ranks: list[int] = field(default_factory=list)
+    expected_params: list[str] = field(default_factory=list)
+    attributed: bool = False  # right rank, and right parameter or a bucket where one applies
+    in_time: bool = False  # detected within one step (bitflip: one replica-check interval)
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        where = []
+        if self.kind:
+            where.append(self.kind)
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        if self.ranks:
+            where.append(f"ranks {self.ranks}")
+        if self.bucket is not None:
+            where.append(f"bucket {self.bucket}")
+        if self.params:
+            where.append(", ".join(self.params[:2]) + (" …" if len(self.params) > 2 else ""))
+        return f"{self.outcome}" + (f" ({'; '.join(where)})" if where else "")
+
+
+def case_task(ctx: RankContext, cfg) -> tuple[str, Any]:
+    """One matrix case on one rank: train, and turn an in-band detection (raised on every rank
+    at the same step) into a reply, so the group survives for the next case. The monitored
+    barrier proves every rank got out of the run; if one did not, it raises and the pool
+    (which then has a wedged rank) is replaced by the caller."""
+    from openclaw_ref.train import train_rank
+
+    try:
+        return ("ok", train_rank(ctx, cfg))
+    except (ConsistencyError, SyncTimeout) as exc:
+        if ctx.world_size > 1:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
+        return ("detected", exc)
+
+
+def _late_rank_from_metrics(record: dict, step: int,
+                            delay_ms: float) -> tuple[list[int], int | None]:
+    """The late rank a strategy reported for ``step`` in its per-step metrics: the
+    ``late_rank`` of every bucket (``sync.buckets[*]``) whose arrival skew is at least half the
+    injected delay — smaller skews are scheduler noise, not the fault."""
+    steps = record.get("steps", [])
+    if step >= len(steps):
+        return [], None
+    buckets = (steps[step].get("sync") or {}).get("buckets") or []
+    hits = [b for b in buckets if b.get("skew_ms", 0.0) >= 0.5 * delay_ms
+            and b.get("late_rank") is not None]
+    if not hits:
+        return [], None
+    return sorted({int(b["late_rank"]) for b in hits}), int(hits[0]["index"])
+
+
+def classify(strategy: str, spec: FaultSpec, world_size: int, *, reply: tuple | None = None,
+             failure: BaseException | None = None, reference_digest: str | None = None,
+             replica_check_every: int = 0, died: Sequence[int] = ()) -> CaseOutcome:
+    """What happened, from what the system surfaced (never from what the injector knows):
+    the rank's reply (a record, or the detection it raised in-band), or the pool's failure."""
+    out = CaseOutcome(strategy, _fault_label(spec), "no-effect",
+                      expected_ranks=[spec.target_rank(world_size)],
+                      expected_params=spec.target_params())
+    window = max(1, replica_check_every) if spec.name == "bitflip" else 1
+    detection: Any = None
+    if failure is not None:
+        cause = getattr(failure, "cause", None)
+        if isinstance(cause, (ConsistencyError, SyncTimeout)):
+            detection = cause
+        elif isinstance(failure, LaunchTimeout):
+            out.outcome, out.kind, out.ranks = "hang-timeout", "LaunchTimeout", failure.ranks
+            out.detail = str(failure)
+        elif isinstance(failure, RankFailed):
+            text = failure.summary
+            timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+            out.outcome = "hang-timeout" if timed_out else "crash"
+            out.kind, out.ranks, out.detail = text.split(":")[0], [failure.rank], text[:300]
+            others = sorted(set(died) - {failure.rank})
+            if others and "by peer" in text:  # the reporter only saw its peer vanish
+                out.kind, out.ranks = "peer died", others
+                out.detail = f"rank {failure.rank}: {text[:200]}; ranks {others} exited first"
+        else:
+            out.outcome, out.kind, out.detail = "crash", type(failure).__name__, str(failure)
+    elif reply is not None and reply[0] == "detected":
+        detection = reply[1]
+    elif reply is not None:
+        record = reply[1] or {}
+        events = record.get("events") or []
+        relevant = [e for e in events if spec.target_rank(world_size) in (e.get("ranks") or [])]
+        late, late_bucket = ([], None)
+        if spec.name == "late-rank":
+            late, late_bucket = _late_rank_from_metrics(
+                record, spec.step, parse_duration_s(spec.resolved_value) * 1e3)
+        if relevant:
+            e = relevant[0]
+            out.outcome, out.kind, out.step = "detected", e["kind"], e.get("step")
+            out.ranks, out.bucket, out.params = e.get("ranks") or [], e.get("bucket"), \
+                e.get("params") or []
+            out.detail = e.get("detail", "")
+        elif late:
+            out.outcome, out.kind, out.step, out.ranks, out.bucket = \
+                "detected", "late rank in step metrics", spec.step, late, late_bucket
+        else:
+            summary = record.get("summary", {})
+            diverged = not summary.get("replicas_equal", True)
+            differs = (reference_digest is not None
+                       and summary.get("param_digest") != reference_digest)
+            if diverged or differs:
+                out.outcome = "silent-corruption"
+                out.detail = ("replicas diverged" if diverged else "replicas equal") + \
+                    ("; result differs from the fault-free run" if differs else "")
+            elif events:
+                out.detail = f"{len(events)} event(s), none naming rank {out.expected_ranks}"
+    if detection is not None:
+        out.outcome, out.kind = "detected", type(detection).__name__
+        out.step = getattr(detection, "step", None)
+        out.ranks = list(getattr(detection, "ranks", []) or [])
+        out.bucket = getattr(detection, "bucket", None)
+        out.params = list(getattr(detection, "params", []) or [])
+        out.detail = str(detection)[:300]
+    if out.outcome == "detected":
+        rank_ok = set(out.expected_ranks) <= set(out.ranks)
+        where_ok = (not out.expected_params or bool(set(out.params) & set(out.expected_params))
+                    or out.bucket is not None)
+        out.attributed = rank_ok and where_ok
+        out.in_time = out.step is None or out.step <= spec.effective_step() + window
+    elif out.outcome in ("crash", "hang-timeout"):
+        out.attributed = set(out.expected_ranks) <= set(out.ranks)
+    return out
+
+
+def _fault_label(spec: FaultSpec) -> str:
+    return spec.name + (f"={spec.value}" if spec.value else "")
+
+
+class MatrixRunner:
+    """Runs fault × strategy cases on reusable pools; group-killing faults get a fresh pool with
+    short deadlines. ``get_pool(world_size)`` supplies the shared pool (the tests' ``pools``)."""
+
+    def __init__(self, settings: MatrixSettings,
+                 get_pool: Callable[[int], RankPool] | None = None) -> None:
+        self.settings = settings
+        self._own: RankPool | None = None
+        self._get_pool = get_pool or self._own_pool
+        self.references: dict[str, str] = {}
+        self.spawns = 0
+
+    def _own_pool(self, world_size: int) -> RankPool:
+        if self._own is None or self._own.broken:
+            self._own = self._fresh(self.settings.case_timeout_s, 60.0)
+        return self._own
+
+    def _fresh(self, timeout_s: float, pg_timeout_s: float) -> RankPool:
+        self.spawns += 1
+        return RankPool(LaunchConfig(self.settings.world_size, backend="gloo",
+                                     timeout_s=timeout_s, pg_timeout_s=pg_timeout_s))
+
+    def reference(self, strategy: str) -> str | None:
+        """The fault-free run's parameter digest for ``strategy`` (computed once)."""
+        if strategy not in self.references:
+            pool = self._get_pool(self.settings.world_size)
+            cfg = self.settings.train_config(strategy, None)
+            reply = pool.run(case_task, cfg, timeout_s=self.settings.case_timeout_s)[0]
+            if reply[0] != "ok":
+                raise AssertionError(f"fault-free {strategy} run was not clean: {reply[1]}")
+            self.references[strategy] = reply[1]["summary"]["param_digest"]
+        return self.references[strategy]
+
+    def run_case(self, strategy: str, fault: str) -> CaseOutcome:
+        st = self.settings
+        cfg = st.train_config(strategy, fault)
+        spec = cfg.faults[0]
+        reference = self.reference(strategy)
+        t0 = time.perf_counter()
+        reply, failure = None, None
+        fresh = kills_group(strategy, fault)
+        if fresh:
+            pool = self._fresh(st.pg_timeout_s * 3, st.pg_timeout_s)
+        else:
+            pool = self._get_pool(st.world_size)
+        try:
+            reply = pool.run(case_task, cfg, timeout_s=st.pg_timeout_s * 3 if fresh
+                             else st.case_timeout_s)[0]
+        except (RankFailed, LaunchTimeout) as exc:
+            failure = exc
+        finally:
+            if fresh:
+                pool.kill()
+        out = classify(strategy, spec, st.world_size, reply=reply, failure=failure,
+                       reference_digest=reference, replica_check_every=st.replica_check_every,
+                       died=self_exited_ranks(pool) if failure is not None else ())
+        out.wall_s = time.perf_counter() - t0
+        return out
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+
+
+def kills_group(strategy: str, fault: str) -> bool:
+    """Whether a case leaves the process group unusable, so it must run on a fresh pool with
+    short deadlines: a crash or a hang always; a bucket-cap mismatch under DDP makes gloo abort
+    or wait on a size mismatch."""
+    from openclaw_ref.faults import DDP_STRATEGIES
+
+    return fault in GROUP_KILLING or (fault == "local-buckets" and strategy in DDP_STRATEGIES)
+
+
+def self_exited_ranks(pool: RankPool) -> list[int]:
+    """Ranks of a stopped pool that exited on their own (any exit but the pool's SIGKILL).
+    Reads the pool's processes: ``RankPool`` has no public exit-code accessor yet."""
+    procs = getattr(pool, "_procs", [])
+    return [r for r, p in enumerate(procs) if p.exitcode is not None and p.exitcode != -9]
+
+
+def matrix_strategies() -> tuple[str, ...]:
+    """The matrix's strategies that exist in this build (all four once ``hardened`` and
+    ``bucketed`` are registered)."""
+    return tuple(s for s in MATRIX_STRATEGIES if s in STRATEGIES)
+
+def matrix_table(outcomes: Sequence[CaseOutcome]) -> str:
+    """Faults down, strategies across; each cell the outcome and its attribution."""
+    from tabulate import tabulate
+
+    strategies = list(dict.fromkeys(o.strategy for o in outcomes))
+    faults = list(dict.fromkeys(o.fault for o in outcomes))
+    cell = {(o.fault, o.strategy): o.summary() for o in outcomes}
+    rows = [[f] + [cell.get((f, s), "") for s in strategies] for f in faults]
+    return tabulate(rows, headers=["fault"] + strategies, tablefmt="github")
+
+
+__all__ = ["FAULTS", "MATRIX_STRATEGIES", "OUTCOMES", "CaseOutcome", "MatrixRunner",
+           "MatrixSettings", "case_task", "classify", "matrix_table"]
