@@ -17,6 +17,7 @@ Nothing here uses the openclaw training loop: the loops below are what a user wr
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -285,10 +286,10 @@ def hook_parity_task(ctx, on_new_group: bool, iterations: int = 20) -> list[tupl
     group = dist.new_group(list(range(ctx.world_size))) if on_new_group else None
     torch.manual_seed(0)
     m = nn.Linear(1, 5)
-    plain = DDP(__import__("copy").deepcopy(m), process_group=group)
-    torch_hook = DDP(__import__("copy").deepcopy(m), process_group=group)
+    plain = DDP(copy.deepcopy(m), process_group=group)
+    torch_hook = DDP(copy.deepcopy(m), process_group=group)
     torch_hook.register_comm_hook(group, default_hooks.allreduce_hook)
-    hardened = DDP(__import__("copy").deepcopy(m), process_group=group)
+    hardened = DDP(copy.deepcopy(m), process_group=group)
     state = harden(hardened, SyncConfig(name="hardened", nonfinite="raise"), ctx)
     expected = sum(range(ctx.world_size)) / ctx.world_size
     rows = []

@@ -10,11 +10,20 @@ from pathlib import Path
 from typing import Any
 
 
+def _default_mode() -> int:
+    """What ``open()`` would give a new file (0o666 less the umask): ``mkstemp`` makes 0o600,
+    which would leave published results unreadable to everyone else."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _default_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -46,7 +46,8 @@ def describe_exit(code: int | None) -> str:
 
 @dataclass(frozen=True)
 class Report:
-    """An error a rank sent before leaving."""
+    """An error a rank sent before leaving; also the verdict ``decide`` returns (for a silent
+    death: the rank, how it ended, no traceback)."""
 
     rank: int
     summary: str
@@ -62,20 +63,11 @@ class Report:
         return isinstance(self.cause, OpenClawError)
 
 
-@dataclass(frozen=True)
-class Blame:
-    """The verdict: the rank to name and what to say about it."""
-
-    rank: int
-    summary: str
-    traceback_text: str = ""
-    cause: BaseException | None = None
-
-
 @dataclass
 class FailureTriage:
-    """Evidence of one task on ranks ``ranks``; ``decide(now)`` returns a ``Blame`` once the
-    rules above can name a rank, else None (keep waiting, at most until ``wake_at()``)."""
+    """Evidence of one task on ranks ``ranks``; ``decide(now)`` returns the ``Report`` to blame
+    once the rules above can name a rank, else None (keep waiting, at most until
+    ``wake_at()``)."""
 
     ranks: Iterable[int]
     finished: set[int] = field(default_factory=set)
@@ -118,7 +110,7 @@ class FailureTriage:
         grace = CHECK_GRACE_S if self.reports[0].is_check else ECHO_GRACE_S
         return self._first_report_at + grace
 
-    def decide(self, now: float) -> Blame | None:
+    def decide(self, now: float) -> Report | None:
         dead = self.silent_deaths()
         if dead:
             return self._blame_death(dead[0])
@@ -126,19 +118,16 @@ class FailureTriage:
             return None
         first = self.reports[0]
         if first.names_its_cause and not first.is_check:
-            return _blame_report(first)
+            return first
         wake = self.wake_at()
         if self.settled() or (wake is not None and now >= wake):
-            return _blame_report(first)
+            return first
         return None
 
-    def _blame_death(self, rank: int) -> Blame:
+    def _blame_death(self, rank: int) -> Report:
         summary = describe_exit(self.exits[rank])
         if self.reports:
             echo = self.reports[0]
             summary += f" (then rank {echo.rank} reported: {echo.summary[:160]})"
-        return Blame(rank, summary)
+        return Report(rank, summary)
 
-
-def _blame_report(report: Report) -> Blame:
-    return Blame(report.rank, report.summary, report.traceback_text, report.cause)
