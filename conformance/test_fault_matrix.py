@@ -18,9 +18,10 @@ import dataclasses
 import pytest
 
 from openclaw_ref.fault_matrix import (
-    MATRIX_STRATEGIES, CaseOutcome, MatrixRunner, MatrixSettings, matrix_strategies, matrix_table,
+    MATRIX_STRATEGIES, CaseOutcome, MatrixRunner, MatrixSettings, matrix_strategies,
 )
 from openclaw_ref.faults import FAULTS
+from openclaw_ref.report import fault_matrix_table
 
 pytestmark = pytest.mark.conformance
 
@@ -56,7 +57,7 @@ def matrix(pools, conformance_report) -> dict[tuple[str, str], CaseOutcome]:
         runner.close()
     conformance_report.matrix.extend(outcomes.values())
     conformance_report.matrix_settings = dataclasses.asdict(SETTINGS)
-    print("\n" + matrix_table(list(outcomes.values())))
+    print("\n" + fault_matrix_table(list(outcomes.values())))
     return outcomes
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import statistics
 import sys
@@ -632,70 +631,6 @@ def run_matrix(settings: BenchSettings, strategies: Sequence[str] | None = None,
     }
 
 
-def _fmt(x: object, digits: int = 2) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, bool):
-        return "yes" if x else "NO"
-    if isinstance(x, float):
-        return f"{x:.{digits}f}"
-    return str(x)
-
-
-def _checks(case: dict) -> str:
-    run, passed = case.get("checks_run"), case.get("checks_passed")
-    return "—" if not run else f"{passed}/{run}"
-
-
-def matrix_tables(result: dict) -> str:
-    """Markdown tables (github format) of a ``run_matrix`` result, each with its caption."""
-    from tabulate import tabulate
-
-    s = result["settings"]
-    env = result["environment"]
-    head = (f"preset {s['preset']}, global batch {s['global_batch']}, "
-            f"{s['threads'] or 'cores ÷ ranks'} torch thread(s) per rank, {s['rounds']} × "
-            f"{s['steps']} steps per strategy alternating with the local floor (2 warm-up steps "
-            f"per run excluded), raw allreduce × {s['raw_iters']}; torch {env['torch']}, "
-            f"{env['cpu_count']} CPUs ({env['cpu_model']}), {env['gpu_count']} GPUs, "
-            f"git {env['git_sha'][:12]}")
-    rows = [[c["strategy"], c["world_size"], c["backend"], _fmt(c["median_step_ms"], 1),
-             _fmt(c["exposed_sync_ms"], 1), _fmt(c["sync_ms"], 1), _fmt(c["step_ms_cv"], 3),
-             _fmt(c["skew_p50_ms"]), _fmt(c["skew_p99_ms"]), _fmt(c["peak_memory_mb"], 0),
-             _fmt(c["overflow_rate"], 5), _fmt(c["raw_allreduce_ms"], 1),
-             _fmt(c["raw_busbw_gbps"], 3), _fmt(c["sync_over_raw"]),
-             _fmt(c["collectives_per_step"]), _fmt(c["wire_bytes_per_step"]),
-             _fmt(c["host_syncs_per_step"]), _checks(c), _fmt(c["replicas_equal"]), c["events"]]
-            for c in result["cases"]]
-    out = [f"**Sync strategies × world size** — {head}.\n",
-           tabulate(rows, headers=["strategy", "ranks", "backend", "step ms", "exposed sync ms",
-                                   "sync ms", "step CV", "skew p50", "skew p99", "peak MB/rank",
-                                   "overflow", "raw AR ms", "busbw GB/s", "sync/raw",
-                                   "coll/step", "wire B/step", "host syncs", "checks passed",
-                                   "replicas equal", "events"], tablefmt="github")]
-    if result["seed004"]:
-        rows = [[c["precision"], c["amp_dtype"] or "—", c["world_size"], c["strategy"],
-                 c["backend"], _fmt(c["s_per_iter"], 3), _fmt(c["peak_memory_mb"], 0)]
-                for c in result["seed004"]]
-        out += ["\n**Seed 004's matrix (claim L3)** — s/iter = median step; memory = peak per "
-                "rank (max RSS on CPU).\n",
-                tabulate(rows, headers=["precision", "autocast", "ranks", "strategy", "backend",
-                                        "s/iter", "peak MB/rank"], tablefmt="github")]
-    if result["targets"]:
-        rows = [[t["target"], t["world_size"], _fmt(t["value"], 3), f"≤ {t['threshold']}",
-                 {True: "met", False: "NOT met", None: "n/a"}[t["met"]], t["note"]]
-                for t in result["targets"]]
-        out += ["\n**Targets** (reported, never asserted).\n",
-                tabulate(rows, headers=["target", "ranks", "value", "threshold", "status",
-                                        "note"], tablefmt="github")]
-    if result["skipped"] or result["failed"]:
-        out.append("\nSkipped: " + "; ".join(f"{x['case']} ({x['reason']})"
-                                             for x in result["skipped"]))
-        out.append("\nFailed: " + "; ".join(f"{x['case']} ({x['error']})"
-                                            for x in result["failed"]))
-    return "\n".join(out) + "\n"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m openclaw_ref.bench",
                                 description="the asv benchmark matrix without asv, as JSON")
@@ -727,7 +662,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         seed004=not args.no_seed004,
                         progress=lambda m: print(m, file=sys.stderr, flush=True),
                         cache=CaseCache(args.cache_dir) if args.cache_dir else None)
-    tables = matrix_tables(result)
+    from openclaw_ref.report import bench_matrix_markdown
+
+    tables = bench_matrix_markdown(result)
     if args.out:
         write_json_atomic(args.out, result)
     if args.markdown:

@@ -238,7 +238,8 @@ def _add_conform(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_conform(args: argparse.Namespace) -> int:
     from openclaw_ref.conform import CHECKS, CheckResult, ConformanceReport, ConformSettings
-    from openclaw_ref.conform import conform_rank, results_table
+    from openclaw_ref.conform import conform_rank
+    from openclaw_ref.report import conformance_results_table
     from openclaw_ref.errors import EXIT_CHECK_FIRED
     from openclaw_ref.faults import parse_fault
     from openclaw_ref.launch import LaunchConfig, launch
@@ -264,7 +265,7 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     import os
 
     if os.environ.get("RANK", "0") == "0":
-        print(results_table(results))
+        print(conformance_results_table(results))
         if args.out:
             ConformanceReport(checks=results).write(args.out)
             print(f"results JSON: {args.out}")

@@ -591,14 +591,5 @@ def conform_rank(ctx: RankContext, s: ConformSettings, checks: Sequence[str]) ->
     return [r.to_json() for r in run_checks(ctx, s, checks)]
 
 
-def results_table(results: Sequence[CheckResult]) -> str:
-    from tabulate import tabulate
-
-    rows = [{"check": r.check, "strategy": r.strategy, "result": "PASS" if r.passed else "FAIL",
-             "detail": r.detail[:110]} for r in results]
-    return tabulate(rows, headers="keys", tablefmt="github")
-
-
-
 __all__ = ["CHECKS", "FAULTS", "CheckResult", "ConformSettings", "ConformanceReport",
-           "conform_rank", "results_table", "run_checks"]
+           "conform_rank", "run_checks"]

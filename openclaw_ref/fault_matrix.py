@@ -302,16 +302,5 @@ def matrix_strategies() -> tuple[str, ...]:
     ``bucketed`` are registered)."""
     return tuple(s for s in MATRIX_STRATEGIES if s in STRATEGIES)
 
-def matrix_table(outcomes: Sequence[CaseOutcome]) -> str:
-    """Faults down, strategies across; each cell the outcome and its attribution."""
-    from tabulate import tabulate
-
-    strategies = list(dict.fromkeys(o.strategy for o in outcomes))
-    faults = list(dict.fromkeys(o.fault for o in outcomes))
-    cell = {(o.fault, o.strategy): o.summary() for o in outcomes}
-    rows = [[f] + [cell.get((f, s), "") for s in strategies] for f in faults]
-    return tabulate(rows, headers=["fault"] + strategies, tablefmt="github")
-
-
 __all__ = ["FAULTS", "MATRIX_STRATEGIES", "OUTCOMES", "CaseOutcome", "MatrixRunner",
-           "MatrixSettings", "case_task", "classify", "matrix_table"]
+           "MatrixSettings", "case_task", "classify"]

@@ -111,7 +111,7 @@ def summarize(result: dict[str, list[dict]]) -> list[list]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tabulate import tabulate
+    from openclaw_ref.report import p2_table
 
     p = argparse.ArgumentParser(prog="python -m openclaw_ref.p2bench", description=__doc__)
     p.add_argument("--world-size", type=int, default=2)
@@ -125,9 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"P2 skew barrier, hardened fp32, tiny, W={a.world_size}, {a.steps} steps × "
           f"{a.repeats} repeats (interleaved), jitter {jitter or 'none'} ms, threshold "
           f"{a.threshold_ms} ms; medians over repeats of per-run medians (2 warm-up steps out)")
-    print(tabulate(summarize(result), headers=["barrier", "step ms", "ready-std ms",
-                                               "p90 ready-std ms", "skew ms", "sync ms",
-                                               "barriers", "steps"], tablefmt="github"))
+    print(p2_table(summarize(result)))
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Sequence
 
 from tabulate import tabulate
 
@@ -245,3 +246,92 @@ def render_all(out_dir: Path) -> list[Path]:
                write_text_atomic(out_dir.parent / "claims.md", ledger)]
     written += render_plots(rec, out_dir)
     return written
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables of the other producers (bench, conformance, fault matrix, P2): they make records,
+# this module renders them.
+
+
+def _fmt_cell(x: object, digits: int = 2) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "NO"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _checks(case: dict) -> str:
+    run, passed = case.get("checks_run"), case.get("checks_passed")
+    return "—" if not run else f"{passed}/{run}"
+
+
+def bench_matrix_markdown(result: dict) -> str:
+    """Markdown tables of a ``bench.run_matrix`` result, each with its caption."""
+    s = result["settings"]
+    env = result["environment"]
+    head = (f"preset {s['preset']}, global batch {s['global_batch']}, "
+            f"{s['threads'] or 'cores ÷ ranks'} torch thread(s) per rank, {s['rounds']} × "
+            f"{s['steps']} steps per strategy alternating with the local floor (2 warm-up steps "
+            f"per run excluded), raw allreduce × {s['raw_iters']}; torch {env['torch']}, "
+            f"{env['cpu_count']} CPUs ({env['cpu_model']}), {env['gpu_count']} GPUs, "
+            f"git {env['git_sha'][:12]}")
+    rows = [[c["strategy"], c["world_size"], c["backend"], _fmt_cell(c["median_step_ms"], 1),
+             _fmt_cell(c["exposed_sync_ms"], 1), _fmt_cell(c["sync_ms"], 1), _fmt_cell(c["step_ms_cv"], 3),
+             _fmt_cell(c["skew_p50_ms"]), _fmt_cell(c["skew_p99_ms"]), _fmt_cell(c["peak_memory_mb"], 0),
+             _fmt_cell(c["overflow_rate"], 5), _fmt_cell(c["raw_allreduce_ms"], 1),
+             _fmt_cell(c["raw_busbw_gbps"], 3), _fmt_cell(c["sync_over_raw"]),
+             _fmt_cell(c["collectives_per_step"]), _fmt_cell(c["wire_bytes_per_step"]),
+             _fmt_cell(c["host_syncs_per_step"]), _checks(c), _fmt_cell(c["replicas_equal"]), c["events"]]
+            for c in result["cases"]]
+    out = [f"**Sync strategies × world size** — {head}.\n",
+           tabulate(rows, headers=["strategy", "ranks", "backend", "step ms", "exposed sync ms",
+                                   "sync ms", "step CV", "skew p50", "skew p99", "peak MB/rank",
+                                   "overflow", "raw AR ms", "busbw GB/s", "sync/raw",
+                                   "coll/step", "wire B/step", "host syncs", "checks passed",
+                                   "replicas equal", "events"], tablefmt="github")]
+    if result["seed004"]:
+        rows = [[c["precision"], c["amp_dtype"] or "—", c["world_size"], c["strategy"],
+                 c["backend"], _fmt_cell(c["s_per_iter"], 3), _fmt_cell(c["peak_memory_mb"], 0)]
+                for c in result["seed004"]]
+        out += ["\n**Seed 004's matrix (claim L3)** — s/iter = median step; memory = peak per "
+                "rank (max RSS on CPU).\n",
+                tabulate(rows, headers=["precision", "autocast", "ranks", "strategy", "backend",
+                                        "s/iter", "peak MB/rank"], tablefmt="github")]
+    if result["targets"]:
+        rows = [[t["target"], t["world_size"], _fmt_cell(t["value"], 3), f"≤ {t['threshold']}",
+                 {True: "met", False: "NOT met", None: "n/a"}[t["met"]], t["note"]]
+                for t in result["targets"]]
+        out += ["\n**Targets** (reported, never asserted).\n",
+                tabulate(rows, headers=["target", "ranks", "value", "threshold", "status",
+                                        "note"], tablefmt="github")]
+    if result["skipped"] or result["failed"]:
+        out.append("\nSkipped: " + "; ".join(f"{x['case']} ({x['reason']})"
+                                             for x in result["skipped"]))
+        out.append("\nFailed: " + "; ".join(f"{x['case']} ({x['error']})"
+                                            for x in result["failed"]))
+    return "\n".join(out) + "\n"
+
+
+def conformance_results_table(results: Sequence) -> str:
+    """One row per ``conform.CheckResult``: PASS/FAIL and the detail."""
+    rows = [{"check": r.check, "strategy": r.strategy, "result": "PASS" if r.passed else "FAIL",
+             "detail": r.detail[:110]} for r in results]
+    return tabulate(rows, headers="keys", tablefmt="github")
+
+
+def fault_matrix_table(outcomes: Sequence) -> str:
+    """Faults down, strategies across; each cell the outcome and its attribution."""
+    strategies = list(dict.fromkeys(o.strategy for o in outcomes))
+    faults = list(dict.fromkeys(o.fault for o in outcomes))
+    cell = {(o.fault, o.strategy): o.summary() for o in outcomes}
+    rows = [[f] + [cell.get((f, s), "") for s in strategies] for f in faults]
+    return tabulate(rows, headers=["fault"] + strategies, tablefmt="github")
+
+
+def p2_table(rows: list[list]) -> str:
+    """``p2bench.summarize`` rows: one per barrier arm."""
+    return tabulate(rows, headers=["barrier", "step ms", "ready-std ms", "p90 ready-std ms",
+                                   "skew ms", "sync ms", "barriers", "steps"], tablefmt="github")

@@ -22,6 +22,7 @@ import torch
 from openclaw_ref import bench
 from openclaw_ref.bench import BenchSettings, CaseCache
 from openclaw_ref.errors import BadInput
+from openclaw_ref.report import bench_matrix_markdown
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig
 
@@ -370,7 +371,7 @@ def test_run_matrix_lists_skipped_cases_with_their_reason_and_renders_tables():
                for s in result["skipped"])
     assert result["settings"]["preset"] == "tiny" and result["environment"]["torch"]
     json.dumps(result)
-    assert "no-such-case" in bench.matrix_tables(result)
+    assert "no-such-case" in bench_matrix_markdown(result)
 
 
 def test_plain_runner_rejects_bad_settings_with_exit_code_2():
