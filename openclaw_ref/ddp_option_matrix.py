@@ -17,6 +17,7 @@ Nothing here uses the openclaw training loop: the loops below are what a user wr
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -143,13 +144,13 @@ def _train(ddp: DDP, case: DDPCase, rank: int) -> dict:
     opt = torch.optim.SGD(ddp.parameters(), lr=case.lr)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24) if case.scaler else None
     scales: list[float] = []
-    context = ddp.join() if case.join else _Null()
+    context = ddp.join() if case.join else contextlib.nullcontext()
     with context:
         for step in range(_iterations(case, rank)):
             for micro in range(case.accumulate):
                 x, y = batch(step, micro, rank)
                 sync = micro == case.accumulate - 1
-                with (_Null() if sync else ddp.no_sync()):
+                with (contextlib.nullcontext() if sync else ddp.no_sync()):
                     with torch.autocast("cpu", dtype=torch.float16, enabled=scaler is not None):
                         out = ddp(x, use_branch=case.branch_used and (step + rank) % 2 == 0)
                         loss = F.cross_entropy(out, y) / case.accumulate
@@ -163,14 +164,6 @@ def _train(ddp: DDP, case: DDPCase, rank: int) -> dict:
             opt.zero_grad(set_to_none=True)
     return {"params": {n: p.detach().clone() for n, p in ddp.module.named_parameters()},
             "scales": scales}
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _build(case: DDPCase, group) -> DDP:

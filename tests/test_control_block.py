@@ -144,3 +144,20 @@ def test_membership_digest_depends_on_order_names_shapes_and_slices():
     assert membership_digest(a) != membership_digest([("x", (3, 2), "torch.float32", 0, 6), a[1]])
     assert membership_digest(a) != membership_digest([("x", (2, 3), "torch.float32", 0, 5), a[1]])
     assert membership_digest(a) == membership_digest(list(a))
+
+
+def test_a_joined_ranks_slot_abstains_from_every_comparison():
+    from openclaw_ref.sync.control import joined_slot
+
+    slots = [slot(clock=7), joined_slot(), slot(clock=7)]
+    verdict = verify(decode_block(reduce_blocks(slots, torch.float16), 3), bucket=3, params=["w"])
+    assert verdict.late_rank in (0, 2) and len(verdict.ready_ms) == 2
+
+
+def test_a_joined_rank_does_not_hide_a_clock_mismatch_among_the_active_ones():
+    from openclaw_ref.sync.control import joined_slot
+
+    slots = [slot(clock=7), joined_slot(), slot(clock=7), slot(clock=8)]
+    with pytest.raises(ClockMismatch) as err:
+        verify(decode_block(reduce_blocks(slots, torch.float32), 4), bucket=3, params=["w"])
+    assert err.value.ranks == [3]
