@@ -1,21 +1,29 @@
 """Rank-consistency checks that compare what every rank holds.
 
 Each check returns or raises a ``ConsistencyError`` subclass naming the step, the parameters
-and the ranks that disagree. Digests are SHA-256 over the exact bytes, so "equal" means
-bitwise equal.
+and the ranks that disagree. "Equal" always means bitwise equal: ``tensor_digest`` and
+``params_digest`` are SHA-256 over the exact bytes (host-side, for records and the conformance
+suite); the per-step replica check uses a 64-bit checksum computed on the parameters' own
+device by ``replica_digest.ReplicaDigest`` and compared with tensor collectives (see its
+collision argument).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from openclaw_ref.errors import (
-    BucketMisalignment, ConsistencyError, ParameterMismatch, ReplicaDivergence, ShapeMismatch,
+    BucketMisalignment,
+    ConsistencyError,
+    ParameterMismatch,
+    ReplicaDivergence,
+    ShapeMismatch,
 )
+from openclaw_ref.replica_digest import ReplicaDigest
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -159,25 +167,105 @@ def _fill_absent(m: Manifest, all_manifests: list[Manifest]) -> Manifest:
     return out
 
 
-def replica_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int, group=None) -> None:
-    """Every parameter's SHA-256 compared across ranks (Megatron's hash check, by name);
-    ``ReplicaDivergence`` names the first diverged parameter (all of them in the detail count)
-    and the ranks that hold something else than most ranks."""
+# ---------------------------------------------------------------------------------------------
+# The replica check: a 64-bit checksum per parameter computed on its own device
+# (``replica_digest.ReplicaDigest``: the formula and its collision argument are there), compared
+# across ranks with tensor collectives (16 bytes per rank when the replicas agree).
+
+
+def _collective_device(group, device: torch.device) -> torch.device:
+    """Where this group's collectives take tensors: gloo → CPU, NCCL → the current GPU."""
     import torch.distributed as dist
 
-    mine = [(name, tensor_digest(p)) for name, p in named]
-    gathered: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, mine, group=group)
+    backend = str(dist.get_backend(group)).lower()
+    if device.type in backend or (device.type == "cuda" and "nccl" in backend):
+        return device  # e.g. "cpu:gloo,cuda:nccl", or NCCL with CUDA parameters
+    if "gloo" in backend or "mpi" in backend:
+        return torch.device("cpu")
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+# The tensor all-gather ``replica_check`` uses (torch 2.13 deprecates all_gather_into_tensor).
+GATHER = ("all_gather_single" if hasattr(torch.distributed, "all_gather_single")
+          else "all_gather_into_tensor")
+
+
+def _all_gather(local: torch.Tensor, group) -> list[list[int]]:
+    """Every rank's copy of ``local`` (1-D int64), in rank order; one host read."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    out = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
+    gather = getattr(dist, GATHER)
+    gather(out, local, group=group)
+    return out.view(world, local.numel()).tolist()
+
+
+def replica_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int, group=None,
+                  digest: ReplicaDigest | None = None) -> None:
+    """Every parameter bitwise-compared across the ranks of ``group`` through its device digest
+    (see the collision argument in ``replica_digest``); ``ReplicaDivergence`` names every
+    diverged parameter and the group-local ranks that hold something else than most ranks
+    (ties: the lowest rank's value is the reference).
+
+    ``digest`` is the caller's ``ReplicaDigest``, so that a check every K steps reuses its
+    tables, scratch and plans; without one a fresh instance serves this call only (the same
+    digests, rebuilt tables).
+
+    Cost: one tensor all-gather (``GATHER``) of two int64 per rank (the combined digest and the
+    parameter count); only when the combined digests disagree, a second one of the P-long
+    digest vectors names the parameters. Both decisions come from gathered values, so every
+    rank takes the same branch. A rank with another parameter count raises
+    ``ParameterMismatch`` instead of reaching gloo with a mismatched size (which aborts)."""
+    named = list(named)
+    names = [n for n, _ in named]
+    digest = digest if digest is not None else ReplicaDigest()
+    digests = digest.digests([p for _, p in named])
+    local = digests.to(_collective_device(group, digests.device))
+    count = torch.tensor([len(names)], dtype=torch.int64, device=local.device)
+    heads = _all_gather(torch.cat([ReplicaDigest.combine(local).reshape(1), count]), group)
+    ref_count, off = _reference([c for _, c in heads])
+    if off:
+        raise ParameterMismatch(
+            f"replica check over {ref_count} parameters on most ranks; "
+            f"{ {r: heads[r][1] for r in off} } on the others", step=step, ranks=off)
+    _, off = _reference([c for c, _ in heads])
+    if not off:
+        return
+    table = _all_gather(local, group)
     diverged: list[str] = []
     ranks: set[int] = set()
-    for i, (name, _) in enumerate(gathered[0]):
-        _, off = _reference([m[i] if i < len(m) else None for m in gathered])
-        if off:
+    for i, name in enumerate(names):
+        _, odd = _reference([row[i] for row in table])
+        if odd:
             diverged.append(name)
-            ranks.update(off)
-    if diverged:
-        raise ReplicaDivergence(f"{len(diverged)} parameter(s) differ bitwise across ranks",
-                                step=step, ranks=sorted(ranks), params=diverged)
+            ranks.update(odd)
+    raise ReplicaDivergence(f"{len(diverged)} parameter(s) differ bitwise across ranks",
+                            step=step, ranks=sorted(ranks), params=diverged)
+
+
+def synchronized_parameters(ddp_model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters a ``DistributedDataParallel`` model keeps equal on every rank, named
+    relative to ``ddp_model.module``, in registration order (shared parameters once).
+
+    Skipped: the names in ``ddp_model.parameters_to_ignore`` — DDP's copy of
+    ``module._ddp_params_and_buffers_to_ignore`` — which DDP neither broadcasts nor reduces,
+    so they may differ legitimately. Kept: parameters DDP ignores only to reduce them later
+    (``delay_all_reduce_named_params``: broadcast at construction, reduced by their own hook),
+    and frozen (``requires_grad=False``) parameters: DDP broadcasts them at construction
+    (``_sync_module_states`` skips only the ignored names) and nothing ever updates them, so a
+    rank whose frozen weight differs computes another forward than the others — exactly the
+    silent divergence this check exists for. A plain module (no DDP) is read the same way
+    through its ``_ddp_params_and_buffers_to_ignore``."""
+    module = getattr(ddp_model, "module", ddp_model)
+    ignore = getattr(ddp_model, "parameters_to_ignore", None)
+    if ignore is None:
+        ignore = getattr(module, "_ddp_params_and_buffers_to_ignore", ())
+    delayed = {id(p) for p in getattr(ddp_model, "_delay_all_reduce_params", ())}
+    return [(n, p) for n, p in module.named_parameters()
+            if n not in ignore or id(p) in delayed]
 
 
 def required_gradient_names(module: nn.Module) -> set[str] | None:

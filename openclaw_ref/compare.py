@@ -95,8 +95,10 @@ class CompareConfig:
     mismatch_steps: int = 8
     lightning_steps: int = 12
     lightning_devices: int = 2
+    hook_steps: int = 150  # timed steps per arm of each interleaved hook-cost job
     sections: tuple[str, ...] = ("strategies", "curves", "faults", "precision", "overflow",
-                                 "raw_allreduce", "ablations", "lightning", "quantization")
+                                 "raw_allreduce", "ablations", "lightning", "quantization",
+                                 "hook_cost")
     out_root: str = "results"
     tag: str | None = None
 
@@ -110,6 +112,8 @@ class CompareConfig:
             raise BadInput("need steps >= 5 and repeats >= 1")
         if any(w < 2 for w in self.overflow_extra_sizes):
             raise BadInput("extra overflow world sizes must be >= 2")
+        if self.hook_steps < 5:
+            raise BadInput("need hook steps >= 5")
         if self.lightning_devices < 1 or self.lightning_steps < 3:
             raise BadInput("need lightning devices >= 1 and lightning steps >= 3")
         unknown = set(self.sections) - set(SECTIONS)
@@ -290,6 +294,7 @@ SECTIONS: dict[str, str] = {
     "ablations": "skew with the sparse path off; the seed's P2 barrier on vs off",
     "lightning": "a short real Lightning run (seed 004's L2/L4)",
     "quantization": "int8 quantization of a trained model on CPU (seed 004's L4)",
+    "hook_cost": "hook cost per step and bucket (arms interleaved), verification at scale",
 }
 
 
@@ -387,7 +392,7 @@ class PoolSet:
 
 
 def _costs(pools: PoolSet, tcfg: TrainConfig) -> dict | None:
-    from openclaw_ref.bench import cost_probe_rank
+    from openclaw_ref.bench.rank_tasks import cost_probe_rank
 
     if tcfg.sync.name == "local":
         return {"collectives": 0, "wire_bytes": 0, "host_syncs": 0}
@@ -732,7 +737,8 @@ def section_precision(cfg: CompareConfig, pools: PoolSet, progress: Progress) ->
     """Seed 004's matrix: 1 rank fp32, 1 rank AMP, N ranks DDP+AMP (bf16 autocast on CPU),
     ``cfg.repeats`` interleaved repeats (case order rotated per repeat), kept per repeat so the
     ledger's bootstrap can pair them; peak memory per run (see ``peak_memory_scope``)."""
-    from openclaw_ref.bench import BenchSettings, run_seed004_case
+    from openclaw_ref.bench.jobs import run_seed004_case
+    from openclaw_ref.bench.settings import BenchSettings
 
     n = max(cfg.world_sizes)
     settings = BenchSettings(preset=cfg.preset, steps=max(12, cfg.steps // 2),
@@ -778,7 +784,8 @@ def section_precision(cfg: CompareConfig, pools: PoolSet, progress: Progress) ->
 
 def section_raw_allreduce(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
     """A flat allreduce of the gradient bytes (fp32 and fp16): the limit any sync approaches."""
-    from openclaw_ref.bench import algbw_gbps, busbw_gbps, raw_allreduce_rank
+    from openclaw_ref.bench.figures import algbw_gbps, busbw_gbps
+    from openclaw_ref.bench.rank_tasks import raw_allreduce_rank
     from openclaw_ref.model import build_model
 
     numel = sum(p.numel() for p in build_model(preset_cfg(cfg)).parameters())
@@ -1021,6 +1028,35 @@ def section_quantization(cfg: CompareConfig, pools: PoolSet, progress: Progress)
     return sec
 
 
+HOOK_COST_MODELS = ("mlp", "tiny")  # a plain 8-bucket MLP and the openclaw preset at 15 buckets
+
+
+def section_hook_cost(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
+    """Issue 12's figures: each hook's per-step cost beside stock DDP and PyTorch's Python
+    hooks, arms interleaved in one 2-rank job per model (``hook_cost.py``); and the cost of
+    verifying a step's control blocks at 8 to 8,192 ranks (``verify_scale.py``)."""
+    from openclaw_ref import hook_cost, verify_scale
+
+    out: dict[str, Any] = {"jobs": {}, "tables": []}
+    for model in HOOK_COST_MODELS:
+        hcfg = hook_cost.HookCostConfig(model=model, world_size=2, steps=cfg.hook_steps,
+                                        seed=cfg.seed)
+        raw = pools.get(2).run(hook_cost.hook_cost_rank, hcfg)[0]
+        summary = hook_cost.summarize(raw)
+        out["jobs"][model] = {"config": dataclasses.asdict(hcfg), "summary": summary,
+                              "hardened_events": raw["events"]}
+        out["tables"].append(hook_cost.table(model, 2, summary, hcfg.steps))
+        progress.tick(f"hook cost {model}")
+    out["memory"] = hook_cost.run_memory(2)
+    out["tables"].append(hook_cost.memory_table(out["memory"]))
+    progress.tick("hook memory")
+    rows = verify_scale.measure()
+    out["verify"] = rows
+    out["tables"].append(verify_scale.table(rows))
+    progress.tick("verification at scale")
+    return out
+
+
 def preset_cfg(cfg: CompareConfig):
     from openclaw_ref.model import preset
 
@@ -1036,6 +1072,7 @@ SECTION_RUNNERS: dict[str, Callable[[CompareConfig, PoolSet, Progress], dict]] =
     "ablations": section_ablations,
     "lightning": section_lightning,
     "quantization": section_quantization,
+    "hook_cost": section_hook_cost,
 }
 
 SECTION_JOBS: dict[str, Callable[[CompareConfig, tuple], int]] = {
@@ -1048,4 +1085,5 @@ SECTION_JOBS: dict[str, Callable[[CompareConfig, tuple], int]] = {
     "ablations": lambda c, v: 2 * c.repeats,
     "lightning": lambda c, v: 1,
     "quantization": lambda c, v: 1,
+    "hook_cost": lambda c, v: len(HOOK_COST_MODELS) + 2,
 }

@@ -40,7 +40,7 @@ REGENERATE = "regenerate it with `openclaw-bench compare`"
 
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
 SECTIONS = ("strategies", "curves", "faults", "precision", "overflow", "raw_allreduce",
-            "ablations", "doctor", "lightning", "quantization")
+            "ablations", "doctor", "lightning", "quantization", "hook_cost")
 
 
 class RecordError(BadInput):

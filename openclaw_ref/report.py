@@ -191,7 +191,9 @@ def comparison_markdown(rec: RunRecord) -> str:
                         ("raw_allreduce", "Raw allreduce of the same bytes"),
                         ("ablations", "Controls the seeds did not run"),
                         ("lightning", "Seed 004: a Lightning run"),
-                        ("quantization", "Seed 004: int8 quantization")):
+                        ("quantization", "Seed 004: int8 quantization"),
+                        ("hook_cost", "What the hardened hook costs, and its verification "
+                                      "at scale")):
         if name in raw:
             parts += [f"## {title}", ""] + [t + "\n" for t in _generic_tables(raw[name])]
     skipped = raw["meta"].get("sections_skipped", {})
@@ -269,7 +271,7 @@ def _checks(case: dict) -> str:
 
 
 def bench_matrix_markdown(result: dict) -> str:
-    """Markdown tables of a ``bench.run_matrix`` result, each with its caption."""
+    """Markdown tables of a ``bench.matrix.run_matrix`` result, each with its caption."""
     s = result["settings"]
     env = result["environment"]
     head = (f"preset {s['preset']}, global batch {s['global_batch']}, "

@@ -19,9 +19,23 @@ import numpy as np
 import pytest
 import torch
 
-from openclaw_ref import bench
-from openclaw_ref.bench import BenchSettings, CaseCache
+from openclaw_ref.bench.cache import CaseCache
+from openclaw_ref.bench.cli import main
+from openclaw_ref.bench.figures import algbw_gbps, busbw_gbps, parameter_bytes, sync_figures
+from openclaw_ref.bench.jobs import run_seed004_case, run_sync_case
+from openclaw_ref.bench.matrix import run_matrix
+from openclaw_ref.bench.rank_tasks import raw_allreduce_rank
+from openclaw_ref.bench.settings import (
+    STRATEGY_CASES,
+    BenchSettings,
+    auto_backend,
+    backend_for,
+    require_registered,
+    sync_config_for,
+)
+from openclaw_ref.bench.targets import targets
 from openclaw_ref.errors import BadInput
+from openclaw_ref.metrics import percentile
 from openclaw_ref.report import bench_matrix_markdown
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig
@@ -34,20 +48,20 @@ TINY = BenchSettings(preset="tiny", steps=3, global_batch=8, raw_iters=2, rounds
 
 
 def test_busbw_is_algbw_times_two_n_minus_one_over_n():
-    assert bench.busbw_gbps(10.0, 2) == pytest.approx(10.0)
-    assert bench.busbw_gbps(10.0, 4) == pytest.approx(15.0)
-    assert bench.busbw_gbps(10.0, 8) == pytest.approx(17.5)
-    assert bench.busbw_gbps(10.0, 1) == 0.0
+    assert busbw_gbps(10.0, 2) == pytest.approx(10.0)
+    assert busbw_gbps(10.0, 4) == pytest.approx(15.0)
+    assert busbw_gbps(10.0, 8) == pytest.approx(17.5)
+    assert busbw_gbps(10.0, 1) == 0.0
 
 
 def test_algbw_is_bytes_over_seconds_in_gigabytes():
-    assert bench.algbw_gbps(2_000_000_000, 0.5) == pytest.approx(4.0)
+    assert algbw_gbps(2_000_000_000, 0.5) == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("q", [0, 1, 50, 99, 100])
 def test_percentile_matches_numpys_linear_interpolation(q):
     values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.0]
-    assert bench.percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
 
 
 def test_sync_figures_pool_every_bucket_skew_and_count_overflowed_elements():
@@ -59,7 +73,7 @@ def test_sync_figures_pool_every_bucket_skew_and_count_overflowed_elements():
         {"sync": {"sync_ms": 4.0, "buckets": [{"skew_ms": 2.0}, {"skew_ms": 4.0}],
                   "overflow_elements": 0, "elements": 100, "checks_run": 2, "checks_passed": 2}},
     ]
-    got = bench.sync_figures(steps, warmup=1)
+    got = sync_figures(steps, warmup=1)
     assert got["sync_ms"] == 3.0
     assert got["skew_p50_ms"] == pytest.approx(2.5)
     assert got["skew_p99_ms"] == pytest.approx(float(np.percentile([1, 3, 2, 4], 99)))
@@ -69,14 +83,14 @@ def test_sync_figures_pool_every_bucket_skew_and_count_overflowed_elements():
 
 
 def test_sync_figures_are_none_where_a_strategy_reports_nothing():
-    got = bench.sync_figures([{"sync": {}}, {"sync": {}}, {"sync": {}}])
+    got = sync_figures([{"sync": {}}, {"sync": {}}, {"sync": {}}])
     assert got["skew_p50_ms"] is None and got["overflow_rate"] is None and got["sync_ms"] is None
     assert got["checks_run"] is None  # no checks is not "zero checks passed"
 
 
 def test_stock_ddp_puts_every_parameter_on_the_wire_in_its_dtype():
-    numel32, bytes32 = bench.parameter_bytes("tiny", "fp32")
-    numel16, bytes16 = bench.parameter_bytes("tiny", "fp16")
+    numel32, bytes32 = parameter_bytes("tiny", "fp32")
+    numel16, bytes16 = parameter_bytes("tiny", "fp16")
     assert numel32 == numel16 and bytes32 == 4 * numel32 and bytes16 == 2 * numel16
 
 
@@ -108,15 +122,15 @@ def test_settings_reject_bad_values_as_bad_input(env):
 
 def test_a_strategy_not_registered_is_skipped_never_faked():
     with pytest.raises(NotImplementedError, match="not registered"):
-        bench.require_registered("no-such-strategy", STRATEGIES)
+        require_registered("no-such-strategy", STRATEGIES)
     with pytest.raises(NotImplementedError):
-        bench.sync_config_for("no-such-case")
+        sync_config_for("no-such-case")
 
 
 def test_every_registered_benchmark_strategy_maps_to_its_sync_config():
-    for label, fields in bench.STRATEGY_CASES.items():
+    for label, fields in STRATEGY_CASES.items():
         if fields["name"] in STRATEGIES:
-            assert bench.sync_config_for(label) == SyncConfig(**fields)
+            assert sync_config_for(label) == SyncConfig(**fields)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() >= 8,
@@ -124,13 +138,13 @@ def test_every_registered_benchmark_strategy_maps_to_its_sync_config():
 def test_nccl_without_one_gpu_per_rank_is_skipped():
     explicit = BenchSettings(backends="nccl,gloo")
     with pytest.raises(NotImplementedError, match="nccl needs 8 GPUs"):
-        bench.backend_for(8, "nccl", explicit)
+        backend_for(8, "nccl", explicit)
 
 
 def test_an_auto_matrix_runs_only_the_backend_auto_picks():
     auto = BenchSettings()
     for w in auto.world_sizes:
-        assert bench.backend_for(w, bench.auto_backend(w), auto) == bench.auto_backend(w)
+        assert backend_for(w, auto_backend(w), auto) == auto_backend(w)
     if not torch.cuda.is_available():
         assert auto.backend_params() == ("gloo",)
 
@@ -191,7 +205,7 @@ def test_targets_compare_strategies_within_one_world_size():
              _case("hardened-fp32", 2, 102.0, 12.0, 8.0, 1.5),
              _case("ddp-detail", 2, 150.0, 50.0, 8.0),  # a slower job: floor 100 vs 90
              _case("hardened-fp16", 2, 97.0, 5.0, 4.0), _case("ddp", 4, 300.0, 30.0, 20.0)]
-    rows = {(r.target, r.world_size): r for r in bench.targets(cases)}
+    rows = {(r.target, r.world_size): r for r in targets(cases)}
     assert rows[("hardened fp32 step / ddp step", 2)].value == pytest.approx(1.02)
     assert rows[("hardened fp32 step / ddp step", 2)].met is True
     assert "1.020" in rows[("hardened fp32 step / ddp step", 2)].note  # (90 + 12) / (90 + 10)
@@ -205,7 +219,7 @@ def test_targets_compare_strategies_within_one_world_size():
 
 def test_fp16_target_is_not_judged_where_half_the_bytes_are_not_faster():
     cases = [_case("ddp", 2, 100.0, 10.0, 8.0), _case("ddp-fp16", 2, 99.0, 9.0, 7.5)]
-    row = next(r for r in bench.targets(cases) if r.target == "ddp-fp16 sync / ddp sync")
+    row = next(r for r in targets(cases) if r.target == "ddp-fp16 sync / ddp sync")
     assert row.met is None and "not bandwidth-bound" in row.note
 
 
@@ -213,18 +227,18 @@ def test_fp16_target_is_not_judged_where_half_the_bytes_are_not_faster():
 
 
 def test_a_sync_job_yields_every_figure_and_exposed_sync_is_step_minus_floor(pools):
-    f = bench.run_sync_case("ddp", 2, "gloo", TINY, pool=pools.get(2))
+    f = run_sync_case("ddp", 2, "gloo", TINY, pool=pools.get(2))
     assert f["backend"] == "gloo" and f["replicas_equal"] and f["events"] == 0
     assert f["exposed_sync_ms"] == pytest.approx(f["median_step_ms"] - f["local_median_step_ms"])
     # the raw allreduce moves exactly the bytes the strategy puts on the wire per step
     assert f["raw_allreduce_bytes"] == f["wire_bytes_per_step"]
-    assert f["wire_bytes_per_step"] >= bench.parameter_bytes("tiny", "fp32")[1]
+    assert f["wire_bytes_per_step"] >= parameter_bytes("tiny", "fp32")[1]
     if f["bytes_source"] == "costs":
         assert f["collectives_per_step"] >= 1 and f["host_syncs_per_step"] is not None
     assert f["raw_allreduce_ms"] > 0
-    assert f["raw_busbw_gbps"] == pytest.approx(bench.busbw_gbps(f["raw_algbw_gbps"], 2))
+    assert f["raw_busbw_gbps"] == pytest.approx(busbw_gbps(f["raw_algbw_gbps"], 2))
     assert f["raw_algbw_gbps"] == pytest.approx(
-        bench.algbw_gbps(f["raw_allreduce_bytes"], f["raw_allreduce_ms"] / 1e3))
+        algbw_gbps(f["raw_allreduce_bytes"], f["raw_allreduce_ms"] / 1e3))
     assert f["sync_over_raw"] == pytest.approx(f["exposed_sync_ms"] / f["raw_allreduce_ms"])
     assert all(m > 0 for m in f["peak_memory_mb_per_rank"]) and len(f["step_ms"][0]) == 3
     assert f["skew_p50_ms"] is None  # stock DDP exposes no per-bucket ready times
@@ -232,7 +246,7 @@ def test_a_sync_job_yields_every_figure_and_exposed_sync_is_step_minus_floor(poo
 
 
 def test_raw_allreduce_sums_on_every_rank_and_reports_the_slowest_rank(pools):
-    ms = pools.get(2).run(bench.raw_allreduce_rank, 1000, "fp16", 3)
+    ms = pools.get(2).run(raw_allreduce_rank, 1000, "fp16", 3)
     assert ms[1] is None and len(ms[0]) == 3 and all(t > 0 for t in ms[0])
 
 
@@ -288,7 +302,7 @@ def test_amp_rejects_an_unknown_autocast_dtype():
 def test_seed004_amp_case_trains_one_rank_under_bf16_autocast_on_cpu(pools):
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine the AMP case uses fp16 under NCCL")
-    f = bench.run_seed004_case("amp", 1, "gloo", TINY, pool=pools.get(1))
+    f = run_seed004_case("amp", 1, "gloo", TINY, pool=pools.get(1))
     assert (f["amp_dtype"], f["strategy"]) == ("bf16", "local")
     assert math.isfinite(f["final_loss"]) and f["s_per_iter"] > 0 and f["peak_memory_mb"] > 0
 
@@ -296,6 +310,7 @@ def test_seed004_amp_case_trains_one_rank_under_bf16_autocast_on_cpu(pools):
 # --- asv itself --------------------------------------------------------------------------------
 
 SMOKE_ENV = {"OPENCLAW_BENCH_MAX_WORLD": "2", "OPENCLAW_BENCH_PRESET": "tiny",
+             "OPENCLAW_BENCH_HOOK_STEPS": "5",
              "OPENCLAW_BENCH_STEPS": "3", "OPENCLAW_BENCH_GLOBAL_BATCH": "8",
              "OPENCLAW_BENCH_RAW_ITERS": "2", "OPENCLAW_BENCH_ROUNDS": "1"}
 
@@ -346,7 +361,7 @@ def test_asv_quick_smoke_on_two_ranks_saves_a_value_for_every_runnable_benchmark
 
     # ddp at 1 and 2 ranks: every step figure is a number
     step = values("bench_sync.SyncStep.track_median_step_ms")
-    strategies = list(bench.STRATEGY_CASES)
+    strategies = list(STRATEGY_CASES)
     ddp = strategies.index("ddp")
     assert all(v is not None and v > 0 for v in step[ddp * 2: ddp * 2 + 2])
     busbw = values("bench_sync.RawAllreduce.track_busbw")
@@ -355,16 +370,21 @@ def test_asv_quick_smoke_on_two_ranks_saves_a_value_for_every_runnable_benchmark
     assert all(v is not None and v > 0 for v in s_per_iter)
     # a strategy that is not registered is skipped (n/a), never given a number
     for i, label in enumerate(strategies):
-        if bench.STRATEGY_CASES[label]["name"] not in STRATEGIES:
+        if STRATEGY_CASES[label]["name"] not in STRATEGIES:
             assert step[2 * i] is None or math.isnan(step[2 * i])
+    # the gate figures: a ratio per model from the interleaved job; verification timed at W
+    gate = values("bench_hooks.HookCost.track_hardened_fp32_over_ddp")
+    assert len(gate) == 2 and all(v is not None and v > 0 for v in gate)
+    assert all(v is not None and v > 0
+               for v in values("bench_hooks.VerifyScale.time_check_blocks_16_buckets"))
 
 
 # --- the plain runner (what `openclaw-bench compare` calls) ------------------------------------
 
 
 def test_run_matrix_lists_skipped_cases_with_their_reason_and_renders_tables():
-    result = bench.run_matrix(TINY, strategies=["no-such-case"], world_sizes=[1, 2],
-                              seed004=False)
+    result = run_matrix(TINY, strategies=["no-such-case"], world_sizes=[1, 2],
+                        seed004=False)
     assert result["cases"] == [] and result["failed"] == []
     assert len(result["skipped"]) == 2 * len(TINY.backend_params())
     assert all(s["case"].startswith("sync-no-such-case-w") and "no benchmark case" in s["reason"]
@@ -376,5 +396,5 @@ def test_run_matrix_lists_skipped_cases_with_their_reason_and_renders_tables():
 
 def test_plain_runner_rejects_bad_settings_with_exit_code_2():
     with pytest.raises(SystemExit) as exc:
-        bench.main(["--steps", "1"])
+        main(["--steps", "1"])
     assert exc.value.code == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.precision import (
-    OverflowStats, ScalePolicy, count_nonfinite, from_wire, to_wire,
+    OverflowStats, ScalePolicy, count_nonfinite, finite_sum, from_wire, to_wire,
 )
 
 
@@ -67,11 +69,27 @@ def test_fp32_wire_hands_back_a_view_not_a_copy():
     assert from_wire(t, 0).data_ptr() == t.data_ptr()
 
 
-def test_local_non_finite_is_flagged_before_the_wire_but_cast_overflow_is_not():
+def test_the_wire_is_divided_before_it_is_rounded_to_fp16():
     out = torch.empty(2, dtype=torch.float16)
-    assert bool(to_wire(torch.tensor([float("nan"), 1.0]), out, 2, 0))
-    assert not bool(to_wire(torch.tensor([1e9, 1.0]), out, 2, 12))  # finite locally, inf on wire
+    to_wire(torch.tensor([131000.0, 1.0]), out, 4, 0)  # 131000 itself is past fp16's max
+    assert out.tolist() == [32752.0, 0.25]
+    to_wire(torch.tensor([1e9, 1.0]), out, 2, 12)  # finite locally, inf on the wire
     assert torch.isinf(out[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_sum_flag_fires_on_nan_and_inf_and_not_on_a_finite_half_tensor(dtype):
+    big = torch.full((64,), 60000.0 if dtype == torch.float16 else 1e30, dtype=dtype)
+    assert math.isfinite(float(finite_sum(big)))  # fp16 values summed in fp32: no false flag
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        t = torch.ones(64, dtype=dtype)
+        t[17] = bad
+        assert not math.isfinite(float(finite_sum(t)))
+
+
+def test_a_sum_that_overflows_flags_but_counts_no_non_finite_element():
+    t = torch.full((4,), 3e38)
+    assert not math.isfinite(float(finite_sum(t))) and count_nonfinite(t) == 0
 
 
 def test_fixed_scale_is_the_configured_power_of_two_on_fp16_and_one_elsewhere():

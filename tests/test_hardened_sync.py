@@ -125,10 +125,14 @@ def test_derived_per_step_costs_equal_the_recorded_collectives(pools, sync):
 
 
 def test_hardened_issues_exactly_as_many_collectives_per_step_as_ddp(pools):
-    ddp, _ = pools.get(2).run(costs_and_recording, SyncConfig("ddp", bucket_cap_mb=0.05))[0]
-    hard, _ = pools.get(2).run(costs_and_recording,
-                               SyncConfig("hardened", bucket_cap_mb=0.05, wire="fp16"))[0]
-    assert hard["collectives"] == ddp["collectives"] > 1
+    ddp, ddp_recorded = pools.get(2).run(costs_and_recording,
+                                         SyncConfig("ddp", bucket_cap_mb=0.05))[0]
+    hard, recorded = pools.get(2).run(costs_and_recording,
+                                      SyncConfig("hardened", bucket_cap_mb=0.05, wire="fp16"))[0]
+    assert hard["collectives"] == ddp["collectives"] > 2
+    buckets = ddp["collectives"] - 1  # less DDP's used-map allreduce
+    extra = sum(n for _, n in recorded) - sum(n for _, n in ddp_recorded)
+    assert extra == buckets * 22 * 2  # B × SLOT_FIELDS × W, once per step
     assert hard["wire_bytes"] < ddp["wire_bytes"]  # fp16 payload + a few control elements
 
 

@@ -1,13 +1,15 @@
 """Baseline vs hardened gradient sync on 1–8 ranks, beside the raw allreduce of the same bytes.
 
 Every figure of one (strategy, world size, backend) cell comes from one multi-rank job (see
-``openclaw_ref.bench.run_sync_case``): the strategy's training run, the ``local`` compute floor
-on the same ranks, and a raw flat allreduce of the strategy's bytes on the wire.
+``openclaw_ref.bench.jobs.run_sync_case``): the strategy's training run, the ``local`` compute
+floor on the same ranks, and a raw flat allreduce of the strategy's bytes on the wire.
 """
 
 from __future__ import annotations
 
 import math
+
+from openclaw_ref.bench.targets import targets
 
 from . import common
 from .common import need
@@ -150,7 +152,7 @@ class Targets(common.JobBenchmark):
                 cases.append(common.case_figures(cache_dir, "sync", label, world_size, backend))
             except NotImplementedError:
                 pass  # a missing strategy leaves its targets unmeasured (n/a), never faked
-        self.rows = {row.target: row for row in common.bench.targets(cases)}
+        self.rows = {row.target: row for row in targets(cases)}
 
     def _value(self, target):
         row = self.rows.get(target)

@@ -4,13 +4,14 @@ One (strategy, world size) job yields a dozen figures; asv runs each ``track_*``
 parameter combination in a fresh process. So every class inherits one ``setup_cache`` (one
 cache key: asv runs it once per run and environment) whose only job is to hand out asv's
 per-run directory; the first figure asked of a case runs its job and stores the figures there
-as JSON, the others read them (``openclaw_ref.bench.CaseCache``). asv deletes the directory
-when the run ends, so no figure outlives the run that measured it.
+as JSON, the others read them (``openclaw_ref.bench.cache.CaseCache``). asv deletes the
+directory when the run ends, so no figure outlives the run that measured it.
 
 Knobs are environment variables read at import (asv's parameters are fixed at discovery):
 ``OPENCLAW_BENCH_MAX_WORLD`` (default 8), ``_PRESET`` (small), ``_STEPS`` (12),
 ``_GLOBAL_BATCH`` (16), ``_ROUNDS`` (2), ``_RAW_ITERS`` (10), ``_THREADS`` (1 torch thread per
-rank; 0 = cores ÷ ranks), ``_BACKENDS`` (auto), ``_SEED`` (1).
+rank; 0 = cores ÷ ranks), ``_BACKENDS`` (auto), ``_SEED`` (1), ``_HOOK_STEPS`` (150 timed steps
+per arm of the hook-cost job).
 Every job is seeded (model, data and sparsity schedule derive from ``_SEED``).
 """
 
@@ -20,8 +21,9 @@ import functools
 import math
 import os
 
-from openclaw_ref import bench
-from openclaw_ref.bench import PRECISIONS, STRATEGY_CASES, BenchSettings, Case, CaseCache
+from openclaw_ref.bench import cache
+from openclaw_ref.bench.jobs import Case
+from openclaw_ref.bench.settings import PRECISIONS, STRATEGY_CASES, BenchSettings
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,8 +40,13 @@ SEED004_PRECISIONS = list(PRECISIONS)
 def case_figures(cache_dir: str, kind: str, label: str, world_size: int, backend: str) -> dict:
     """The figures of one case (its job runs the first time any figure of it is asked for).
     Raises NotImplementedError — asv's skip — for unsupported cases."""
-    return bench.case_figures(Case(kind, label, world_size, backend), settings(),
-                              CaseCache(cache_dir))
+    return cache.case_figures(Case(kind, label, world_size, backend), settings(),
+                              cache.CaseCache(cache_dir))
+
+
+def hook_cost(cache_dir: str, model: str) -> dict:
+    """The interleaved hook-cost job's summary for ``model`` (run once per asv run)."""
+    return cache.hook_cost_figures(model, settings(), cache.CaseCache(cache_dir))
 
 
 def need(figures: dict, key: str) -> float:

@@ -31,9 +31,12 @@ from openclaw_ref.errors import ConsistencyError
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.bucket_plan import BucketPlan, Frame, ParamInfo, Planner, cut_frames, make_planner
 from openclaw_ref.sync.control import (
-    BucketRecord, Ledger, block_size, encode_slot, write_block,
+    block_size, encode_slot, write_block,
 )
-from openclaw_ref.sync.precision import ScalePolicy, from_wire, to_wire
+from openclaw_ref.sync.ledger import BucketRecord, Ledger
+from openclaw_ref.sync.precision import (
+    ScalePolicy, finite_sum, from_wire, has_nonfinite, to_wire,
+)
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
 
@@ -60,13 +63,14 @@ class BucketedEngine:
         self.info = [ParamInfo(n, tuple(p.shape), str(p.dtype), p.numel()) for n, p in self.named]
         self.planner: Planner = make_planner(cfg.planner, self.info)
         self.policy = ScalePolicy.from_config(cfg)
-        self.ledger = Ledger(world_size, self.policy)
+        self.ledger = Ledger(world_size, self.policy, rank=rank)
         self.cap = cap_elements(cfg)
         self.clock = 0
         self.step_t0 = time.perf_counter()
         self._frames: dict[tuple[int, ...], list[Frame]] = {}
         self._wires: dict[int, torch.Tensor] = {}
         self.last_plan = None
+        self.replica_digest = checks.ReplicaDigest()  # its tables and scratch reused per check
         if check_construction:
             checks.construction_check(self.named, group=group)
             self.ledger.count_check(True)
@@ -120,7 +124,8 @@ class BucketedEngine:
         if k and step % k == 0:
             self.ledger.replica_checks += 1
             try:
-                checks.replica_check(self.named, step=step, group=self.group)
+                checks.replica_check(self.named, step=step, group=self.group,
+                                     digest=self.replica_digest)
             except ConsistencyError:
                 self.ledger.count_check(False)
                 raise
@@ -148,7 +153,7 @@ class BucketedEngine:
             staged = torch.cat([
                 grads[pc.param].reshape(-1)[pc.start:pc.stop] if grads[pc.param] is not None
                 else torch.zeros(pc.stop - pc.start, device=device) for pc in frame.pieces])
-            flag = to_wire(staged, wire[:frame.elements], self.world_size, exponent)
+            to_wire(staged, wire[:frame.elements], self.world_size, exponent)
             if extra:
                 wire[frame.elements:frame.elements + extra].copy_(
                     torch.tensor([g is not None for g in grads], dtype=wire.dtype))
@@ -157,14 +162,17 @@ class BucketedEngine:
                            if grads[pc.param] is None and pc.param in self.required), None)
             write_block(block, self.rank, encode_slot(
                 clock=self.clock, bucket=frame.index, digest=frame.digest, scale_exp=exponent,
-                ready_s=time.perf_counter() - self.step_t0, absent=absent), flag)
+                ready_s=time.perf_counter() - self.step_t0, absent=absent,
+                nonfinite=bool(has_nonfinite(staged))))
             records.append(BucketRecord(frame.index, list(frame.names), frame.elements, block,
                                         wire[:frame.elements]))
-            self.watchdog.issued(self.clock, frame.index)
-            works.append(dist.all_reduce(wire, group=self.group, async_op=True))
-        for frame, work in zip(frames, works):
+            work = dist.all_reduce(wire, group=self.group, async_op=True)
+            self.watchdog.issued(self.clock, frame.index, work)
+            works.append(work)
+        for work, record in zip(works, records):
             work.wait()
-            self.watchdog.completed(self.clock, frame.index)
+            record.flag = finite_sum(record.reduced)  # the wire may overflow under 2^e
+        self.watchdog.settled(self.clock)
         comm_done = time.perf_counter()
         last = frames[-1]
         presence = self._wires[last.index][last.elements:last.elements + len(self.params)]

@@ -73,12 +73,13 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
         grad_elem = 4  # fp32 gradients
         if name == "hardened":
             wire = _element_size(WIRE_DTYPES.get(strategy.cfg.wire, torch.float32))  # native: fp32
-            block = block_size(world_size)
-            payload = sum((s // grad_elem + block) * wire for s in sizes)
+            block = block_size(world_size) * len(sizes)
+            payload = (sum(s // grad_elem for s in sizes) + block) * wire
             return StepCost(name, world_size, len(sizes) + used_map[0], payload + used_map[1],
                             1, periodic, period,
-                            notes=f"{len(sizes)} buckets + used-map allreduce; control block "
-                                  f"{block} elements per bucket; 1 host sync (the step check)")
+                            notes=f"{len(sizes)} buckets + used-map allreduce; the step's "
+                                  f"control block ({block} elements) rides in the last bucket; "
+                                  "1 host sync (the step check)")
         wire = 2 if name == "ddp-fp16" else grad_elem
         payload = sum(s // grad_elem * wire for s in sizes)
         return StepCost(name, world_size, len(sizes) + used_map[0], payload + used_map[1], 0,

@@ -6,20 +6,28 @@ inside Lightning. At construction it checks that parameter names, shapes, dtypes
 on every rank of the group, starts a watchdog, and registers ``hardened_hook``. Per bucket, the
 hook
 
-  1. tests the local gradients for NaN/inf (before any scale or cast), then writes
-     ``g · 2^e / W`` into a wire buffer (``native``: the gradients' own dtype; divide before the
-     cast);
-  2. appends the control block (``control.py``): this rank's clock, bucket index, membership
-     digest, scale exponent, local non-finite flag and bucket-ready time in its own slot;
-  3. issues ONE allreduce on the DDP model's group — exactly the collectives stock DDP issues;
-  4. hands DDP the unscaled average in the gradients' dtype (a zero-copy view when possible).
+  1. sums this rank's own gradients (NaN or ±inf iff one of them is: the local non-finite
+     flag, never read on the host here);
+  2. divides them by the world size in place and allreduces DDP's own bucket, exactly as
+     PyTorch's ``allreduce_hook`` does — or, for the last bucket, an fp16/bf16 wire or a
+     pre-scale, writes ``g · 2^e / W`` into the bucket's wire buffer in one pass (divide before
+     the rounding); where the wire can overflow, the reduced wire is summed on completion and
+     the unscaled result written back into DDP's bucket;
+  3. appends its slot for the bucket — clock, bucket index, membership digest, scale exponent,
+     first absent required gradient, local flag, ready time — to the step's control block
+     (``control.StepBlock``: Python integers, encoded once per bucket where they cannot change);
+  4. hands the allreduce's ``Work`` to the watchdog, which polls it (gloo and NCCL alike).
+The step's last bucket goes through its wire buffer with the step's control block (B × W × 22
+values) at its tail: exactly the collectives stock DDP issues, and per bucket one pass (the
+sum) more than PyTorch's ``allreduce_hook``.
 
 At the end of every backward (a callback queued on the autograd engine, as DDP queues its own)
-every reduced block of the step is read with one host sync and checked: ``ClockMismatch`` /
-``BucketMisalignment`` / ``ScaleMismatch`` / ``MissingGradient`` / ``NonFiniteGradient`` are
-raised identically on every rank, from ``backward()``. A local NaN/inf is fatal under
-``nonfinite="raise"``; under ``skip`` (the default) it passes through the sum as in stock DDP,
-so every rank holds the same non-finite gradients and a loss scaler skips the step together.
+the step is judged by ``ledger.Ledger.settle``: every control block is checked on the device
+and read with one host sync; ``ClockMismatch`` / ``BucketMisalignment`` / ``ScaleMismatch`` /
+``MissingGradient`` / ``NonFiniteGradient`` are raised identically on every rank, from
+``backward()``. A local NaN/inf is fatal under ``nonfinite="raise"``; under ``skip`` (the
+default) it passes through the sum as in stock DDP, so every rank holds the same non-finite
+gradients and a loss scaler skips the step together; the event names the ranks.
 
 Two ways to use it, the same checks in both::
 
@@ -56,10 +64,23 @@ from openclaw_ref import checks
 from openclaw_ref.errors import BadInput, ConsistencyError
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control import (
-    BucketRecord, Ledger, block_size, encode_slot, joined_slot, membership_digest, write_block,
+    StepBlock,
+    assemble_slot,
+    block_size,
+    clock_chunks,
+    joined_slot,
+    membership_digest,
+    slot_middle,
 )
 from openclaw_ref.sync.ddp import wrap_ddp
-from openclaw_ref.sync.precision import WIRE_DTYPES, ScalePolicy, from_wire, to_wire
+from openclaw_ref.sync.ledger import BucketRecord, Ledger
+from openclaw_ref.sync.precision import (
+    WIRE_DTYPES,
+    ScalePolicy,
+    finite_sum,
+    from_wire,
+    to_wire,
+)
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
 
@@ -75,7 +96,8 @@ class HardenState:
     end of that backward; ``_settle`` verifies the step, resets the per-step state (presence,
     ready-time origin) and advances the clock. ``begin_step(n)`` only names the clock."""
 
-    def __init__(self, cfg: SyncConfig, group, named: list[tuple[str, nn.Parameter]]) -> None:
+    def __init__(self, cfg: SyncConfig, group, named: list[tuple[str, nn.Parameter]],
+                 synchronized: list[tuple[str, nn.Parameter]] | None = None) -> None:
         self.cfg = cfg
         self.group = group
         self.rank = dist.get_rank(group)
@@ -83,9 +105,13 @@ class HardenState:
         self.global_ranks = dist.get_process_group_ranks(group)
         self.policy = ScalePolicy.from_config(cfg)
         self.named_parameters = named
+        # what the replica check compares: the parameters DDP keeps equal (not those DDP was
+        # told to ignore)
+        self.synchronized = named if synchronized is None else synchronized
         self.names = {id(p): n for n, p in named}
         self.watchdog: Watchdog | None = None
-        self.ledger = Ledger(self.world_size, self.policy, global_ranks=self.global_ranks,
+        self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
+                             global_ranks=self.global_ranks,
                              raise_nonfinite=cfg.nonfinite == "raise")
         self.events = self.ledger.events
         self.required: set[int] = set()  # ids of parameters that must get a gradient every step
@@ -98,8 +124,17 @@ class HardenState:
         self._verdict: bool | None = None  # of the last settled step, until finish_step reads it
         self.last_layout: list[tuple[int, list[str]]] = []  # (bucket, members) last settled
         self._replica_checked_at = -1
+        self.replica_digest = checks.ReplicaDigest()  # its tables and scratch reused per check
         self._members: dict[tuple[int, ...], tuple[int, list[str]]] = {}
-        self._wires: dict[int, torch.Tensor] = {}
+        self._wires: dict[int, torch.Tensor] = {}  # only for wires that differ from the grads
+        self.block = StepBlock(self.rank, self.world_size)
+        self._middles: dict[tuple[int, int, int], list[int]] = {}
+        self._clock_chunks: tuple[int, list[int]] = (-1, [])
+        # CUDA only: ready times from events on the current stream (host clocks there measure
+        # kernel launches, not when the gradients were ready); read after the step's host sync
+        self.on_cuda = any(p.is_cuda for _, p in named)
+        self._device_t0 = None
+        self._device_marks: list[tuple[int, object]] = []
 
     # called by the hook -------------------------------------------------------------------
     def membership(self, bucket: dist.GradBucket) -> tuple[int, list[str]]:
@@ -128,15 +163,37 @@ class HardenState:
                 return i
         return None
 
-    def wire_buffer(self, index: int, grads: torch.Tensor) -> torch.Tensor:
-        """A reused buffer per bucket: DDP copies the hook's result out into the gradients
-        before the next step, so the previous step's reduced values are never needed again."""
-        size = grads.numel() + block_size(self.world_size)
+    def wire_buffer(self, index: int, grads: torch.Tensor, extra: int = 0) -> torch.Tensor:
+        """A reused buffer per bucket when the bucket cannot be reduced in place: an fp16/bf16
+        wire or a pre-scale, or the last bucket, which carries the step's control block
+        (``extra`` elements) at its tail. DDP takes the result out before the next step, so
+        the previous step's reduced values are never needed again."""
         dtype = self.policy.dtype_for(grads.dtype)
+        size = grads.numel() + extra
         buf = self._wires.get(index)
         if buf is None or buf.numel() != size or buf.dtype != dtype or buf.device != grads.device:
             buf = self._wires[index] = torch.empty(size, dtype=dtype, device=grads.device)
         return buf
+
+    def slot(self, index: int, digest: int, exponent: int, ready_s: float,
+             absent: int | None) -> list[int]:
+        """This rank's slot for the bucket, from pieces encoded once per bucket and per step."""
+        key = (index, digest, exponent)
+        middle = self._middles.get(key)
+        if middle is None:
+            middle = self._middles[key] = slot_middle(bucket=index, digest=digest,
+                                                      scale_exp=exponent)
+        if self._clock_chunks[0] != self.clock:
+            self._clock_chunks = (self.clock, clock_chunks(self.clock))
+        return assemble_slot(self._clock_chunks[1], middle, ready_s=ready_s, absent=absent)
+
+    def attach_block(self, block: torch.Tensor) -> None:
+        """Write the step's slots into ``block`` (the last bucket's wire tail) and point every
+        record of the step at its row."""
+        rows = block.view(len(self.block), -1)
+        self.block.write(block)
+        for record, row in zip(self._records, rows):
+            record.block = row
 
     def open_step(self, t: float) -> None:
         """The first bucket of a backward: verify the step when that backward ends."""
@@ -146,17 +203,30 @@ class HardenState:
         torch.autograd.Variable._execution_engine.queue_callback(self._settle)
 
     # the step -----------------------------------------------------------------------------
+    def device_mark(self):
+        """A timing event recorded now on the current CUDA stream (None off CUDA)."""
+        if not self.on_cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _start_clock(self) -> None:
+        self.step_t0 = time.perf_counter()
+        self._device_t0 = self.device_mark()
+        self._device_marks = []
+
     def forward_started(self) -> None:
         """Forward pre-hook of the DDP model: the ready-time origin of the next step."""
         if self._first_issue is None:
-            self.step_t0 = time.perf_counter()
+            self._start_clock()
             self._maybe_check_replicas()
 
     def begin_step(self, step: int) -> None:
         """Name the step (the clock every rank must agree on); every K steps compare replicas."""
         self.clock = step
         self._verdict = None
-        self.step_t0 = time.perf_counter()
+        self._start_clock()
         self._maybe_check_replicas()
 
     def finish_step(self, step: int | None = None) -> bool:
@@ -180,7 +250,20 @@ class HardenState:
         self._first_issue = None
         self.present.clear()
         self.clock += 1
-        self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t)
+        if records and records[-1].block is None:
+            raise RuntimeError(
+                f"step {step}: DDP never reduced this backward's last bucket, so its control "
+                "block was not sent (a parameter without a gradient under "
+                "find_unused_parameters=False?)")
+        try:
+            self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t)
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.settled(step)
+        if self._device_t0 is not None and self._device_marks:  # complete: settle synced
+            self.ledger.last["device_ready_ms"] = {
+                index: self._device_t0.elapsed_time(event) for index, event in self._device_marks}
+            self._device_marks = []
 
     def _maybe_check_replicas(self) -> None:
         k = self.cfg.replica_check_every
@@ -189,7 +272,8 @@ class HardenState:
         self._replica_checked_at = self.clock
         self.ledger.replica_checks += 1
         try:
-            checks.replica_check(self.named_parameters, step=self.clock, group=self.group)
+            checks.replica_check(self.synchronized, step=self.clock, group=self.group,
+                                 digest=self.replica_digest)
         except ConsistencyError as exc:
             self.ledger.count_check(False)
             raise exc.renumbered(self.global_ranks) from None
@@ -209,48 +293,72 @@ class HardenState:
 
 
 def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects string ones
-    """The DDP comm hook (see the module docstring); one allreduce per bucket, like DDP's own.
-    ``bucket`` is a ``dist.GradBucket``; returns a ``Future[Tensor]`` of the bucket's size."""
+    """The DDP comm hook (see the module docstring); one allreduce per bucket, like DDP's own,
+    the last one carrying the step's control block. ``bucket`` is a ``dist.GradBucket``;
+    returns a ``Future[Tensor]`` of the bucket's size."""
     if not _in_backward():
         return _shadow_allreduce(state, bucket)
     t = time.perf_counter()
     state.open_step(t)
     grads = bucket.buffer()
-    n, index = grads.numel(), bucket.index()
+    n, index, last = grads.numel(), bucket.index(), bucket.is_last()
     digest, names = state.membership(bucket)
     exponent = state.policy.exponent_for(state.rank)
-    wire = state.wire_buffer(index, grads)
-    local_nonfinite = to_wire(grads, wire[:n], state.world_size, exponent)
-    block = wire[n:]
-    write_block(block, state.rank,
-                encode_slot(clock=state.clock, bucket=index, digest=digest, scale_exp=exponent,
-                            ready_s=t - state.step_t0, absent=state.first_absent(bucket)),
-                local_nonfinite)
-    clock, watchdog = state.clock, state.watchdog
-    if watchdog is not None:
-        watchdog.issued(clock, index)
-    fut = dist.all_reduce(wire, group=state.group, async_op=True).get_future()
-    state._records.append(BucketRecord(index, names, n, block, wire[:n], fut))
+    local_sum = finite_sum(grads)  # NaN/±inf iff this rank's own values hold one
+    state.block.add(state.slot(index, digest, exponent, t - state.step_t0,
+                               state.first_absent(bucket)), local_sum)
+    in_place = (not last and exponent == 0
+                and state.policy.dtype_for(grads.dtype) == grads.dtype)
+    if in_place:  # as PyTorch's allreduce_hook: divide and reduce DDP's own bucket
+        wire = grads.div_(state.world_size)
+        state._wires.pop(index, None)  # a last bucket before DDP's rebuild keeps no buffer
+    else:
+        wire = state.wire_buffer(index, grads, block_size(state.world_size) * len(state.block)
+                                 if last else 0)
+        to_wire(grads, wire[:n], state.world_size, exponent)
+    record = BucketRecord(index, names, n, None, wire[:n])
+    state._records.append(record)
+    if last:
+        state.attach_block(wire[n:])
+    if state.on_cuda:
+        state._device_marks.append((index, state.device_mark()))
+    work = dist.all_reduce(wire, group=state.group, async_op=True)
+    if state.watchdog is not None:
+        state.watchdog.issued(state.clock, index, work)
+    if in_place:
+        record.done = work.get_future().then(lambda fut: fut.value()[0])
+        return record.done
+    can_overflow = exponent != 0 or wire.dtype != grads.dtype
 
     def unpack(_: torch.futures.Future) -> torch.Tensor:
-        if watchdog is not None:
-            watchdog.completed(clock, index)
-        return from_wire(wire[:n], exponent, grads.dtype)
+        if can_overflow:  # the wire itself may overflow under 2^e or in a narrower dtype
+            record.flag = finite_sum(wire[:n])
+        return from_wire(wire[:n], exponent, grads.dtype,
+                         out=grads if can_overflow else None)
 
-    return fut.then(unpack)
+    record.done = work.get_future().then(unpack)
+    return record.done
 
 
 def _shadow_allreduce(state: HardenState, bucket):
-    """A joined rank's (``DDP.join()``) zero bucket, matching the active ranks' allreduce: a
-    "joined" slot abstains from their checks; the result is not used by DDP."""
+    """A joined rank's (``DDP.join()``) zero bucket, matching the active ranks' allreduce —
+    with the last bucket, their control block too: "joined" slots abstain from their checks.
+    DDP does not use the result."""
     grads = bucket.buffer()
-    n = grads.numel()
-    wire = state.wire_buffer(bucket.index(), grads)
-    wire[:n].zero_()
-    write_block(wire[n:], state.rank, joined_slot())
+    n, last = grads.numel(), bucket.is_last()
+    exponent = state.policy.exponent_for(state.rank)
+    state.block.add(joined_slot(), None)
     state.shadow_buckets += 1
+    if not last and exponent == 0 and state.policy.dtype_for(grads.dtype) == grads.dtype:
+        wire = grads.zero_()
+    else:
+        wire = state.wire_buffer(bucket.index(), grads, block_size(state.world_size)
+                                 * len(state.block) if last else 0)
+        wire[:n].zero_()
+        if last:
+            state.block.write(wire[n:])
     fut = dist.all_reduce(wire, group=state.group, async_op=True).get_future()
-    return fut.then(lambda _: from_wire(wire[:n], 0, grads.dtype))
+    return fut.then(lambda _: grads)
 
 
 def _bucket_sizes(ddp_model: DDP) -> list[int] | None:
@@ -321,7 +429,7 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     named = list(ddp_model.module.named_parameters())
     if check_construction:
         checks.construction_check(named, group=group, layout=_bucket_sizes(ddp_model))
-    state = HardenState(cfg, group, named)
+    state = HardenState(cfg, group, named, checks.synchronized_parameters(ddp_model))
     if check_construction:
         state.ledger.count_check(True)
     store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()

@@ -86,34 +86,48 @@ class ScalePolicy:
             self.clean_steps = 0
 
 
-def to_wire(grad: torch.Tensor, out: torch.Tensor, world_size: int, exponent: int) -> torch.Tensor:
-    """Write ``grad · 2^exponent / W`` into ``out`` (wire dtype), dividing before any cast.
-
-    Returns a 0-dim bool tensor, True if ``grad`` itself held a NaN/inf — tested before the
-    pre-scale and the cast, so a finite gradient that only overflows under 2^e is a wire
-    overflow (skipped and backed off), never a local non-finite gradient. No host sync: it is
-    written into the control block on the device."""
-    local_nonfinite = has_nonfinite(grad)
+def to_wire(grad: torch.Tensor, out: torch.Tensor, world_size: int, exponent: int) -> None:
+    """Write ``grad · 2^exponent / W`` into ``out`` (wire dtype) in ONE pass: the arithmetic is
+    done in ``grad``'s precision and rounded once into the wire dtype, so the division by the
+    world size happens before the cast. No non-finite test here: the reduced gradients show
+    any NaN/inf (``finite_sum``), and a rank's local gradients are tested only on a step where
+    they do (``ledger.Ledger``)."""
     divisor = world_size if exponent == 0 else world_size * 2.0 ** -exponent
-    if out.dtype == grad.dtype:
-        torch.div(grad, divisor, out=out)
-    else:
-        out.copy_(grad.div(divisor))
-    return local_nonfinite
+    torch.div(grad, divisor, out=out)
 
 
-def from_wire(reduced: torch.Tensor, exponent: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The averaged gradient in ``dtype``: a view when nothing needs converting (fp32, e = 0)."""
+def from_wire(reduced: torch.Tensor, exponent: int, dtype: torch.dtype = torch.float32,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """The averaged gradient in ``dtype``: a view of ``reduced`` when nothing needs converting
+    (same dtype, e = 0); else written into ``out`` (the hook passes DDP's own bucket buffer, as
+    PyTorch's ``fp16_compress_hook`` does, so no bucket-sized temporary lives until DDP copies
+    it out), or into a new tensor. Converted first, then unscaled in ``dtype``: a fused
+    ``mul(out=)`` would compute in the wire dtype and lose fp16 subnormals to the 2^-e."""
     if reduced.dtype == dtype and exponent == 0:
         return reduced
-    out = reduced.to(dtype)
+    if out is None:
+        out = reduced.to(dtype)
+    else:
+        out.copy_(reduced)
     return out.mul_(2.0 ** -exponent) if exponent else out
 
 
+def finite_sum(t: torch.Tensor) -> torch.Tensor:
+    """0-dim float: the sum of ``t``, NaN or ±inf whenever an element is. The cheapest
+    non-finite test there is (one streaming pass, half the cost of ``aminmax`` on CPU); a
+    finite tensor whose sum overflows also flags, so a flag is confirmed by an exact count.
+    Half-precision tensors are summed in fp32 so their own range does not flag."""
+    if t.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=t.device)
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t.sum(dtype=torch.float32)
+    return t.sum()
+
+
 def has_nonfinite(t: torch.Tensor) -> torch.Tensor:
-    """0-dim bool: does ``t`` hold a NaN or ±inf? One fused min/max pass with no temporaries
-    (NaN propagates through both, +inf reaches the max, −inf the min), ~30× cheaper than
-    ``isfinite(t).any()`` on a 21 MB bucket, which allocates a mask as large as the bucket."""
+    """0-dim bool: does ``t`` hold a NaN or ±inf? Exact (no overflow of a sum): one fused
+    min/max pass with no temporaries (NaN propagates through both, +inf reaches the max, −inf
+    the min). Used for the local attribution, on non-finite steps only."""
     if t.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=t.device)
     lo, hi = torch.aminmax(t)

@@ -1,12 +1,20 @@
 """Hangs become errors: a per-rank watchdog thread that names the ranks a stuck allreduce waits for.
 
-The hot path only stores two Python values per bucket (``issued``/``completed``: no I/O, no
-lock contention). A background thread, every ``tick_s``:
+The hot path hands the watchdog each bucket's ``Work`` (``issued``: a dict entry under an
+uncontended lock, no I/O); the main thread drops a step's entries once it has waited on them
+(``settled``). A background thread, every ``tick_s``:
   1. publishes this rank's progress — the latest (step, bucket) it *issued* — to the c10d store
      under ``<namespace>/<rank>`` (only when it changed);
-  2. if one of this rank's allreduces has been in flight longer than ``deadline_s``, reads every
-     rank's published progress, names those behind (step, bucket) — the ranks that have not
-     arrived at the collective — and calls ``on_timeout(SyncTimeout(...))``.
+  2. polls every in-flight ``Work`` with ``is_completed()`` and forgets the finished ones;
+  3. if one has been in flight longer than ``deadline_s``, reads every rank's published
+     progress, names those behind (step, bucket) — the ranks that have not arrived at the
+     collective — and calls ``on_timeout(SyncTimeout(...))``.
+
+Why poll the ``Work``: a future's completion means different things per backend. NCCL marks
+a collective's future done when its kernel is *enqueued*, so a watchdog fed by future callbacks
+would see every NCCL allreduce finish at once and never fire; ``Work.is_completed()`` asks the
+backend whether the collective has actually finished (NCCL: its CUDA event; gloo: the work
+ran). One mechanism for both, so the CPU tests exercise the same logic a GPU job runs.
 
 The main thread is then blocked inside a gloo/NCCL collective, so nothing it could raise would
 ever be seen: ``on_timeout`` must report and end the process itself (the launcher's ``report_fatal``
@@ -69,7 +77,7 @@ class Watchdog:
         self.on_timeout = on_timeout
         self.tick_s = tick_s if tick_s is not None else max(0.02, min(1.0, deadline_s / 5))
         self._progress: Progress = NOT_STARTED
-        self._inflight: dict[Progress, float] = {}
+        self._inflight: dict[Progress, tuple[float, object]] = {}  # -> (issued at, Work)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.fired: SyncTimeout | None = None
@@ -82,14 +90,17 @@ class Watchdog:
         return f"{self.namespace}/{rank}"
 
     # hot path -----------------------------------------------------------------------------
-    def issued(self, step: int, bucket: int) -> None:
+    def issued(self, step: int, bucket: int, work) -> None:
+        """``work``: the collective's ``dist.Work`` (anything with ``is_completed()``)."""
         with self._lock:
-            self._inflight[(step, bucket)] = time.monotonic()
+            self._inflight[(step, bucket)] = (time.monotonic(), work)
             self._progress = (step, bucket)
 
-    def completed(self, step: int, bucket: int) -> None:
+    def settled(self, step: int) -> None:
+        """The main thread has waited on every bucket of ``step`` (and of earlier steps)."""
         with self._lock:
-            self._inflight.pop((step, bucket), None)
+            for key in [k for k in self._inflight if k[0] <= step]:
+                del self._inflight[key]
 
     # background ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -100,8 +111,11 @@ class Watchdog:
                 self.store.set(self._key(self.rank), _fmt(progress))
                 published = progress
             with self._lock:
-                overdue = [(t, key) for key, t in self._inflight.items()
-                           if time.monotonic() - t > self.deadline_s]
+                for key in [k for k, (_, w) in self._inflight.items() if w.is_completed()]:
+                    del self._inflight[key]
+                now = time.monotonic()
+                overdue = [(t, key) for key, (t, _) in self._inflight.items()
+                           if now - t > self.deadline_s]
             if overdue:
                 t, (step, bucket) = min(overdue)
                 late = self.late_ranks((step, bucket))

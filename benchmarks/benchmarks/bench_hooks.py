@@ -1,0 +1,87 @@
+"""What the hardened hook costs per step beside stock DDP and PyTorch's own Python hooks — the
+regression gate — and how its verification scales with the number of ranks.
+
+``HookCost``'s figures are ratios from ONE job in which every arm wraps the same network on the
+same two ranks and the arms take turns step by step (``openclaw_ref.hook_cost``): host drift
+hits every arm alike, so two runs of identical code agree far inside asv's ``--factor 1.1``,
+while absolute step times (``SyncStep``) move by ±12 % between runs here and are reported, not
+gated. ``VerifyScale`` times ``check_blocks`` over synthesized blocks with asv's own repeats.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from openclaw_ref.sync.control import check_blocks
+from openclaw_ref.verify_scale import BUCKETS, block_share, synthesized_blocks
+
+from . import common
+from .common import need
+
+
+class HookCost(common.JobBenchmark):
+    """Per-step ratios of each hook to stock DDP (and to PyTorch's hook of the same wire)."""
+
+    params = [["mlp", "tiny"]]
+    param_names = ["model"]
+
+    def setup(self, cache_dir, model):
+        self.s = common.hook_cost(cache_dir, model)
+
+    def _arm(self, arm, key):
+        return need(self.s.get(arm, {}), key)
+
+    def track_hardened_fp32_over_ddp(self, _):
+        """Target ≤ 1.05 (gate figure)."""
+        return self._arm("hardened-fp32", "ratio")
+
+    track_hardened_fp32_over_ddp.unit = "ratio"
+
+    def track_hardened_fp16_over_ddp(self, _):
+        return self._arm("hardened-fp16", "ratio")
+
+    track_hardened_fp16_over_ddp.unit = "ratio"
+
+    def track_hardened_fp32_over_allreduce_hook(self, _):
+        """Stretch target ≤ 1.02 (gate figure)."""
+        return self._arm("hardened-fp32", "vs_python_hook_ratio")
+
+    track_hardened_fp32_over_allreduce_hook.unit = "ratio"
+
+    def track_hardened_fp16_over_fp16_compress_hook(self, _):
+        return self._arm("hardened-fp16", "vs_python_hook_ratio")
+
+    track_hardened_fp16_over_fp16_compress_hook.unit = "ratio"
+
+    def track_allreduce_hook_over_ddp(self, _):
+        """PyTorch's own Python hook: the floor any Python hook pays."""
+        return self._arm("allreduce_hook", "ratio")
+
+    track_allreduce_hook_over_ddp.unit = "ratio"
+
+    def track_hardened_fp32_extra_us_per_bucket(self, _):
+        """A difference of two step times: reported, too noisy to gate."""
+        return self._arm("hardened-fp32", "per_bucket_us")
+
+    track_hardened_fp32_extra_us_per_bucket.unit = "us"
+
+
+class VerifyScale:
+    """``check_blocks`` over a step of synthesized reduced blocks at W ranks (one process)."""
+
+    params = [[8, 64, 1024, 8192]]
+    param_names = ["world_size"]
+    timeout = 300
+
+    def setup(self, world_size):
+        torch.set_num_threads(1)
+        self.blocks = synthesized_blocks(world_size)
+        self.indices = list(range(BUCKETS))
+
+    def time_check_blocks_16_buckets(self, world_size):
+        check_blocks(self.blocks, self.indices, 0)
+
+    def track_block_share_of_25mb_bucket_fp32(self, world_size):
+        return block_share(world_size)
+
+    track_block_share_of_25mb_bucket_fp32.unit = "fraction"

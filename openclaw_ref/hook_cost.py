@@ -1,0 +1,362 @@
+"""What a comm hook costs per step and per bucket, with every arm interleaved in ONE job.
+
+Separate runs on a shared host differ by ±12 %, far more than the few per cent a hook costs, so
+every arm here is a DDP model wrapping an identical copy of the same network, all on the same
+ranks and process group, and the arms take turns step by step (the order rotates each step so
+no arm always runs first after a barrier). Arm ``i``'s step ``s`` and the baseline's step ``s``
+ran within milliseconds of each other, which is what makes their ratio a paired measurement
+(``metrics.bootstrap_ratio``).
+
+Arms:
+  ``ddp``                 stock DDP, its built-in C++ allreduce (the denominator)
+  ``allreduce_hook``      PyTorch's Python ``default_hooks.allreduce_hook``
+  ``fp16_compress_hook``  PyTorch's ``default_hooks.fp16_compress_hook``
+  ``hardened-fp32``       ``harden()`` with every per-bucket check, fp32 wire
+  ``hardened-fp16``       ``harden()`` with every per-bucket check, fp16 wire (fixed 2^12)
+
+Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB bucket cap, about
+nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
+buckets). The per-bucket host cost of a hook is (its median step − ddp's) ÷ buckets.
+
+Run: ``python -m openclaw_ref.hook_cost --world-size 2 --steps 150``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from openclaw_ref.errors import BadInput
+from openclaw_ref.launch import LaunchConfig, RankContext, RankPool
+from openclaw_ref.metrics import bootstrap_ratio
+
+ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32", "hardened-fp16")
+BASELINE = "ddp"
+# each hardened wire beside PyTorch's Python hook for the same wire (the stretch target)
+PYTHON_HOOK_FOR = {"hardened-fp32": "allreduce_hook", "hardened-fp16": "fp16_compress_hook"}
+MLP_WIDTH, MLP_LAYERS, MLP_BATCH = 512, 8, 32
+BUCKET_CAP_MB = {"mlp": 1.0, "tiny": 0.025}
+
+
+@dataclass(frozen=True)
+class HookCostConfig:
+    model: str = "mlp"  # "mlp", or an openclaw preset name
+    world_size: int = 2
+    steps: int = 150  # timed steps per arm
+    warmup: int = 10  # untimed steps per arm (DDP rebuilds its buckets after the first)
+    arms: tuple[str, ...] = ARMS
+    bucket_cap_mb: float | None = None  # None: the model's default in BUCKET_CAP_MB
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from openclaw_ref.model import PRESETS
+
+        if self.model != "mlp" and self.model not in PRESETS:
+            raise BadInput(f"model must be mlp or a preset ({', '.join(PRESETS)}); "
+                           f"got {self.model!r}")
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or BASELINE not in self.arms:
+            raise BadInput(f"arms must include {BASELINE} and come from {', '.join(ARMS)}; "
+                           f"got {list(self.arms)}")
+        if self.world_size < 2:
+            raise BadInput("a hook's cost needs at least 2 ranks (nothing crosses a wire at 1)")
+        if self.steps < 5 or self.warmup < 2:
+            raise BadInput("need at least 5 timed and 2 warm-up steps per arm")
+
+    @property
+    def cap_mb(self) -> float:
+        return self.bucket_cap_mb or BUCKET_CAP_MB.get(self.model, 25.0)
+
+
+def plain_mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for _ in range(MLP_LAYERS):
+        layers += [nn.Linear(MLP_WIDTH, MLP_WIDTH), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unused: bool,
+          as_view: bool = False):
+    """(DDP model, hardened state or None) of one arm."""
+    from openclaw_ref.sync.base import SyncConfig
+    from openclaw_ref.sync.hardened import harden
+
+    ddp = DDP(model, bucket_cap_mb=cap_mb, find_unused_parameters=find_unused,
+              gradient_as_bucket_view=as_view,
+              device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    if arm == "allreduce_hook":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif arm == "fp16_compress_hook":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif arm.startswith("hardened-"):
+        cfg = SyncConfig(name="hardened", wire=arm.split("-")[1], bucket_cap_mb=cap_mb)
+        return ddp, harden(ddp, cfg, ctx)
+    return ddp, None
+
+
+def _step_fn(cfg: HookCostConfig, ctx: RankContext) -> tuple[nn.Module, Callable]:
+    """The network and ``loss(model, step)``: rank-dependent inputs, identical for every arm."""
+    if cfg.model == "mlp":
+        net = plain_mlp(cfg.seed).to(ctx.device)
+
+        def loss(model: nn.Module, step: int) -> torch.Tensor:
+            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + ctx.rank)
+            x = torch.randn(MLP_BATCH, MLP_WIDTH, generator=g).to(ctx.device)
+            return F.mse_loss(model(x), x)
+
+        return net, loss
+    from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
+    from openclaw_ref.model import build_model, preset
+
+    model_cfg = preset(cfg.model, seed=cfg.seed)
+    ds = SkillDataset(model_cfg, DataConfig(seed=cfg.seed))
+    net = build_model(model_cfg).to(ctx.device)
+
+    def loss(model: nn.Module, step: int) -> torch.Tensor:
+        b = rank_batch(ds, step, 8 * ctx.world_size, ctx.rank, ctx.world_size).to(ctx.device)
+        return F.cross_entropy(model(b.tokens, b.sample_ids, step), b.labels)
+
+    return net, loss
+
+
+def _bucket_count(ddp: DDP) -> int:
+    """Buckets of the layout DDP uses now (rebuilt after the first iteration when it can)."""
+    data = ddp._get_ddp_logging_data()
+    raw = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
+    return len([x for x in raw.split(",") if x.strip()])
+
+
+def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
+    """Rank task: every arm's step times (ms, slowest rank per step), interleaved."""
+    net, loss = _step_fn(cfg, ctx)
+    arms = {}
+    for arm in cfg.arms:
+        ddp, state = _wrap(arm, copy.deepcopy(net), ctx, cfg.cap_mb, cfg.model != "mlp")
+        arms[arm] = (ddp, state, torch.optim.SGD(ddp.parameters(), lr=1e-3))
+    times = {arm: [] for arm in cfg.arms}
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    try:
+        for step in range(cfg.warmup + cfg.steps):
+            order = cfg.arms[step % len(cfg.arms):] + cfg.arms[:step % len(cfg.arms)]
+            for arm in order:
+                ddp, state, opt = arms[arm]
+                dist.barrier()
+                sync()
+                t0 = time.perf_counter()
+                loss(ddp, step).backward()
+                if state is None or state.finish_step():
+                    opt.step()
+                opt.zero_grad(set_to_none=False)
+                sync()
+                if step >= cfg.warmup:
+                    times[arm].append((time.perf_counter() - t0) * 1e3)
+        buckets = {arm: _bucket_count(arms[arm][0]) for arm in cfg.arms}
+        false_alarms = sum(len(s.events) for _, s, _ in arms.values() if s is not None)
+    finally:
+        for _, state, _ in arms.values():
+            if state is not None:
+                state.close()
+    slowest = torch.tensor([times[a] for a in cfg.arms], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    if not ctx.is_main:
+        return None
+    return {"arms": list(cfg.arms), "step_ms": dict(zip(cfg.arms, slowest.tolist())),
+            "buckets": buckets, "events": false_alarms}
+
+
+MEMORY_ARMS = ("ddp", "fp16_compress_hook", "hardened-fp32", "hardened-fp16")
+
+
+def hook_memory_rank(ctx: RankContext, seed: int = 0, warmup: int = 2,
+                     steps: int = 3) -> list[dict] | None:
+    """Rank task: per arm × ``gradient_as_bucket_view``, on a fresh copy of the MLP, (1) the
+    bytes the hook holds between steps (its wire buffers, counted from the live tensors) and
+    (2) the peak memory growth within steady-state steps, after DDP's bucket rebuild: the
+    peak window (VmHWM on CPU, the allocator's peak on CUDA — ``metrics.reset_peak_memory``)
+    opens after ``warmup`` steps, so it sees the step's transient allocations on top of what
+    the run already holds."""
+    import gc
+
+    from openclaw_ref.metrics import peak_memory_mb, reset_peak_memory
+
+    rows = []
+    configs = [(a, v) for v in (False, True) for a in MEMORY_ARMS]
+    for arm, as_view in configs:
+        gc.collect()
+        ddp, state = _wrap(arm, plain_mlp(seed).to(ctx.device), ctx, BUCKET_CAP_MB["mlp"],
+                           False, as_view)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(seed + ctx.rank)
+        scope, start = "process", 0.0
+        for step in range(warmup + steps):
+            if step == warmup:
+                scope = reset_peak_memory(ctx.device)
+                start = peak_memory_mb(ctx.device, scope)
+            x = torch.randn(MLP_BATCH, MLP_WIDTH, generator=g).to(ctx.device)
+            F.mse_loss(ddp(x), x).backward()
+            if state is None or state.finish_step():
+                opt.step()
+            opt.zero_grad(set_to_none=False)
+        grad_bytes = sum(p.numel() * p.element_size() for p in ddp.parameters())
+        held = sum(b.numel() * b.element_size() for b in state._wires.values()) if state else 0
+        rows.append({"arm": arm, "gradient_as_bucket_view": as_view,
+                     "step_peak_growth_mb": peak_memory_mb(ctx.device, scope) - start,
+                     "scope": scope, "gradient_mb": grad_bytes / 2**20,
+                     "hook_held_mb": held / 2**20})
+        if state is not None:
+            state.close()
+        del ddp, state, opt
+    return rows if ctx.is_main else None
+
+
+MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
+
+
+def run_memory(world_size: int = 2) -> list[dict]:
+    """``hook_memory_rank`` on fresh ranks whose glibc maps every block ≥ 64 KiB on its own
+    (a fixed ``MALLOC_MMAP_THRESHOLD_``), so a freed tensor leaves the resident set at once and
+    the high-water mark counts live tensor bytes, not heap fragmentation: repeat runs agree to
+    ±0.3 MiB, where the default allocator's moved by ±10 MiB with the arm order."""
+    launch = LaunchConfig(world_size=world_size, backend="gloo", threads_per_rank=1)
+    previous = os.environ.get(MMAP_THRESHOLD_ENV)
+    os.environ[MMAP_THRESHOLD_ENV] = "65536"  # read by each rank's libc at start
+    try:
+        pool = RankPool(launch)
+    finally:
+        if previous is None:
+            del os.environ[MMAP_THRESHOLD_ENV]
+        else:
+            os.environ[MMAP_THRESHOLD_ENV] = previous
+    with pool:
+        return pool.run(hook_memory_rank)[0]
+
+
+def memory_table(rows: list[dict]) -> dict:
+    by = {(r["arm"], r["gradient_as_bucket_view"]): r for r in rows}
+    out = []
+    for r in rows:
+        base = by[("ddp", r["gradient_as_bucket_view"])]["step_peak_growth_mb"]
+        out.append([r["arm"], "on" if r["gradient_as_bucket_view"] else "off",
+                    f"{r['hook_held_mb']:.2f}", f"{r['step_peak_growth_mb']:.1f}",
+                    f"{r['step_peak_growth_mb'] - base:+.1f}"])
+    return {"caption": f"Memory of one rank, the MLP ({rows[0]['gradient_mb']:.1f} MiB of fp32 "
+                       "gradients), one arm at a time: what the hook holds between steps "
+                       "(counted from its live buffers), and the peak growth within "
+                       "steady-state steps after DDP's bucket rebuild (scope: "
+                       f"{rows[0]['scope']}; ranks run with MALLOC_MMAP_THRESHOLD_=65536 so "
+                       "the resident peak counts live tensors).",
+            "headers": ["arm", "gradient_as_bucket_view", "held by the hook MiB",
+                        "step peak growth MiB", "vs ddp MiB"],
+            "rows": out}
+
+
+def summarize(raw: dict) -> dict:
+    """Per arm: median step, ratio to ddp with its paired 95 % interval, the host cost per
+    bucket beyond ddp's (µs, from the ratio and its interval), and for the hardened arms the
+    ratio to PyTorch's Python hook of the same wire."""
+    step_ms = raw["step_ms"]
+    base = step_ms[BASELINE]
+    base_median = statistics.median(base)
+    out = {}
+    for arm in raw["arms"]:
+        ms = step_ms[arm]
+        ratio = bootstrap_ratio(ms, base)
+        buckets = raw["buckets"][arm]
+        per_bucket = [(r - 1) * base_median * 1e3 / buckets for r in (ratio.point, ratio.low,
+                                                                       ratio.high)]
+        out[arm] = {"median_step_ms": statistics.median(ms), "buckets": buckets,
+                    "ratio": ratio.point, "ratio_low": ratio.low, "ratio_high": ratio.high,
+                    "per_bucket_us": per_bucket[0], "per_bucket_us_low": per_bucket[1],
+                    "per_bucket_us_high": per_bucket[2]}
+        python_hook = PYTHON_HOOK_FOR.get(arm)
+        if python_hook in step_ms:
+            vs = bootstrap_ratio(ms, step_ms[python_hook])
+            out[arm].update(vs_python_hook=python_hook, vs_python_hook_ratio=vs.point,
+                            vs_python_hook_low=vs.low, vs_python_hook_high=vs.high)
+    return out
+
+
+def table(model: str, world_size: int, summary: dict, steps: int) -> dict:
+    """The comparison's table of one hook-cost job (caption, headers, formatted rows)."""
+    def interval(p: float, lo: float, hi: float, digits: int = 3) -> str:
+        return f"{p:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+    rows = []
+    for arm, s in summary.items():
+        vs = (interval(s["vs_python_hook_ratio"], s["vs_python_hook_low"],
+                       s["vs_python_hook_high"]) + f" ({s['vs_python_hook']})"
+              if "vs_python_hook" in s else "")
+        rows.append([arm, f"{s['median_step_ms']:.2f}", interval(s["ratio"], s["ratio_low"],
+                                                                  s["ratio_high"]),
+                     "" if arm == BASELINE else interval(s["per_bucket_us"],
+                                                         s["per_bucket_us_low"],
+                                                         s["per_bucket_us_high"], 0), vs])
+    buckets = next(iter(summary.values()))["buckets"]
+    return {
+        "caption": f"Per-step cost of each comm hook, model {model} ({buckets} buckets), "
+                   f"{world_size} gloo ranks × 1 thread, {steps} steps per arm, arms "
+                   "interleaved step by step in one job (order rotating). Ratio = median ÷ "
+                   "ddp's median with a paired 95 % bootstrap interval; µs/bucket = the extra "
+                   "over ddp spread over the buckets.",
+        "headers": ["arm", "median step ms", "÷ ddp [95 %]", "extra µs/bucket [95 %]",
+                    "÷ PyTorch's Python hook [95 %]"],
+        "rows": rows,
+    }
+
+
+def run(cfg: HookCostConfig, threads_per_rank: int = 1) -> dict:
+    """One job: every arm interleaved on ``cfg.world_size`` fresh ranks; raw times + summary."""
+    launch = LaunchConfig(world_size=cfg.world_size, backend="gloo",
+                          threads_per_rank=threads_per_rank)
+    with RankPool(launch) as pool:
+        raw = pool.run(hook_cost_rank, cfg)[0]
+    return {"config": dataclasses.asdict(cfg), "raw": raw, "summary": summarize(raw)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m openclaw_ref.hook_cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--out", help="write the result JSON here")
+    a = p.parse_args(argv)
+    try:
+        cfg = HookCostConfig(model=a.model, world_size=a.world_size, steps=a.steps,
+                             warmup=a.warmup, arms=tuple(a.arms.split(",")))
+    except BadInput as exc:
+        p.error(str(exc))
+    result = run(cfg)
+    for arm, s in result["summary"].items():
+        print(f"{arm:20s} {s['median_step_ms']:8.2f} ms  ×{s['ratio']:.3f} "
+              f"[{s['ratio_low']:.3f}, {s['ratio_high']:.3f}]  {s['per_bucket_us']:7.1f} µs/bucket "
+              f"({s['buckets']} buckets)")
+    if a.out:
+        from openclaw_ref.jsonio import write_json_atomic
+
+        write_json_atomic(a.out, result)
+    else:
+        json.dump(result["summary"], sys.stdout, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""A step's verdict from its reduced buckets, and the run's statistics (shared by the hardened
+hook and the bucketed engine).
+
+``Ledger.settle`` is the only place a step is judged. In order:
+  1. wait for the step's buckets and blocks; ``control.check_blocks`` passes the clean buckets
+     on the device and brings the verdicts — and each bucket's wire-overflow flag, where the
+     wire can overflow — to the host in ONE synchronization; a bucket it cannot pass is decoded
+     and ``control.verify`` raises the named error (the same on every rank: the blocks are
+     bitwise identical everywhere) or names the ranks whose own gradients held NaN/inf;
+  2. a local non-finite gradient: under ``nonfinite="raise"`` ``NonFiniteGradient`` naming the
+     ranks; otherwise an event names them and the step is skipped on every rank together;
+  3. overflow: every bucket with a local non-finite gradient or a fired wire flag (the sum of
+     its reduced wire, NaN or ±inf when any element is) has its non-finite elements counted
+     exactly (a second host sync, on such steps only; a finite sum that merely overflowed
+     counts 0). Any count > 0 skips the step on every rank — the same reduced values, so the
+     same decision;
+  4. the shared scale policy is updated with the shared overflow decision.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from openclaw_ref.errors import ConsistencyError, Event, NonFiniteGradient
+from openclaw_ref.sync.control import (
+    READY_UNIT_US,
+    BucketVerdict,
+    check_blocks,
+    decode_block,
+    verify,
+)
+from openclaw_ref.sync.precision import OverflowStats, ScalePolicy, count_nonfinite
+
+
+@dataclass
+class BucketRecord:
+    """One bucket reduced this step, as this rank saw it."""
+
+    index: int
+    params: list[str]  # this rank's members, to name the bucket in errors
+    elements: int  # gradient elements on the wire (excluding the control block)
+    block: torch.Tensor | None  # the reduced control block (a row of the step's block)
+    reduced: torch.Tensor  # the reduced gradient elements, still in the wire dtype
+    done: torch.futures.Future | None = None  # waited on before anything is read
+    # 0-dim sum of the reduced wire where the wire itself can overflow (an fp16 wire, a
+    # pre-scale); None where it cannot (the average of finite values is finite)
+    flag: torch.Tensor | None = None
+
+
+class Ledger:
+    """Verifies a step's buckets (module docstring) and keeps the run's statistics."""
+
+    def __init__(self, world_size: int, policy: ScalePolicy, *, rank: int = 0,
+                 global_ranks: Sequence[int] | None = None, raise_nonfinite: bool = True) -> None:
+        self.world_size = world_size
+        self.rank = rank
+        self.policy = policy
+        self.global_ranks = list(global_ranks if global_ranks is not None else range(world_size))
+        self.raise_nonfinite = raise_nonfinite
+        self.events: list[Event] = []  # non-fatal findings (skipped non-finite steps)
+        self.overflow = OverflowStats()
+        self.checks_run = 0
+        self.checks_passed = 0
+        self.bucket_checks = 0
+        self.replica_checks = 0
+        self.max_skew_ms = 0.0
+        self.max_skew_at: dict = {}
+        self.last: dict = {}
+        self.extra: list[float] = []
+        self._pending_checks = [0, 0]  # checks run/passed since the last settled step
+
+    def count_check(self, passed: bool) -> None:
+        """A check outside the buckets (replica, construction) ran at this step."""
+        self._pending_checks[0] += 1
+        self._pending_checks[1] += passed
+        self.checks_run += 1
+        self.checks_passed += passed
+
+    def _verdicts(self, step: int, records: Sequence[BucketRecord],
+                  extra: torch.Tensor | None) -> tuple[list[BucketVerdict], list[float | None],
+                                                       list[float]]:
+        """Every bucket's verdict (raising the first disagreement), the host values of the
+        wire flags (None where a bucket has none) and of ``extra``."""
+        for r in records:
+            if r.done is not None:
+                r.done.wait()
+        flagged = [i for i, r in enumerate(records) if r.flag is not None]
+        riders = [records[i].flag.to(torch.float64).reshape(1) for i in flagged]
+        if extra is not None:
+            riders.append(extra.to(torch.float64).reshape(-1))
+        blocks = torch.stack([r.block for r in records])
+        checked, host = check_blocks(blocks, [r.index for r in records], self.rank,
+                                     torch.cat(riders) if riders else None)
+        flags: list[float | None] = [None] * len(records)
+        for k, i in enumerate(flagged):
+            flags[i] = host[k]
+        verdicts = []
+        for rec, ok, verdict in zip(records, checked.ok, checked.verdicts):
+            self.checks_run += 1
+            self._pending_checks[0] += 1
+            if not ok:
+                try:
+                    verdict = verify(decode_block(rec.block.tolist(), self.world_size),
+                                     bucket=rec.index, params=rec.params)
+                except ConsistencyError as exc:
+                    raise exc.renumbered(self.global_ranks) from None
+            verdicts.append(verdict)
+            self.checks_passed += 1
+            self.bucket_checks += 1
+            self._pending_checks[1] += 1
+        return verdicts, flags, host[len(flagged):]
+
+    def _nonfinite(self, step: int, records: Sequence[BucketRecord],
+                   verdicts: Sequence[BucketVerdict]) -> None:
+        """Ranks whose own gradients held NaN/inf: raise, or record the event (the policy)."""
+        for rec, v in zip(records, verdicts):
+            if not v.nonfinite_ranks:
+                continue
+            err = NonFiniteGradient(
+                "local gradients held NaN/inf before the wire" if self.raise_nonfinite else
+                "local gradients held NaN/inf: the step is skipped on every rank",
+                step=step, ranks=[self.global_ranks[r] for r in v.nonfinite_ranks],
+                bucket=v.index, params=rec.params)
+            if self.raise_nonfinite:
+                raise err
+            self.events.append(err.event())
+
+    def settle(self, step: int, records: Sequence[BucketRecord], *, sync_ms: float,
+               verify_started: float, extra: torch.Tensor | None = None) -> bool:
+        """Judge the step (module docstring); True when the optimizer step may run. ``extra``:
+        a reduced tensor the caller needs on the host too (read in the same sync; its values
+        land in ``self.extra``)."""
+        exponent = self.policy.exponent
+        verdicts, flags, self.extra = (self._verdicts(step, records, extra) if records
+                                       else ([], [], []))
+        self._nonfinite(step, records, verdicts)
+        suspect = [i for i, (v, f) in enumerate(zip(verdicts, flags))
+                   if v.nonfinite_ranks or (f is not None and not _finite(f))]
+        counts = {i: count_nonfinite(records[i].reduced) for i in suspect}
+        buckets = []
+        for v in verdicts:
+            entry = {"index": v.index, "skew_ms": v.skew_ms,
+                     "late_rank": self.global_ranks[v.late_rank]}
+            if v.ready_ms is not None:
+                entry["ready_ms"] = v.ready_ms
+            buckets.append(entry)
+            if v.skew_ms > self.max_skew_ms:
+                self.max_skew_ms = v.skew_ms
+                self.max_skew_at = {"step": step, "bucket": v.index,
+                                    "late_rank": self.global_ranks[v.late_rank]}
+        overflow_elements = sum(counts.values())
+        elements = sum(r.elements for r in records)
+        overflowed = overflow_elements > 0
+        self.overflow.add(elements, overflow_elements, skipped=overflowed)
+        self.policy.update(overflowed)
+        run, passed = self._pending_checks
+        self._pending_checks = [0, 0]
+        now = time.perf_counter()
+        self.last = {
+            "sync_ms": sync_ms + (now - verify_started) * 1e3,
+            "verify_ms": (now - verify_started) * 1e3,
+            "buckets": buckets,
+            "overflow_elements": overflow_elements,
+            "elements": elements,
+            "overflowed": overflowed,
+            "scale": 2.0 ** exponent,
+            "scale_exp": exponent,
+            "checks_run": run,
+            "checks_passed": passed,
+        }
+        return not overflowed
+
+    def summary(self) -> dict:
+        return {
+            **self.overflow.to_json(),
+            "checks_run": self.checks_run, "checks_passed": self.checks_passed,
+            "bucket_checks": self.bucket_checks, "replica_checks": self.replica_checks,
+            "max_skew_ms": self.max_skew_ms, "max_skew_at": self.max_skew_at,
+            "final_scale_exp": self.policy.exponent,
+            "scale_backoffs": self.policy.backoffs, "scale_growths": self.policy.growths,
+            "ready_time_resolution_ms": READY_UNIT_US / 1e3,
+        }
+
+
+def _finite(x: float) -> bool:
+    return x - x == 0.0  # False for NaN and ±inf

@@ -1,0 +1,108 @@
+"""What verifying a step's control blocks costs as the job grows to thousands of ranks.
+
+No job of 8,192 ranks runs here, and none is needed: the check reads only the reduced blocks,
+which are synthesized exactly as the allreduce would leave them (every rank's slot, written by
+``encode_slot``, summed into one block). Two paths are timed in one process:
+
+  ``check_blocks``  the per-step path: the whole step's buckets checked as tensors, one host
+                    transfer (what ``ledger.Ledger.settle`` runs every step);
+  ``decode+verify`` the per-bucket Python decode of every slot — what settle ran before, and
+                    what it still runs for a bucket the fast path flags, to name the ranks.
+
+Also stated: the control block's bytes per bucket, ``SLOT_FIELDS · W`` elements of the wire
+dtype, and its share of a bucket of a given size.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from openclaw_ref.sync.control import (
+    SLOT_FIELDS,
+    block_size,
+    check_blocks,
+    decode_block,
+    encode_slot,
+    verify,
+)
+
+WORLD_SIZES = (8, 64, 1024, 8192)
+BUCKETS = 16
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap
+
+
+def synthesized_blocks(world_size: int, buckets: int = BUCKETS,
+                       dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    """``(buckets, block_size(W))``: the reduced blocks of a clean step with random ready
+    times (every slot written by its own rank, as after the SUM)."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.zeros(buckets, block_size(world_size), dtype=dtype)
+    for b in range(buckets):
+        ready = torch.randint(0, 5000, (world_size,), generator=g).tolist()
+        slots = [encode_slot(clock=11, bucket=b, digest=0x0123456789ABCDEF ^ b, scale_exp=0,
+                             ready_s=ready[r] * 1e-5) for r in range(world_size)]
+        out[b] = torch.tensor([v for s in slots for v in s], dtype=dtype)
+    return out
+
+
+def block_bytes(world_size: int, dtype: torch.dtype = torch.float32) -> int:
+    return block_size(world_size) * dtype.itemsize
+
+
+def block_share(world_size: int, bucket_bytes: int = DDP_BUCKET_BYTES,
+                dtype: torch.dtype = torch.float32) -> float:
+    """The control block's bytes as a fraction of the bucket's gradient bytes."""
+    return block_bytes(world_size, dtype) / bucket_bytes
+
+
+def _median_s(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(world_sizes=WORLD_SIZES, buckets: int = BUCKETS, repeats: int = 9) -> list[dict]:
+    """Per world size: µs per bucket of each path (median of ``repeats``), and the block size.
+    The decode path is timed on one bucket (it is per bucket by construction)."""
+    torch.set_num_threads(1)
+    rows = []
+    for w in world_sizes:
+        blocks = synthesized_blocks(w, buckets)
+        indices = list(range(buckets))
+        fast = _median_s(lambda b=blocks, i=indices: check_blocks(b, i, 0), repeats) / buckets
+        one = blocks[0].tolist()
+        slow = _median_s(lambda o=one, w=w: verify(decode_block(o, w), bucket=0, params=[]),
+                         max(3, repeats // 3))
+        rows.append({"world_size": w, "buckets": buckets,
+                     "check_blocks_us_per_bucket": fast * 1e6,
+                     "decode_verify_us_per_bucket": slow * 1e6,
+                     "block_bytes_fp32": block_bytes(w),
+                     "block_bytes_fp16": block_bytes(w, torch.float16),
+                     "share_of_25mb_fp32": block_share(w)})
+    return rows
+
+
+def table(rows: list[dict]) -> dict:
+    """The comparison's table (caption, headers, formatted rows)."""
+    return {
+        "caption": f"Verifying a step's control blocks, one process, {rows[0]['buckets']} "
+                   f"synthesized buckets (median of 9). Block = {SLOT_FIELDS} elements × W; "
+                   "share = fp32 block ÷ a 25 MB bucket.",
+        "headers": ["ranks", "check_blocks µs/bucket", "decode+verify µs/bucket",
+                    "block bytes fp32", "share of 25 MB"],
+        "rows": [[r["world_size"], f"{r['check_blocks_us_per_bucket']:.1f}",
+                  f"{r['decode_verify_us_per_bucket']:.0f}", r["block_bytes_fp32"],
+                  f"{100 * r['share_of_25mb_fp32']:.2f} %"] for r in rows],
+    }
+
+
+if __name__ == "__main__":
+    for row in measure():
+        print(row)
