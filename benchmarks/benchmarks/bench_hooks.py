@@ -31,35 +31,35 @@ class HookCost(common.JobBenchmark):
     def _arm(self, arm, key):
         return need(self.s.get(arm, {}), key)
 
-    def track_hardened_fp32_over_ddp(self, _):
+    def track_hardened_fp32_over_ddp(self, *_):
         """Target ≤ 1.05 (gate figure)."""
         return self._arm("hardened-fp32", "ratio")
 
     track_hardened_fp32_over_ddp.unit = "ratio"
 
-    def track_hardened_fp16_over_ddp(self, _):
+    def track_hardened_fp16_over_ddp(self, *_):
         return self._arm("hardened-fp16", "ratio")
 
     track_hardened_fp16_over_ddp.unit = "ratio"
 
-    def track_hardened_fp32_over_allreduce_hook(self, _):
+    def track_hardened_fp32_over_allreduce_hook(self, *_):
         """Stretch target ≤ 1.02 (gate figure)."""
         return self._arm("hardened-fp32", "vs_python_hook_ratio")
 
     track_hardened_fp32_over_allreduce_hook.unit = "ratio"
 
-    def track_hardened_fp16_over_fp16_compress_hook(self, _):
+    def track_hardened_fp16_over_fp16_compress_hook(self, *_):
         return self._arm("hardened-fp16", "vs_python_hook_ratio")
 
     track_hardened_fp16_over_fp16_compress_hook.unit = "ratio"
 
-    def track_allreduce_hook_over_ddp(self, _):
+    def track_allreduce_hook_over_ddp(self, *_):
         """PyTorch's own Python hook: the floor any Python hook pays."""
         return self._arm("allreduce_hook", "ratio")
 
     track_allreduce_hook_over_ddp.unit = "ratio"
 
-    def track_hardened_fp32_extra_us_per_bucket(self, _):
+    def track_hardened_fp32_extra_us_per_bucket(self, *_):
         """A difference of two step times: reported, too noisy to gate."""
         return self._arm("hardened-fp32", "per_bucket_us")
 
