@@ -89,6 +89,26 @@ def measure(world_sizes=WORLD_SIZES, buckets: int = BUCKETS, repeats: int = 9) -
     return rows
 
 
+def check_over_pass(world_size: int, buckets: int = BUCKETS, repeats: int = 21) -> float:
+    """``check_blocks`` time ÷ the time of one plain pass over the same blocks (a sum), timed in
+    interleaved pairs in this process, median of the pair ratios: the verification's cost in
+    units of reading its input once. The host's speed cancels, so the figure is fit for a
+    regression gate where absolute microseconds on a shared machine are not."""
+    torch.set_num_threads(1)
+    blocks = synthesized_blocks(world_size, buckets)
+    indices = list(range(buckets))
+    check_blocks(blocks, indices, 0)
+    ratios = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        check_blocks(blocks, indices, 0)
+        t1 = time.perf_counter()
+        float(blocks.sum())
+        t2 = time.perf_counter()
+        ratios.append((t1 - t0) / (t2 - t1))
+    return statistics.median(ratios)
+
+
 def table(rows: list[dict]) -> dict:
     """The comparison's table (caption, headers, formatted rows)."""
     return {
