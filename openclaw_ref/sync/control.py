@@ -185,6 +185,9 @@ class StepBlock:
     def __len__(self) -> int:
         return len(self.slots)
 
+    def clear(self) -> None:
+        self.slots, self.flags = [], []
+
     def write(self, block: torch.Tensor) -> None:
         """Fill ``block`` (``len(self) * block_size(W)`` elements of any wire dtype): zeros, then
         our slot of every bucket; the step's slots are cleared."""
@@ -195,7 +198,7 @@ class StepBlock:
         if self.flags:
             sums = torch.stack(self.flags)
             mine[:, NONFINITE] = (sums - sums).ne(0).to(block.dtype)  # NaN for NaN and ±inf
-        self.slots, self.flags = [], []
+        self.clear()
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,7 @@ class HardenState:
         self.present.clear()
         self.clock += 1
         if records and records[-1].block is None:
+            self.block.clear()
             raise RuntimeError(
                 f"step {step}: DDP never reduced this backward's last bucket, so its control "
                 "block was not sent (a parameter without a gradient under "
