@@ -9,7 +9,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.errors import BadInput
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.hardened import harden, reducible_dtypes
+from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.target import reducible_dtypes
 
 
 def harden_twice(ctx) -> tuple[str, int]:

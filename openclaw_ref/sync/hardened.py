@@ -61,7 +61,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref import checks
-from openclaw_ref.errors import BadInput, ConsistencyError
+from openclaw_ref.errors import ConsistencyError
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control import (
     StepBlock,
@@ -75,12 +75,12 @@ from openclaw_ref.sync.control import (
 from openclaw_ref.sync.ddp import wrap_ddp
 from openclaw_ref.sync.ledger import BucketRecord, Ledger
 from openclaw_ref.sync.precision import (
-    WIRE_DTYPES,
     ScalePolicy,
     finite_sum,
     from_wire,
     to_wire,
 )
+from openclaw_ref.sync.target import bucket_sizes, validate_target
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
 
@@ -362,57 +362,6 @@ def _shadow_allreduce(state: HardenState, bucket):
     return fut.then(lambda _: grads)
 
 
-def _bucket_sizes(ddp_model: DDP) -> list[int] | None:
-    """DDP's bucket sizes in bytes (fixed at construction with find_unused_parameters=True;
-    otherwise rebuilt once after the first iteration and broadcast from rank 0 by DDP)."""
-    try:
-        raw = ddp_model._get_ddp_logging_data().get("bucket_sizes", "")
-    except Exception:  # a private API: a missing layout only weakens the check
-        return None
-    return [int(x) for x in str(raw).split(",") if x.strip()]
-
-
-def reducible_dtypes(backend: str, nccl_version: tuple[int, ...] | None = None
-                     ) -> set[torch.dtype] | None:
-    """Floating dtypes ``backend`` can SUM-allreduce (None: unknown backend, not checked).
-    bf16 needs NCCL 2.10; gloo reduces all four on CPU (its bf16 is why a bf16 wire works on
-    gloo although PyTorch's ``bf16_compress_hook`` refuses CPU)."""
-    common = {torch.float16, torch.float32, torch.float64}
-    if backend == "gloo":
-        return common | {torch.bfloat16}
-    if backend == "nccl":
-        return common | ({torch.bfloat16} if nccl_version and nccl_version >= (2, 10) else set())
-    return None
-
-
-def _nccl_version() -> tuple[int, ...] | None:
-    try:
-        v = torch.cuda.nccl.version()
-    except Exception:
-        return None
-    return tuple(v) if isinstance(v, tuple) else None
-
-
-def validate_target(ddp_model: object, cfg: SyncConfig) -> None:
-    """Every reason ``harden`` must refuse, checked before anything is registered."""
-    if not isinstance(ddp_model, DDP):
-        raise BadInput(f"harden() needs a torch DistributedDataParallel model; got "
-                       f"{type(ddp_model).__name__}")
-    if getattr(ddp_model, "_comm_hooks", None):
-        raise BadInput("this DDP model already has a comm hook (harden() called twice, or "
-                       "another hook registered): DDP accepts one")
-    backend = dist.get_backend(ddp_model.process_group)
-    allowed = reducible_dtypes(backend, _nccl_version() if backend == "nccl" else None)
-    if allowed is None:
-        return
-    grad_dtypes = {p.dtype for p in ddp_model.module.parameters() if p.requires_grad}
-    wire = {WIRE_DTYPES[cfg.wire]} if cfg.wire in WIRE_DTYPES else grad_dtypes
-    bad = sorted(str(d) for d in wire - allowed)
-    if bad:
-        raise BadInput(f"backend {backend} cannot reduce wire dtype(s) {', '.join(bad)}; choose "
-                       f"--wire among {sorted(str(d) for d in allowed)}")
-
-
 def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None = None, *,
            check_construction: bool = True) -> HardenState:
     """Make a DDP model's gradient sync verifiable; returns the state (see module docstring).
@@ -429,7 +378,7 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     group = ddp_model.process_group
     named = list(ddp_model.module.named_parameters())
     if check_construction:
-        checks.construction_check(named, group=group, layout=_bucket_sizes(ddp_model))
+        checks.construction_check(named, group=group, layout=bucket_sizes(ddp_model))
     state = HardenState(cfg, group, named, checks.synchronized_parameters(ddp_model))
     if check_construction:
         state.ledger.count_check(True)

@@ -1,0 +1,63 @@
+"""What ``harden()`` accepts: the DDP model it is handed, checked before anything is registered,
+and the facts about it the construction check compares (DDP's bucket layout)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from openclaw_ref.errors import BadInput
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.precision import WIRE_DTYPES
+
+
+def bucket_sizes(ddp_model: DDP) -> list[int] | None:
+    """DDP's bucket sizes in bytes (fixed at construction with find_unused_parameters=True;
+    otherwise rebuilt once after the first iteration and broadcast from rank 0 by DDP)."""
+    try:
+        raw = ddp_model._get_ddp_logging_data().get("bucket_sizes", "")
+    except Exception:  # a private API: a missing layout only weakens the check
+        return None
+    return [int(x) for x in str(raw).split(",") if x.strip()]
+
+
+def reducible_dtypes(backend: str, nccl_version: tuple[int, ...] | None = None
+                     ) -> set[torch.dtype] | None:
+    """Floating dtypes ``backend`` can SUM-allreduce (None: unknown backend, not checked).
+    bf16 needs NCCL 2.10; gloo reduces all four on CPU (its bf16 is why a bf16 wire works on
+    gloo although PyTorch's ``bf16_compress_hook`` refuses CPU)."""
+    common = {torch.float16, torch.float32, torch.float64}
+    if backend == "gloo":
+        return common | {torch.bfloat16}
+    if backend == "nccl":
+        return common | ({torch.bfloat16} if nccl_version and nccl_version >= (2, 10) else set())
+    return None
+
+
+def _nccl_version() -> tuple[int, ...] | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return tuple(v) if isinstance(v, tuple) else None
+
+
+def validate_target(ddp_model: object, cfg: SyncConfig) -> None:
+    """Every reason ``harden`` must refuse, checked before anything is registered."""
+    if not isinstance(ddp_model, DDP):
+        raise BadInput(f"harden() needs a torch DistributedDataParallel model; got "
+                       f"{type(ddp_model).__name__}")
+    if getattr(ddp_model, "_comm_hooks", None):
+        raise BadInput("this DDP model already has a comm hook (harden() called twice, or "
+                       "another hook registered): DDP accepts one")
+    backend = dist.get_backend(ddp_model.process_group)
+    allowed = reducible_dtypes(backend, _nccl_version() if backend == "nccl" else None)
+    if allowed is None:
+        return
+    grad_dtypes = {p.dtype for p in ddp_model.module.parameters() if p.requires_grad}
+    wire = {WIRE_DTYPES[cfg.wire]} if cfg.wire in WIRE_DTYPES else grad_dtypes
+    bad = sorted(str(d) for d in wire - allowed)
+    if bad:
+        raise BadInput(f"backend {backend} cannot reduce wire dtype(s) {', '.join(bad)}; choose "
+                       f"--wire among {sorted(str(d) for d in allowed)}")
