@@ -76,7 +76,6 @@ for _name, _n in FIELDS:
 READY = slice(_OFFSET["ready"], _OFFSET["ready"] + 3)
 ABSENT = slice(_OFFSET["absent"], _OFFSET["absent"] + 2)
 NONFINITE = _OFFSET["nonfinite"]
-AGREED = slice(0, NONFINITE)  # the chunks every active rank must share
 
 
 def block_size(world_size: int) -> int:

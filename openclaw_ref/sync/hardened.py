@@ -128,6 +128,7 @@ class HardenState:
         self._members: dict[tuple[int, ...], tuple[int, list[str]]] = {}
         self._wires: dict[int, torch.Tensor] = {}  # only for wires that differ from the grads
         self.block = StepBlock(self.rank, self.world_size)
+        self._step_block: torch.Tensor | None = None  # its rows, sent with the last bucket
         self._middles: dict[tuple[int, int, int], list[int]] = {}
         self._clock_chunks: tuple[int, list[int]] = (-1, [])
         # CUDA only: ready times from events on the current stream (host clocks there measure
@@ -190,7 +191,7 @@ class HardenState:
     def attach_block(self, block: torch.Tensor) -> None:
         """Write the step's slots into ``block`` (the last bucket's wire tail) and point every
         record of the step at its row."""
-        rows = block.view(len(self.block), -1)
+        rows = self._step_block = block.view(len(self.block), -1)
         self.block.write(block)
         for record, row in zip(self._records, rows):
             record.block = row
@@ -237,10 +238,6 @@ class HardenState:
         verdict, self._verdict = self._verdict, None
         return True if verdict is None else verdict
 
-    @property
-    def last_step_skipped(self) -> bool:
-        return self.ledger.last.get("overflowed", False)
-
     def _settle(self) -> None:
         t = time.perf_counter()
         records, self._records = self._records, []
@@ -257,7 +254,9 @@ class HardenState:
                 "block was not sent (a parameter without a gradient under "
                 "find_unused_parameters=False?)")
         try:
-            self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t)
+            blocks, self._step_block = self._step_block, None
+            self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
+                                               blocks=blocks)
         finally:
             if self.watchdog is not None:
                 self.watchdog.settled(step)

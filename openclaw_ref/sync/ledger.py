@@ -80,9 +80,9 @@ class Ledger:
         self.checks_run += 1
         self.checks_passed += passed
 
-    def _verdicts(self, step: int, records: Sequence[BucketRecord],
-                  extra: torch.Tensor | None) -> tuple[list[BucketVerdict], list[float | None],
-                                                       list[float]]:
+    def _verdicts(self, step: int, records: Sequence[BucketRecord], extra: torch.Tensor | None,
+                  blocks: torch.Tensor | None) -> tuple[list[BucketVerdict],
+                                                        list[float | None], list[float]]:
         """Every bucket's verdict (raising the first disagreement), the host values of the
         wire flags (None where a bucket has none) and of ``extra``."""
         for r in records:
@@ -92,7 +92,8 @@ class Ledger:
         riders = [records[i].flag.to(torch.float64).reshape(1) for i in flagged]
         if extra is not None:
             riders.append(extra.to(torch.float64).reshape(-1))
-        blocks = torch.stack([r.block for r in records])
+        if blocks is None:
+            blocks = torch.stack([r.block for r in records])
         checked, host = check_blocks(blocks, [r.index for r in records], self.rank,
                                      torch.cat(riders) if riders else None)
         flags: list[float | None] = [None] * len(records)
@@ -130,12 +131,14 @@ class Ledger:
             self.events.append(err.event())
 
     def settle(self, step: int, records: Sequence[BucketRecord], *, sync_ms: float,
-               verify_started: float, extra: torch.Tensor | None = None) -> bool:
+               verify_started: float, extra: torch.Tensor | None = None,
+               blocks: torch.Tensor | None = None) -> bool:
         """Judge the step (module docstring); True when the optimizer step may run. ``extra``:
         a reduced tensor the caller needs on the host too (read in the same sync; its values
-        land in ``self.extra``)."""
+        land in ``self.extra``). ``blocks``: the records' blocks as one ``(B, ·)`` tensor, when
+        the caller already holds them so (the hardened hook's step block): no copy is made."""
         exponent = self.policy.exponent
-        verdicts, flags, self.extra = (self._verdicts(step, records, extra) if records
+        verdicts, flags, self.extra = (self._verdicts(step, records, extra, blocks) if records
                                        else ([], [], []))
         self._nonfinite(step, records, verdicts)
         suspect = [i for i, (v, f) in enumerate(zip(verdicts, flags))
