@@ -1,0 +1,99 @@
+"""The step verdict (``Ledger.settle``) driven to each of its outcomes with synthetic reduced
+buckets: no process group, the reduced blocks built exactly as the allreduce would leave them.
+
+Outcomes: the step applies; a wire flag that fired on a finite sum overflow still applies (the
+exact count is 0); a non-finite reduced wire skips the step and backs off an ``auto`` scale; a
+rank's local NaN/inf is an event naming it (``skip``) or ``NonFiniteGradient`` (``raise``);
+a disagreement raises, renumbered to global ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openclaw_ref.errors import ClockMismatch, NonFiniteGradient
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.control import block_size, encode_slot, write_block
+from openclaw_ref.sync.ledger import BucketRecord, Ledger
+from openclaw_ref.sync.precision import ScalePolicy
+
+
+def reduced_block(world: int, *, clock: int = 4, ahead: int | None = None,
+                  nonfinite: int | None = None) -> torch.Tensor:
+    total = torch.zeros(block_size(world))
+    for r in range(world):
+        mine = torch.empty(block_size(world))
+        write_block(mine, r, encode_slot(clock=clock + (r == ahead), bucket=0, digest=7,
+                                         scale_exp=12, ready_s=1e-3 * r,
+                                         nonfinite=r == nonfinite))
+        total += mine
+    return total
+
+
+def record(block: torch.Tensor, reduced: torch.Tensor, flag: float | None = None) -> BucketRecord:
+    return BucketRecord(0, ["w"], reduced.numel(), block, reduced,
+                        flag=None if flag is None else torch.tensor(flag))
+
+
+def ledger(nonfinite: str = "skip", world: int = 3) -> Ledger:
+    policy = ScalePolicy.from_config(SyncConfig("hardened", wire="fp16", scale="auto"))
+    return Ledger(world, policy, rank=0, global_ranks=[10, 11, 12][:world],
+                  raise_nonfinite=nonfinite == "raise")
+
+
+def settle(book: Ledger, rec: BucketRecord) -> bool:
+    return book.settle(4, [rec], sync_ms=0.0, verify_started=0.0)
+
+
+def test_a_clean_step_applies_and_counts_its_bucket_check():
+    book = ledger()
+    assert settle(book, record(reduced_block(3), torch.ones(8), flag=8.0)) is True
+    assert book.last["checks_passed"] == book.last["checks_run"] == 1
+    assert book.last["overflowed"] is False and book.events == []
+
+
+def test_a_flag_from_a_finite_sum_that_overflowed_still_applies_the_step():
+    book = ledger()
+    reduced = torch.full((4,), 3e38)
+    assert settle(book, record(reduced_block(3), reduced, flag=float("inf"))) is True
+    assert book.last["overflow_elements"] == 0 and book.policy.backoffs == 0
+
+
+def test_a_non_finite_reduced_wire_skips_the_step_and_backs_the_scale_off():
+    book = ledger()
+    reduced = torch.tensor([1.0, float("inf"), 2.0])
+    exponent = book.policy.exponent
+    assert settle(book, record(reduced_block(3), reduced, flag=float("inf"))) is False
+    assert book.last["overflow_elements"] == 1 and book.policy.exponent == exponent - 1
+    assert book.events == []  # a wire overflow names no rank: nobody's own values were bad
+
+
+def test_a_local_nan_under_skip_is_an_event_naming_the_global_rank():
+    book = ledger("skip")
+    reduced = torch.tensor([float("nan"), 1.0])
+    assert settle(book, record(reduced_block(3, nonfinite=2), reduced)) is False
+    [event] = book.events
+    assert event.kind == "NonFiniteGradient" and event.ranks == [12] and event.step == 4
+
+
+def test_a_local_nan_under_raise_ends_the_run_naming_the_global_rank():
+    with pytest.raises(NonFiniteGradient) as err:
+        settle(ledger("raise"), record(reduced_block(3, nonfinite=1),
+                                       torch.tensor([float("nan")])))
+    assert err.value.ranks == [11]
+
+
+def test_a_disagreement_raises_with_global_ranks():
+    with pytest.raises(ClockMismatch) as err:
+        settle(ledger(), record(reduced_block(3, ahead=2), torch.ones(2)))
+    assert err.value.ranks == [12] and err.value.step == 4
+
+
+def test_blocks_handed_over_as_one_tensor_give_the_same_verdict_as_the_records():
+    rows = torch.stack([reduced_block(3), reduced_block(3, ahead=1)])
+    recs = [record(rows[0], torch.ones(2)), record(rows[1], torch.ones(2))]
+    for blocks in (None, rows):
+        with pytest.raises(ClockMismatch) as err:
+            ledger().settle(4, recs, sync_ms=0.0, verify_started=0.0, blocks=blocks)
+        assert err.value.ranks == [11]
