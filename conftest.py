@@ -12,7 +12,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from openclaw_ref.launch import LaunchConfig, RankPool
+from openclaw_ref.core.launch import LaunchConfig, RankPool
 
 settings.register_profile("dev", max_examples=10, deadline=None)
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,

@@ -7,11 +7,16 @@ import dataclasses
 
 import pytest
 
-from openclaw_ref.conform import (
-    SEED_OVERFLOW_RATE, ConformSettings, check_bucket_alignment, check_equivalence,
-    check_overflow_rate, check_replica_consistency, check_shape_agreement,
+from openclaw_ref.conformance.conform import (
+    SEED_OVERFLOW_RATE,
+    ConformSettings,
+    check_bucket_alignment,
+    check_equivalence,
+    check_overflow_rate,
+    check_replica_consistency,
+    check_shape_agreement,
 )
-from openclaw_ref.faults import parse_fault
+from openclaw_ref.core.faults import parse_fault
 from openclaw_ref.sync.base import SyncConfig
 
 pytestmark = pytest.mark.conformance

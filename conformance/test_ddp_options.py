@@ -1,6 +1,6 @@
 """``harden()`` on a model the suite does not own, per DDP option, against PyTorch's own DDP.
 
-For every case of ``openclaw_ref.ddp_option_matrix.CASES`` (2 gloo ranks, rank-dependent inputs):
+For every case of ``openclaw_ref.experiments.ddp_option_matrix.CASES`` (2 gloo ranks, rank-dependent inputs):
 zero false alarms, parity with no-hook DDP (fp32 gradients: relative 1e-6; fp16/bf16 wires:
 inside the rounding bound derived in ``narrow_wire_excess``), the GradScaler skipping the same
 steps, and a rank-dependent FP16 pre-scale still caught naming the right global rank. Runs in
@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-from openclaw_ref.ddp_option_matrix import (
-    CASES, FOUR_RANK_SUBGROUPS, UNIT_ROUNDOFF, DDPCase, ddp_case_task, hook_parity_task,
-    narrow_wire_excess, relative_error,
+from openclaw_ref.experiments.ddp_option_matrix import (
+    CASES,
+    FOUR_RANK_SUBGROUPS,
+    UNIT_ROUNDOFF,
+    DDPCase,
+    ddp_case_task,
+    hook_parity_task,
+    narrow_wire_excess,
+    relative_error,
 )
-from openclaw_ref.errors import ScaleMismatch
+from openclaw_ref.sync.errors import ScaleMismatch
 
 pytestmark = pytest.mark.conformance
 

@@ -17,11 +17,15 @@ import dataclasses
 
 import pytest
 
-from openclaw_ref.fault_matrix import (
-    MATRIX_STRATEGIES, CaseOutcome, MatrixRunner, MatrixSettings, matrix_strategies,
+from openclaw_ref.core.faults import FAULTS
+from openclaw_ref.experiments.fault_matrix import (
+    MATRIX_STRATEGIES,
+    CaseOutcome,
+    MatrixRunner,
+    MatrixSettings,
+    matrix_strategies,
 )
-from openclaw_ref.faults import FAULTS
-from openclaw_ref.report import fault_matrix_table
+from openclaw_ref.reporting.render import fault_matrix_table
 
 pytestmark = pytest.mark.conformance
 

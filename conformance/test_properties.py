@@ -12,13 +12,17 @@ import torch.nn.functional as F
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from openclaw_ref.conform import ConformSettings, check_equivalence
-from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
-from openclaw_ref.model import build_model, preset, sparsity_at, validate_sparsity_range
+from openclaw_ref.conformance.conform import ConformSettings, check_equivalence
+from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.core.model import build_model, preset, sparsity_at, validate_sparsity_range
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.bucket_plan import ParamInfo, cut_frames, make_planner
 from openclaw_ref.sync.precision import (
-    count_nonfinite, finite_sum, from_wire, has_nonfinite, to_wire,
+    count_nonfinite,
+    finite_sum,
+    from_wire,
+    has_nonfinite,
+    to_wire,
 )
 
 pytestmark = pytest.mark.conformance

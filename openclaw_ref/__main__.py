@@ -1,7 +1,7 @@
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from openclaw_ref.cli import main
-from openclaw_ref.launch import exit_process
+from openclaw_ref.core.launch import exit_process
 
 
 @record

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from openclaw_ref.errors import EXIT_BAD_INPUT, BadInput, OpenClawError, RankFailed, exit_code_for
+from openclaw_ref.core.errors import RankFailed, exit_code_for
+from openclaw_ref.sync.errors import EXIT_BAD_INPUT, BadInput, OpenClawError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,7 +32,7 @@ def _ratio_range(text: str) -> tuple[float, float]:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.model import PRESETS
+    from openclaw_ref.core.model import PRESETS
     from openclaw_ref.sync import STRATEGIES
     from openclaw_ref.sync.base import NONFINITE_POLICIES, PLANNERS, WIRES
 
@@ -74,13 +75,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def train_config_from_args(args: argparse.Namespace):
     """Build and validate a TrainConfig from parsed arguments (raises BadInput)."""
-    from openclaw_ref.data import DataConfig
-    from openclaw_ref.faults import parse_fault
-    from openclaw_ref.prometheus import MetricsConfig
+    from openclaw_ref.core.data import DataConfig
+    from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.core.launch import under_torchrun
+    from openclaw_ref.core.train import TrainConfig
+    from openclaw_ref.ops.prometheus import MetricsConfig
     from openclaw_ref.sync.base import SyncConfig
-    from openclaw_ref.train import TrainConfig
-
-    from openclaw_ref.launch import under_torchrun
 
     world_size = args.world_size if args.world_size is not None else 2
     if under_torchrun():
@@ -109,9 +109,9 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from openclaw_ref.launch import LaunchConfig
-    from openclaw_ref.report import train_summary_table
-    from openclaw_ref.train import run_training
+    from openclaw_ref.core.launch import LaunchConfig
+    from openclaw_ref.core.train import run_training
+    from openclaw_ref.reporting.render import train_summary_table
 
     cfg = train_config_from_args(args)
     LaunchConfig(cfg.world_size, backend=cfg.backend)  # backend and size checked before spawning
@@ -135,7 +135,7 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from openclaw_ref.doctor import run_doctor
+    from openclaw_ref.ops.doctor import run_doctor
 
     text, code = run_doctor(backend=args.backend, strict=args.strict, as_json=args.json)
     print(text)
@@ -143,7 +143,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _add_compare(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.compare import SECTIONS
+    from openclaw_ref.experiments.compare import SECTIONS
 
     p = sub.add_parser("compare", help="run the main comparison and write results/<machine>/")
     p.add_argument("--world-sizes", default=None,
@@ -161,7 +161,12 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from openclaw_ref.compare import CompareConfig, CompareInterrupted, run_compare, write_results
+    from openclaw_ref.experiments.compare import (
+        CompareConfig,
+        CompareInterrupted,
+        run_compare,
+        write_results,
+    )
 
     kw: dict = {}
     if args.world_sizes:
@@ -196,7 +201,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from openclaw_ref.report import render_all
+    from openclaw_ref.reporting.render import render_all
 
     dirs = [Path(d) for d in args.dirs] or sorted(
         p.parent for p in Path(args.out_root).glob("*/raw.json"))
@@ -211,7 +216,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _add_conform(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.conform import CHECKS, ConformSettings
+    from openclaw_ref.conformance.conform import CHECKS, ConformSettings
     from openclaw_ref.sync import STRATEGIES
     from openclaw_ref.sync.base import PLANNERS, WIRES
 
@@ -237,13 +242,18 @@ def _add_conform(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:
-    from openclaw_ref.conform import CHECKS, CheckResult, ConformanceReport, ConformSettings
-    from openclaw_ref.conform import conform_rank
-    from openclaw_ref.report import conformance_results_table
-    from openclaw_ref.errors import EXIT_CHECK_FIRED
-    from openclaw_ref.faults import parse_fault
-    from openclaw_ref.launch import LaunchConfig, launch
+    from openclaw_ref.conformance.conform import (
+        CHECKS,
+        CheckResult,
+        ConformanceReport,
+        ConformSettings,
+        conform_rank,
+    )
+    from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.core.launch import LaunchConfig, launch
+    from openclaw_ref.reporting.render import conformance_results_table
     from openclaw_ref.sync.base import SyncConfig
+    from openclaw_ref.sync.errors import EXIT_CHECK_FIRED
 
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
     unknown = sorted(set(checks) - set(CHECKS))
@@ -303,6 +313,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    from openclaw_ref.launch import exit_process
+    from openclaw_ref.core.launch import exit_process
 
     exit_process(main())

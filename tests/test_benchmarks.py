@@ -34,11 +34,11 @@ from openclaw_ref.bench.settings import (
     sync_config_for,
 )
 from openclaw_ref.bench.targets import targets
-from openclaw_ref.errors import BadInput
-from openclaw_ref.metrics import percentile
-from openclaw_ref.report import bench_matrix_markdown
+from openclaw_ref.core.metrics import percentile
+from openclaw_ref.reporting.render import bench_matrix_markdown
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = BenchSettings(preset="tiny", steps=3, global_batch=8, raw_iters=2, rounds=1, max_world=2)
@@ -293,7 +293,7 @@ def test_ddp_detail_wrapper_fires_on_a_collective_shape_mismatch_naming_the_rank
 
 
 def test_amp_rejects_an_unknown_autocast_dtype():
-    from openclaw_ref.train import TrainConfig
+    from openclaw_ref.core.train import TrainConfig
 
     with pytest.raises(BadInput, match="amp must be one of"):
         TrainConfig(amp="fp8").validate()

@@ -11,15 +11,19 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
-from openclaw_ref.errors import BucketMisalignment, ConsistencyError
-from openclaw_ref.model import build_model, preset
+from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.core.model import build_model, preset
+from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.bucket_plan import (
-    AgreedNormEmaPlanner, BucketPlan, NormEmaPlanner, ParamInfo, cut_frames,
+    AgreedNormEmaPlanner,
+    BucketPlan,
+    NormEmaPlanner,
+    ParamInfo,
+    cut_frames,
 )
 from openclaw_ref.sync.bucketed import BucketedEngine
-from openclaw_ref.train import TrainConfig, train_model
+from openclaw_ref.sync.errors import BucketMisalignment, ConsistencyError
 
 
 def _params(sizes: list[int]) -> list[ParamInfo]:

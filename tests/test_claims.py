@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from openclaw_ref.claims import (
+from openclaw_ref.core.metrics import bootstrap_ratio
+from openclaw_ref.reporting.claims import (
     CLAIMS,
     IMPLEMENTED,
     INSIDE_NOISE,
@@ -30,9 +31,14 @@ from openclaw_ref.claims import (
     assess_all,
     half_effect,
 )
-from openclaw_ref.metrics import bootstrap_ratio
-from openclaw_ref.record import SCHEMA_VERSION, RecordError, RunRecord, load_record, parse_record
-from openclaw_ref.report import claims_markdown
+from openclaw_ref.reporting.record import (
+    SCHEMA_VERSION,
+    RecordError,
+    RunRecord,
+    load_record,
+    parse_record,
+)
+from openclaw_ref.reporting.render import claims_markdown
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic records

@@ -17,7 +17,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from openclaw_ref.compare import (
+from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.core.jsonio import write_json_atomic
+from openclaw_ref.core.metrics import peak_memory_mb, reset_peak_memory
+from openclaw_ref.core.model import EVAL_STEP, build_model, preset
+from openclaw_ref.core.train import TrainConfig
+from openclaw_ref.experiments.compare import (
     OVERFLOW_WORKLOADS,
     SEED_NORM_NAMES,
     CompareConfig,
@@ -27,15 +32,10 @@ from openclaw_ref.compare import (
     section_lightning,
     slim_run,
 )
-from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
-from openclaw_ref.jsonio import write_json_atomic
-from openclaw_ref.metrics import peak_memory_mb, reset_peak_memory
-from openclaw_ref.model import EVAL_STEP, build_model, preset
-from openclaw_ref.record import SCHEMA_VERSION, load_record
+from openclaw_ref.reporting.record import SCHEMA_VERSION, load_record
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.seed_f5 import SEED_SCALE
-from openclaw_ref.train import TrainConfig
 
 CPU = torch.device("cpu")
 TINY = preset("tiny", seed=1)
@@ -175,7 +175,7 @@ def test_peak_memory_is_reset_at_each_run_start():
 
 
 def test_quantization_of_a_trained_model_reports_accuracy_and_latency():
-    from openclaw_ref.quantize import ENGINES, measure
+    from openclaw_ref.experiments.quantize import ENGINES, measure
 
     ds = SkillDataset(TINY, DataConfig(seed=1))
     model = build_model(TINY)

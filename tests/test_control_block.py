@@ -8,13 +8,6 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from openclaw_ref.errors import (
-    BucketMisalignment,
-    ClockMismatch,
-    ConsistencyError,
-    MissingGradient,
-    ScaleMismatch,
-)
 from openclaw_ref.sync.control import (
     NONFINITE,
     READY_DETAIL_MAX_RANKS,
@@ -28,6 +21,13 @@ from openclaw_ref.sync.control import (
     membership_digest,
     verify,
     write_block,
+)
+from openclaw_ref.sync.errors import (
+    BucketMisalignment,
+    ClockMismatch,
+    ConsistencyError,
+    MissingGradient,
+    ScaleMismatch,
 )
 
 WIRES = [torch.float32, torch.float16, torch.bfloat16]

@@ -6,10 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from openclaw_ref.data import (
-    DataConfig, SkillDataset, global_batch_ids, rank_batch, shard_ids, skill_priors,
+from openclaw_ref.core.data import (
+    DataConfig,
+    SkillDataset,
+    global_batch_ids,
+    rank_batch,
+    shard_ids,
+    skill_priors,
 )
-from openclaw_ref.model import build_model, preset
+from openclaw_ref.core.model import build_model, preset
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from openclaw_ref.doctor import (
+from openclaw_ref.ops.doctor import (
     NCCL_FLOOR,
     diagnose,
     doctor_exit_code,

@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.ddp_option_matrix import PlainNet, batch
-from openclaw_ref.errors import RankFailed, SyncTimeout
-from openclaw_ref.launch import LaunchConfig, RankPool
+from openclaw_ref.core.errors import RankFailed
+from openclaw_ref.core.launch import LaunchConfig, RankPool
+from openclaw_ref.experiments.ddp_option_matrix import PlainNet, batch
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import SyncTimeout
 from openclaw_ref.sync.hardened import harden
 
 

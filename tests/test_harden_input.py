@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.errors import BadInput
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.hardened import harden
 from openclaw_ref.sync.target import reducible_dtypes
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.errors import ConsistencyError, MissingGradient
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import ConsistencyError, MissingGradient
 from openclaw_ref.sync.hardened import harden
 
 

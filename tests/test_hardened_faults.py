@@ -10,15 +10,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
-from openclaw_ref.errors import (
-    BucketMisalignment, ClockMismatch, ConsistencyError, NonFiniteGradient, ParameterMismatch,
-    RankFailed, ReplicaDivergence, ScaleMismatch, SyncTimeout,
-)
-from openclaw_ref.launch import LaunchConfig, RankPool
-from openclaw_ref.model import build_model, preset
+from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.core.errors import RankFailed
+from openclaw_ref.core.launch import LaunchConfig, RankPool
+from openclaw_ref.core.model import build_model, preset
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.ddp import wrap_ddp
+from openclaw_ref.sync.errors import (
+    BucketMisalignment,
+    ClockMismatch,
+    ConsistencyError,
+    NonFiniteGradient,
+    ParameterMismatch,
+    ReplicaDivergence,
+    ScaleMismatch,
+    SyncTimeout,
+)
 from openclaw_ref.sync.hardened import harden
 
 WATCHED = "layer.3.attn.v_proj.weight"  # the seed's C2 parameter

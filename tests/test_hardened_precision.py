@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.precision import (
-    OverflowStats, ScalePolicy, count_nonfinite, finite_sum, from_wire, to_wire,
+    OverflowStats,
+    ScalePolicy,
+    count_nonfinite,
+    finite_sum,
+    from_wire,
+    to_wire,
 )
 
 

@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 import torch.nn.functional as F
 
-from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
-from openclaw_ref.model import build_model, preset
+from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.core.model import build_model, preset
+from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.costs import recorded_collectives, step_cost
-from openclaw_ref.train import TrainConfig, train_model
 
 # Tolerances of the reduced-precision wires against fp32 (final loss after 10 SGD steps,
 # relative). Each wire cast rounds an element to 2^-11 (fp16) / 2^-8 (bf16) relative; SGD's update
@@ -138,7 +138,7 @@ def test_hardened_issues_exactly_as_many_collectives_per_step_as_ddp(pools):
 
 def test_cli_trains_with_the_hardened_fp16_auto_wire(tmp_path):
     from openclaw_ref.cli import main
-    from openclaw_ref.jsonio import read_json
+    from openclaw_ref.core.jsonio import read_json
 
     out = tmp_path / "run.json"
     code = main(["train", "--sync", "hardened", "--wire", "fp16", "--scale", "auto",
@@ -151,8 +151,8 @@ def test_cli_trains_with_the_hardened_fp16_auto_wire(tmp_path):
 
 
 def test_a_fired_check_still_writes_the_run_json_with_its_event(pools, tmp_path):
-    from openclaw_ref.errors import RankFailed
-    from openclaw_ref.jsonio import read_json
+    from openclaw_ref.core.errors import RankFailed
+    from openclaw_ref.core.jsonio import read_json
 
     out = tmp_path / "run.json"
     sync = SyncConfig("hardened", wire="fp16", per_rank_scale={1: 10})

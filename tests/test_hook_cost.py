@@ -10,10 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openclaw_ref.errors import BadInput
-from openclaw_ref.hook_cost import ARMS, HookCostConfig, hook_cost_rank, summarize, table
+from openclaw_ref.experiments.hook_cost import (
+    ARMS,
+    HookCostConfig,
+    hook_cost_rank,
+    summarize,
+    table,
+)
+from openclaw_ref.experiments.verify_scale import block_bytes, block_share, synthesized_blocks
 from openclaw_ref.sync.control import SLOT_FIELDS, check_blocks
-from openclaw_ref.verify_scale import block_bytes, block_share, synthesized_blocks
+from openclaw_ref.sync.errors import BadInput
 
 
 def _raw(step_ms: dict[str, list[float]], buckets: int = 8) -> dict:

@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from openclaw_ref.errors import BadInput, LaunchTimeout, RankFailed
-from openclaw_ref.launch import LaunchConfig, RankPool, launch
+from openclaw_ref.core.errors import LaunchTimeout, RankFailed
+from openclaw_ref.core.launch import LaunchConfig, RankPool, launch
+from openclaw_ref.sync.errors import BadInput
 
 
 def sum_of_ranks(ctx) -> float:
@@ -124,8 +125,8 @@ def test_nccl_without_gpus_is_rejected_before_spawning():
 
 # --- who is blamed: FailureTriage fed every order of arrival, no processes, no sleeps ----------
 
-from openclaw_ref.errors import ClockMismatch  # noqa: E402
-from openclaw_ref.triage import CHECK_GRACE_S, ECHO_GRACE_S, FailureTriage, Report  # noqa: E402
+from openclaw_ref.core.triage import CHECK_GRACE_S, ECHO_GRACE_S, FailureTriage, Report  # noqa: E402
+from openclaw_ref.sync.errors import ClockMismatch  # noqa: E402
 
 SIGABRT_EXIT = -6
 ECHO = Report(1, "RuntimeError: Connection closed by peer [127.0.0.1]:4242",

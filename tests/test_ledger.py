@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openclaw_ref.errors import ClockMismatch, NonFiniteGradient
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.control import block_size, encode_slot, write_block
+from openclaw_ref.sync.errors import ClockMismatch, NonFiniteGradient
 from openclaw_ref.sync.ledger import BucketRecord, Ledger
 from openclaw_ref.sync.precision import ScalePolicy
 

@@ -1,6 +1,6 @@
 """openclaw under Lightning (seed 004): dynamic padding, class balancing, and our DDP strategy.
 
-The Trainer cases run ``python -m openclaw_ref.lightning`` in a subprocess (Lightning's launcher
+The Trainer cases run ``python -m openclaw_ref.integrations.lightning`` in a subprocess (Lightning's launcher
 re-executes the script for every rank), in their own session with a hard timeout, and kill that
 session afterwards so no rank outlives the test.
 """
@@ -20,14 +20,14 @@ import torch
 
 pytest.importorskip("lightning")
 
-from openclaw_ref.data import PAD, DataConfig, SkillDataset  # noqa: E402
-from openclaw_ref.lightning import (  # noqa: E402
+from openclaw_ref.core.data import PAD, DataConfig, SkillDataset  # noqa: E402
+from openclaw_ref.core.model import build_model, preset  # noqa: E402
+from openclaw_ref.integrations.lightning import (  # noqa: E402
     OpenClawModule,
     SkillDataModule,
     balancing_weights,
     pad_collate,
 )
-from openclaw_ref.model import build_model, preset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = preset("tiny", seed=1)
@@ -118,7 +118,7 @@ def run_trainer(tmp_path: Path, *args: str, timeout_s: float = 150) -> tuple[int
     out = tmp_path / "result.json"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("MASTER_PORT", None)
-    proc = subprocess.Popen([sys.executable, "-m", "openclaw_ref.lightning", "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "openclaw_ref.integrations.lightning", "--out", str(out),
                              *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -165,12 +165,11 @@ def test_fault_injected_under_lightning_is_caught_by_the_hardened_checks(tmp_pat
 
 
 def build_through_the_strategy(ctx) -> dict:
+    import torch
     from torch import nn
 
-    from openclaw_ref.lightning import SyncDDPStrategy
+    from openclaw_ref.integrations.lightning import SyncDDPStrategy
     from openclaw_ref.sync.base import SyncConfig
-
-    import torch
 
     strategy = SyncDDPStrategy(SyncConfig(name="hardened"), find_unused_parameters=False,
                                static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=1.0,

@@ -8,8 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from openclaw_ref.model import (
-    PRESETS, OpenClawConfig, build_model, preset, sparsity_at, validate_sparsity_range,
+from openclaw_ref.core.model import (
+    PRESETS,
+    OpenClawConfig,
+    build_model,
+    preset,
+    sparsity_at,
+    validate_sparsity_range,
 )
 
 
@@ -119,7 +124,7 @@ def test_mask_entropy_is_reported_in_bits():
 
 
 def test_model_never_imports_torch_distributed():
-    import openclaw_ref.model as m
+    import openclaw_ref.core.model as m
 
     source = open(m.__file__).read()
     assert "torch.distributed" not in source.replace('``torch.distributed``', "")

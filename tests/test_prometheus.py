@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from openclaw_ref.errors import BadInput, Event  # noqa: E402
-from openclaw_ref.faults import parse_fault  # noqa: E402
-from openclaw_ref.launch import RankContext  # noqa: E402
-from openclaw_ref.prometheus import (  # noqa: E402
+from openclaw_ref.core.faults import parse_fault  # noqa: E402
+from openclaw_ref.core.launch import RankContext  # noqa: E402
+from openclaw_ref.core.train import TrainConfig, train_rank  # noqa: E402
+from openclaw_ref.ops.prometheus import (  # noqa: E402
     STORE_PORT_KEY,
     MetricsConfig,
     PrometheusExporter,
@@ -21,7 +21,7 @@ from openclaw_ref.prometheus import (  # noqa: E402
     exporter_port,
 )
 from openclaw_ref.sync.base import SyncConfig  # noqa: E402
-from openclaw_ref.train import TrainConfig, train_rank  # noqa: E402
+from openclaw_ref.sync.errors import BadInput, Event  # noqa: E402
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -241,7 +241,7 @@ def test_skew_barrier_refuses_a_strategy_without_sync_times():
 
 
 def test_p2_bench_statistic_is_the_largest_bucket_ready_time_std():
-    from openclaw_ref.p2bench import step_stats
+    from openclaw_ref.experiments.p2bench import step_stats
 
     def step(i, ready, barrier):
         return {"step": i, "step_ms": 10.0 + i, "sync": {

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_ref.claims import CLAIMS, NOT_MEASURABLE, VERDICTS, assess_all
-from openclaw_ref.compare import CompareConfig, Variant, run_compare, write_results
-from openclaw_ref.jsonio import read_json
-from openclaw_ref.report import render_all
+from openclaw_ref.core.jsonio import read_json
+from openclaw_ref.experiments.compare import CompareConfig, Variant, run_compare, write_results
+from openclaw_ref.reporting.claims import CLAIMS, NOT_MEASURABLE, VERDICTS, assess_all
+from openclaw_ref.reporting.render import render_all
 from openclaw_ref.sync.base import SyncConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_back_to_back_regenerations_give_identical_verdicts_with_five_repeats(tm
 
 
 def test_atomic_writes_get_the_permissions_of_a_plain_open(tmp_path):
-    from openclaw_ref.jsonio import write_text_atomic
+    from openclaw_ref.core.jsonio import write_text_atomic
 
     plain = tmp_path / "plain.txt"
     plain.write_text("x")

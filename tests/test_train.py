@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from openclaw_ref.errors import BadInput
+from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.train import TrainConfig, train_model
+from openclaw_ref.sync.errors import BadInput
 
 
 def final_parameters(ctx, cfg: TrainConfig) -> dict[str, torch.Tensor] | None:
@@ -57,7 +57,7 @@ def test_four_ranks_reach_the_loss_of_one_process_under_adamw(pools):
 def test_the_run_json_has_the_documented_sections(pools, tmp_path):
     out = tmp_path / "run.json"
     record = pools.get(2).run(record_of, _cfg(2, steps=4, out=str(out)))[0]
-    from openclaw_ref.jsonio import read_json
+    from openclaw_ref.core.jsonio import read_json
 
     on_disk = read_json(out)
     assert on_disk == record

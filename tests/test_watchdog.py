@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from openclaw_ref.errors import SyncTimeout
+from openclaw_ref.sync.errors import SyncTimeout
 from openclaw_ref.sync.watchdog import Watchdog
 
 

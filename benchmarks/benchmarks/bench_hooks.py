@@ -2,7 +2,7 @@
 regression gate — and how its verification scales with the number of ranks.
 
 ``HookCost``'s figures are ratios from ONE job in which every arm wraps the same network on the
-same two ranks and the arms take turns step by step (``openclaw_ref.hook_cost``): host drift
+same two ranks and the arms take turns step by step (``openclaw_ref.experiments.hook_cost``): host drift
 hits every arm alike, so two runs of identical code agree far inside asv's ``--factor 1.1``,
 while absolute step times (``SyncStep``) move by ±12 % between runs here and are reported, not
 gated. ``VerifyScale`` times ``check_blocks`` over synthesized blocks with asv's own repeats
@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from openclaw_ref.experiments.verify_scale import (
+    BUCKETS,
+    block_share,
+    check_over_pass,
+    synthesized_blocks,
+)
 from openclaw_ref.sync.control import check_blocks
-from openclaw_ref.verify_scale import BUCKETS, block_share, check_over_pass, synthesized_blocks
 
 from . import common
 from .common import need

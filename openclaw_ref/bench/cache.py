@@ -9,7 +9,7 @@ from pathlib import Path
 
 from openclaw_ref.bench.jobs import Case, run_seed004_case, run_sync_case
 from openclaw_ref.bench.settings import BenchSettings
-from openclaw_ref.jsonio import read_json, write_json_atomic
+from openclaw_ref.core.jsonio import read_json, write_json_atomic
 
 
 class CaseCache:
@@ -54,8 +54,8 @@ def case_figures(case: Case, settings: BenchSettings, cache: CaseCache) -> dict:
 
 
 def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -> dict:
-    """Cached summary of the interleaved hook-cost job (``openclaw_ref.hook_cost``) on 2 ranks."""
-    from openclaw_ref.hook_cost import HookCostConfig, run
+    """Cached summary of the interleaved hook-cost job (``openclaw_ref.experiments.hook_cost``) on 2 ranks."""
+    from openclaw_ref.experiments.hook_cost import HookCostConfig, run
 
     if settings.max_world < 2:
         raise NotImplementedError("the hook cost needs 2 ranks")

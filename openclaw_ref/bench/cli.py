@@ -14,8 +14,8 @@ from pathlib import Path
 from openclaw_ref.bench.cache import CaseCache
 from openclaw_ref.bench.matrix import run_matrix
 from openclaw_ref.bench.settings import STRATEGY_CASES, BenchSettings
-from openclaw_ref.errors import BadInput
-from openclaw_ref.jsonio import write_json_atomic
+from openclaw_ref.core.jsonio import write_json_atomic
+from openclaw_ref.sync.errors import BadInput
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         seed004=not args.no_seed004,
                         progress=lambda m: print(m, file=sys.stderr, flush=True),
                         cache=CaseCache(args.cache_dir) if args.cache_dir else None)
-    from openclaw_ref.report import bench_matrix_markdown
+    from openclaw_ref.reporting.render import bench_matrix_markdown
 
     tables = bench_matrix_markdown(result)
     if args.out:

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 
 from openclaw_ref.bench.settings import WIRE_DTYPES
-from openclaw_ref.metrics import percentile
+from openclaw_ref.core.metrics import percentile
 
 WARMUP_STEPS = 2  # excluded from every median, as the training loop's summary does
 
@@ -60,7 +60,7 @@ def sync_figures(steps: Sequence[dict], warmup: int = 2) -> dict:
 def parameter_bytes(preset_name: str, wire: str, seed: int = 1) -> tuple[int, int]:
     """(numel, bytes) of every trainable parameter in the wire dtype: what stock DDP with
     ``find_unused_parameters=True`` allreduces per step (every bucket, every step)."""
-    from openclaw_ref.model import build_model, preset
+    from openclaw_ref.core.model import build_model, preset
 
     model = build_model(preset(preset_name, seed=seed))
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)

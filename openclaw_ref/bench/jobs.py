@@ -39,7 +39,7 @@ from openclaw_ref.bench.settings import (
     backend_for,
     sync_config_for,
 )
-from openclaw_ref.launch import LaunchConfig, RankPool
+from openclaw_ref.core.launch import LaunchConfig, RankPool
 from openclaw_ref.sync.base import SyncConfig
 
 
@@ -62,8 +62,8 @@ def _train_config(settings: BenchSettings, world_size: int, backend: str, sync: 
     """The training run of a benchmark. Validation is cut to one sample: the loop always ends
     with a validation forward, and on the full split that forward would cost more than the
     timed steps and set every rank's peak memory, hiding the strategies' differences."""
-    from openclaw_ref.data import DataConfig
-    from openclaw_ref.train import TrainConfig
+    from openclaw_ref.core.data import DataConfig
+    from openclaw_ref.core.train import TrainConfig
 
     return TrainConfig(preset=settings.preset, world_size=world_size, steps=settings.steps,
                        global_batch=settings.global_batch, seed=settings.seed, eval_every=0,
@@ -82,7 +82,7 @@ def run_sync_case(label: str, world_size: int, backend: str, settings: BenchSett
 
     ``pool``: run on these ranks instead of a fresh pool (tests do, to reuse their pools);
     the peak-memory figure then includes whatever those processes held before."""
-    from openclaw_ref.train import train_rank
+    from openclaw_ref.core.train import train_rank
 
     sync = sync_config_for(label)
     backend = backend_for(world_size, backend, settings)
@@ -149,7 +149,7 @@ def run_seed004_case(precision: str, world_size: int, backend: str, settings: Be
     """Seed 004's table (claim L3): s/iter and peak memory per rank. One rank runs without a
     wrapper (``local``: the single-device flow), N ranks run DDP. AMP is bf16 autocast on CPU
     and fp16 on GPU, as in the seed's ``precision=16``."""
-    from openclaw_ref.train import train_rank
+    from openclaw_ref.core.train import train_rank
 
     if precision not in PRECISIONS:
         raise NotImplementedError(f"no precision {precision!r}; choose one of {PRECISIONS}")

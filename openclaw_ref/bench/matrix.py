@@ -10,7 +10,7 @@ from openclaw_ref.bench.cache import CaseCache, case_figures
 from openclaw_ref.bench.jobs import Case, run_seed004_case, run_sync_case
 from openclaw_ref.bench.settings import PRECISIONS, STRATEGY_CASES, BenchSettings
 from openclaw_ref.bench.targets import targets
-from openclaw_ref.environment import environment
+from openclaw_ref.core.environment import environment
 
 
 def run_matrix(settings: BenchSettings, strategies: Sequence[str] | None = None,

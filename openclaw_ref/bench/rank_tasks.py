@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from openclaw_ref.bench.settings import WIRE_DTYPES
-from openclaw_ref.launch import RankContext
+from openclaw_ref.core.launch import RankContext
 
 
 def raw_allreduce_rank(ctx: RankContext, numel: int, wire: str, iters: int,
@@ -45,8 +45,8 @@ def cost_probe_rank(ctx: RankContext, cfg) -> dict | None:
     (checked on every rank alike, so no rank is left waiting in a collective)."""
     import torch.nn.functional as F
 
-    from openclaw_ref.data import SkillDataset, rank_batch
-    from openclaw_ref.model import build_model
+    from openclaw_ref.core.data import SkillDataset, rank_batch
+    from openclaw_ref.core.model import build_model
     from openclaw_ref.sync import make_strategy
 
     try:

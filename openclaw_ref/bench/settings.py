@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from openclaw_ref.errors import BadInput
-from openclaw_ref.launch import resolve_backend
+from openclaw_ref.core.launch import resolve_backend
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
 
 WORLD_SIZES: tuple[int, ...] = (1, 2, 4, 8)
 REPLICA_CHECK_EVERY = 10  # "all checks on" for the hardened strategies: a digest every 10 steps
@@ -62,7 +62,7 @@ class BenchSettings:
     # made 1-rank steps vary 20×); it is also how the shared torch facts were measured.
     threads: int = 1
     timeout_s: float = 900.0  # one job
-    # timed steps per arm of the interleaved hook-cost job (``openclaw_ref.hook_cost``); the
+    # timed steps per arm of the interleaved hook-cost job (``openclaw_ref.experiments.hook_cost``); the
     # gate figures' stability comes from here (150: ratio intervals about ±3 % on 2 cores)
     hook_steps: int = 150
 
@@ -85,7 +85,7 @@ class BenchSettings:
         listed = self.backend_list()
         if listed != ("auto",) and (not listed or any(b not in ("gloo", "nccl") for b in listed)):
             raise BadInput(f"backends must be auto or a list of gloo,nccl; got {self.backends!r}")
-        from openclaw_ref.model import PRESETS
+        from openclaw_ref.core.model import PRESETS
 
         if self.preset not in PRESETS:
             raise BadInput(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from openclaw_ref.errors import BadInput
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.bucketed import Bucketed
 from openclaw_ref.sync.ddp import StockDDP, StockDDPFP16
-from openclaw_ref.sync.hardened import HardenState, Hardened, harden
 from openclaw_ref.sync.detail import DetailDDP
+from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.hardened import Hardened, HardenState, harden
 from openclaw_ref.sync.local import LocalOnly
 
 STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {

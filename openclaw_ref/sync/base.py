@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.errors import BadInput, Event
+from openclaw_ref.sync.errors import BadInput, Event
 
 WIRES = ("native", "fp32", "fp16", "bf16")
 NONFINITE_POLICIES = ("skip", "raise")

@@ -29,11 +29,11 @@ Planners (``SyncConfig.planner``):
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from openclaw_ref.errors import BadInput
 from openclaw_ref.sync.control import membership_digest
+from openclaw_ref.sync.errors import BadInput
 
 TAU = 0.85  # the seed's τ = 0.85 × EMA
 ALPHA = 0.999  # the seed's EMA decay

@@ -20,22 +20,35 @@ optimizer leaves it alone, as under DDP); any other gets sum/W with zeros for ab
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref import checks
-from openclaw_ref.errors import ConsistencyError
+from openclaw_ref.sync import checks
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
-from openclaw_ref.sync.bucket_plan import BucketPlan, Frame, ParamInfo, Planner, cut_frames, make_planner
-from openclaw_ref.sync.control import (
-    block_size, encode_slot, write_block,
+from openclaw_ref.sync.bucket_plan import (
+    BucketPlan,
+    Frame,
+    ParamInfo,
+    Planner,
+    cut_frames,
+    make_planner,
 )
+from openclaw_ref.sync.control import (
+    block_size,
+    encode_slot,
+    write_block,
+)
+from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.ledger import BucketRecord, Ledger
 from openclaw_ref.sync.precision import (
-    ScalePolicy, finite_sum, from_wire, has_nonfinite, to_wire,
+    ScalePolicy,
+    finite_sum,
+    from_wire,
+    has_nonfinite,
+    to_wire,
 )
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 

@@ -48,12 +48,17 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
-from openclaw_ref.errors import BucketMisalignment, ClockMismatch, MissingGradient, ScaleMismatch
+from openclaw_ref.sync.errors import (
+    BucketMisalignment,
+    ClockMismatch,
+    MissingGradient,
+    ScaleMismatch,
+)
 
 CHUNK_BITS = 8
 CHUNK = 1 << CHUNK_BITS

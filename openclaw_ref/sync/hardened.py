@@ -60,8 +60,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref import checks
-from openclaw_ref.errors import ConsistencyError
+from openclaw_ref.sync import checks
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control import (
     StepBlock,
@@ -73,6 +72,7 @@ from openclaw_ref.sync.control import (
     slot_middle,
 )
 from openclaw_ref.sync.ddp import wrap_ddp
+from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.ledger import BucketRecord, Ledger
 from openclaw_ref.sync.precision import (
     ScalePolicy,

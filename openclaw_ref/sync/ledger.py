@@ -20,12 +20,11 @@ hook and the bucketed engine).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
-from openclaw_ref.errors import ConsistencyError, Event, NonFiniteGradient
 from openclaw_ref.sync.control import (
     READY_UNIT_US,
     BucketVerdict,
@@ -33,6 +32,7 @@ from openclaw_ref.sync.control import (
     decode_block,
     verify,
 )
+from openclaw_ref.sync.errors import ConsistencyError, Event, NonFiniteGradient
 from openclaw_ref.sync.precision import OverflowStats, ScalePolicy, count_nonfinite
 
 

@@ -54,7 +54,7 @@ class ScalePolicy:
     growths: int = 0
 
     @classmethod
-    def from_config(cls, cfg: SyncConfig) -> "ScalePolicy":
+    def from_config(cls, cfg: SyncConfig) -> ScalePolicy:
         if cfg.wire != "fp16":
             return cls(cfg.wire, False, 0, dict(cfg.per_rank_scale))
         if cfg.scale == "auto":

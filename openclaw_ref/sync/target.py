@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.errors import BadInput
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.precision import WIRE_DTYPES
 
 

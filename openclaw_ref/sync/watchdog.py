@@ -31,11 +31,11 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch.distributed as dist
 
-from openclaw_ref.errors import SyncTimeout
+from openclaw_ref.sync.errors import SyncTimeout
 
 Progress = tuple[int, int]  # (step, bucket)
 NOT_STARTED: Progress = (-1, -1)

@@ -15,26 +15,26 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from openclaw_ref.checks import params_digest
-from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
-from openclaw_ref.environment import environment
-from openclaw_ref.errors import BadInput, ConsistencyError, SyncTimeout
-from openclaw_ref.faults import FaultInjector, FaultSpec, validate_faults
-from openclaw_ref.jsonio import write_json_atomic
-from openclaw_ref.launch import LaunchConfig, RankContext, launch
-from openclaw_ref.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
-from openclaw_ref.model import EVAL_STEP, OpenClawConfig, build_model, preset
-from openclaw_ref.prometheus import MetricsConfig, StepObserver, StepObservers
+from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.core.environment import environment
+from openclaw_ref.core.faults import FaultInjector, FaultSpec, validate_faults
+from openclaw_ref.core.jsonio import write_json_atomic
+from openclaw_ref.core.launch import LaunchConfig, RankContext, launch
+from openclaw_ref.core.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
+from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model, preset
+from openclaw_ref.ops.prometheus import MetricsConfig, StepObserver, StepObservers
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.checks import params_digest
+from openclaw_ref.sync.errors import BadInput, ConsistencyError, SyncTimeout
 
 OPTIMIZERS = ("adamw", "sgd")
 # Seed 004's AMP (claim L3): bf16 autocast on CPU, fp16 on GPU. Forward and loss only; no

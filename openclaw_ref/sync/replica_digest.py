@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from openclaw_ref.errors import BadInput
+from openclaw_ref.sync.errors import BadInput
 
 ROW_WORDS = 4096  # 64-bit words per row: one multiplier table of 2 × 32 KiB per device
 _MASK64 = (1 << 64) - 1

@@ -1,7 +1,7 @@
 """The claims ledger: every seed claim, its source, and a verdict computed from the run record.
 
 Each claim has a rule (its docstring states the rule) that reads only the validated
-:class:`~openclaw_ref.record.RunRecord` and declares the outcomes it can return; the unit tests
+:class:`~openclaw_ref.reporting.record.RunRecord` and declares the outcomes it can return; the unit tests
 drive every rule to every declared outcome with synthetic records (a rule that cannot flip is a
 defect). Vocabulary:
 
@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from openclaw_ref.metrics import bootstrap_ratio, percentile
-from openclaw_ref.record import RunRecord, as_record
+from openclaw_ref.core.metrics import bootstrap_ratio, percentile
+from openclaw_ref.reporting.record import RunRecord, as_record
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"

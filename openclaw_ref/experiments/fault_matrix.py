@@ -15,16 +15,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch.distributed as dist
 
-from openclaw_ref.errors import ConsistencyError, LaunchTimeout, RankFailed, SyncTimeout
-from openclaw_ref.faults import FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault
-from openclaw_ref.launch import LaunchConfig, RankContext, RankPool
+from openclaw_ref.core.errors import LaunchTimeout, RankFailed
+from openclaw_ref.core.faults import FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault
+from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import ConsistencyError, SyncTimeout
 
 OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
 MATRIX_STRATEGIES = ("ddp", "ddp-fp16", "hardened", "bucketed")
@@ -62,7 +64,7 @@ class MatrixSettings:
                           watchdog_s=self.watchdog_s)
 
     def train_config(self, strategy: str, fault: str | None):
-        from openclaw_ref.train import TrainConfig
+        from openclaw_ref.core.train import TrainConfig
 
         faults = (parse_fault(self.fault_text(fault)),) if fault else ()
         return TrainConfig(preset="tiny", world_size=self.world_size, steps=self.steps,
@@ -111,7 +113,7 @@ def case_task(ctx: RankContext, cfg) -> tuple[str, Any]:
     at the same step) into a reply, so the group survives for the next case. The monitored
     barrier proves every rank got out of the run; if one did not, it raises and the pool
     (which then has a wedged rank) is replaced by the caller."""
-    from openclaw_ref.train import train_rank
+    from openclaw_ref.core.train import train_rank
 
     try:
         return ("ok", train_rank(ctx, cfg))
@@ -285,7 +287,7 @@ def kills_group(strategy: str, fault: str) -> bool:
     """Whether a case leaves the process group unusable, so it must run on a fresh pool with
     short deadlines: a crash or a hang always; a bucket-cap mismatch under DDP makes gloo abort
     or wait on a size mismatch."""
-    from openclaw_ref.faults import DDP_STRATEGIES
+    from openclaw_ref.core.faults import DDP_STRATEGIES
 
     return fault in GROUP_KILLING or (fault == "local-buckets" and strategy in DDP_STRATEGIES)
 

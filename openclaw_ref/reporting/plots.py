@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from openclaw_ref.jsonio import write_bytes_atomic
-from openclaw_ref.record import RunRecord
+from openclaw_ref.core.jsonio import write_bytes_atomic
+from openclaw_ref.reporting.record import RunRecord
 
 
 def _figure():

@@ -27,10 +27,10 @@ order, because each rule reads facts that stay true once observed:
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
-from openclaw_ref.errors import EXIT_CHECK_FIRED, OpenClawError
+from openclaw_ref.sync.errors import EXIT_CHECK_FIRED, OpenClawError
 
 CHECK_GRACE_S = 5.0  # rule 2: time for the siblings' last words (rank 0 writes the run JSON)
 ECHO_GRACE_S = 2.0  # rule 4: time for a silently dead sibling's exit to be seen

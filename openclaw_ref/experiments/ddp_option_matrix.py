@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.errors import ConsistencyError
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.hardened import harden
 
 IN_CHANNELS, LENGTH, CLASSES = 4, 16, 5

@@ -9,7 +9,7 @@ Skew source: ``jitter_ms`` makes each rank sleep a seeded uniform Δt before eve
 the seed's M1 ("per-rank sparse-mask compute delay Δt in [0.3, 5.7] ms"); 0 = only the
 machine's own noise. Benchmarks (asv) can call ``measure_skew_barrier`` directly.
 
-    python -m openclaw_ref.p2bench --world-size 2 --steps 40 --repeats 3
+    python -m openclaw_ref.experiments.p2bench --world-size 2 --steps 40 --repeats 3
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import dataclasses
 import random
 import statistics
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
-from openclaw_ref.launch import RankContext, RankPool
-from openclaw_ref.prometheus import MetricsConfig
+from openclaw_ref.core.launch import RankContext, RankPool
+from openclaw_ref.core.train import TrainConfig, train_rank
+from openclaw_ref.ops.prometheus import MetricsConfig
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.train import TrainConfig, train_rank
 
 SEED_JITTER_MS = (0.3, 5.7)  # the seed's M1 range
 
@@ -80,7 +80,7 @@ def measure_skew_barrier(world_size: int = 2, steps: int = 40, repeats: int = 3,
                          = SEED_JITTER_MS, preset: str = "tiny", pool: RankPool | None = None
                          ) -> dict[str, list[dict]]:
     """{"off": [stats per repeat], "on": [...]}, arms interleaved to share the machine's drift."""
-    from openclaw_ref.launch import LaunchConfig
+    from openclaw_ref.core.launch import LaunchConfig
 
     base = TrainConfig(preset=preset, world_size=world_size, steps=steps, global_batch=8 *
                        world_size, eval_every=0, progress=False, sync=SyncConfig(name="hardened"))
@@ -111,9 +111,9 @@ def summarize(result: dict[str, list[dict]]) -> list[list]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from openclaw_ref.report import p2_table
+    from openclaw_ref.reporting.render import p2_table
 
-    p = argparse.ArgumentParser(prog="python -m openclaw_ref.p2bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m openclaw_ref.experiments.p2bench", description=__doc__)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=3)

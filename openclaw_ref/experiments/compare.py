@@ -26,14 +26,15 @@ from typing import Any
 
 import torch
 
-from openclaw_ref.environment import environment
-from openclaw_ref.errors import BadInput, ConsistencyError, RankFailed
-from openclaw_ref.launch import LaunchConfig, RankContext, RankPool, resolve_backend
-from openclaw_ref.metrics import percentile
-from openclaw_ref.record import SCHEMA_VERSION
+from openclaw_ref.core.environment import environment
+from openclaw_ref.core.errors import RankFailed
+from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool, resolve_backend
+from openclaw_ref.core.metrics import percentile
+from openclaw_ref.core.train import TrainConfig, train_model
+from openclaw_ref.reporting.record import SCHEMA_VERSION
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.train import TrainConfig, train_model
+from openclaw_ref.sync.errors import BadInput, ConsistencyError
 
 RAW_NAME = "raw.json"
 
@@ -354,7 +355,7 @@ SEED_F4_ENV = {"NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_RING_ALGO": "1", "NCCL_MI
 
 def seed_env_lint() -> dict:
     """The doctor's findings on the seed's F4 settings, recorded so the ledger reads them."""
-    from openclaw_ref.doctor import lint_environment
+    from openclaw_ref.ops.doctor import lint_environment
 
     return {"env": dict(SEED_F4_ENV),
             "findings": [dataclasses.asdict(f) for f in lint_environment(SEED_F4_ENV)]}
@@ -371,8 +372,8 @@ class CompareInterrupted(Exception):
 
 def write_results(raw: dict, out_dir: Path) -> list[Path]:
     """Store the raw document, then render every derived file from it (each write atomic)."""
-    from openclaw_ref.jsonio import write_json_atomic
-    from openclaw_ref.report import render_all
+    from openclaw_ref.core.jsonio import write_json_atomic
+    from openclaw_ref.reporting.render import render_all
 
     write_json_atomic(out_dir / RAW_NAME, raw, compact=True, float_digits=6)
     return [out_dir / RAW_NAME] + render_all(out_dir)
@@ -402,8 +403,13 @@ def _costs(pools: PoolSet, tcfg: TrainConfig) -> dict | None:
 
 def section_faults(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
     """The fault × strategy matrix (2 ranks) and per-rank bucket layouts of every strategy."""
-    from openclaw_ref.conform import ConformSettings, check_bucket_alignment
-    from openclaw_ref.fault_matrix import FAULTS, MatrixRunner, MatrixSettings, matrix_strategies
+    from openclaw_ref.conformance.conform import ConformSettings, check_bucket_alignment
+    from openclaw_ref.experiments.fault_matrix import (
+        FAULTS,
+        MatrixRunner,
+        MatrixSettings,
+        matrix_strategies,
+    )
 
     settings = MatrixSettings()
     runner = MatrixRunner(settings, get_pool=pools.get)
@@ -468,8 +474,8 @@ def seed_f5_cases(runner: Any, pools: PoolSet, progress: Progress) -> list[dict]
     a fault-free case (fault ``none``): no-effect when it trains exactly like stock ``ddp``
     (same parameter digest), detected when its assertion fires (a false alarm), crash /
     hang-timeout when a rank dies or stalls, silent-corruption when it changes the result."""
-    from openclaw_ref.fault_matrix import FAULTS, CaseOutcome, case_task
-    from openclaw_ref.errors import LaunchTimeout
+    from openclaw_ref.core.errors import LaunchTimeout
+    from openclaw_ref.experiments.fault_matrix import FAULTS, CaseOutcome, case_task
 
     st = runner.settings
     ddp_digest = runner.reference("ddp")
@@ -524,7 +530,7 @@ def section_overflow(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> 
     """FP16 overflow on high-dynamic-range gradients at every size (F3): stock fp16 hook vs the
     seed's uniform 2^12 vs the agreed ``auto`` scale; the rank-dependent pre-scale (M4); and
     overflow vs the scale exponent (at the smallest size)."""
-    from openclaw_ref.conform import ConformSettings, check_overflow_rate
+    from openclaw_ref.conformance.conform import ConformSettings, check_overflow_rate
 
     sizes = overflow_sizes(cfg)
     variants = {"ddp-fp16": SyncConfig(name="ddp-fp16"),
@@ -688,9 +694,9 @@ def scale_mismatch_rank(ctx: RankContext, tcfg: TrainConfig,
     rank pre-scaling by 2^10 and the others by 2^12 (the seed's pair). Every rank returns the
     same counts per workload (per-rank flags are gathered; an allreduce is corrupted if any
     rank's average is off)."""
-    from openclaw_ref.conform import gather
+    from openclaw_ref.conformance.conform import gather
+    from openclaw_ref.core.train import LoopHooks
     from openclaw_ref.sync.ddp import wrap_ddp
-    from openclaw_ref.train import LoopHooks
 
     w = ctx.world_size
     exponents = [12] * (w - 1) + [10]
@@ -786,7 +792,7 @@ def section_raw_allreduce(cfg: CompareConfig, pools: PoolSet, progress: Progress
     """A flat allreduce of the gradient bytes (fp32 and fp16): the limit any sync approaches."""
     from openclaw_ref.bench.figures import algbw_gbps, busbw_gbps
     from openclaw_ref.bench.rank_tasks import raw_allreduce_rank
-    from openclaw_ref.model import build_model
+    from openclaw_ref.core.model import build_model
 
     numel = sum(p.numel() for p in build_model(preset_cfg(cfg)).parameters())
     rows = []
@@ -872,8 +878,8 @@ def section_ablations(cfg: CompareConfig, pools: PoolSet, progress: Progress) ->
 def p2_arm_rank(ctx: RankContext, tcfg: TrainConfig,
                 jitter: tuple[float, float] | None) -> dict | None:
     """One P2 arm on one rank: the training loop with the seed's per-rank Δt before backward."""
-    from openclaw_ref.p2bench import Jitter
-    from openclaw_ref.train import train_rank
+    from openclaw_ref.core.train import train_rank
+    from openclaw_ref.experiments.p2bench import Jitter
 
     return train_rank(ctx, tcfg, (Jitter(ctx.rank, *jitter, seed=tcfg.seed),) if jitter else ())
 
@@ -882,8 +888,8 @@ def skew_barrier_interleaved(cfg: CompareConfig, pool: RankPool, w: int,
                              progress: Progress) -> dict[str, list[dict]]:
     """``p2bench.measure_skew_barrier``'s arms (hardened, threshold 1.5 ms, the seed's jitter),
     with the arm order rotated per repeat: {"off": [stats per repeat], "on": [...]}."""
-    from openclaw_ref.p2bench import SEED_JITTER_MS, step_stats
-    from openclaw_ref.prometheus import MetricsConfig
+    from openclaw_ref.experiments.p2bench import SEED_JITTER_MS, step_stats
+    from openclaw_ref.ops.prometheus import MetricsConfig
 
     base = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.steps, global_batch=8 * w,
                        eval_every=0, progress=False, sync=SyncConfig(name="hardened"),
@@ -903,7 +909,7 @@ def lightning_command(cfg: CompareConfig, out: Path) -> list[str]:
     precision (bf16 on CPU, fp16 on GPUs), seeded, class-balanced by a WeightedRandomSampler
     over deliberately imbalanced labels; stock DDP (``--sync ddp``) under Lightning's DDP."""
     precision = "16-mixed" if torch.cuda.is_available() else "bf16-mixed"
-    return [sys.executable, "-m", "openclaw_ref.lightning", "--devices",
+    return [sys.executable, "-m", "openclaw_ref.integrations.lightning", "--devices",
             str(cfg.lightning_devices), "--max-steps", str(cfg.lightning_steps),
             "--precision", precision, "--sync", "ddp", "--seed", str(cfg.seed), "--balance",
             "--imbalance", "4", "--out", str(out)]
@@ -919,7 +925,7 @@ def _lightning_flags(result: dict, balance: bool) -> tuple[bool | None, bool | N
 
     from torch.utils.data import WeightedRandomSampler
 
-    from openclaw_ref import lightning as lt
+    from openclaw_ref.integrations import lightning as lt
 
     source = inspect.getsource(lt.run_lightning)
     workers = "seed_everything(" in source and "workers=True" in source
@@ -930,7 +936,7 @@ def _lightning_flags(result: dict, balance: bool) -> tuple[bool | None, bool | N
 
 
 def section_lightning(cfg: CompareConfig, pools: PoolSet, progress: Progress) -> dict:
-    """A real short Lightning run (seed 004's L2/L4): ``python -m openclaw_ref.lightning`` in
+    """A real short Lightning run (seed 004's L2/L4): ``python -m openclaw_ref.integrations.lightning`` in
     its own session (Lightning's launcher re-executes it per rank), killed afterwards."""
     import json
     import signal
@@ -987,9 +993,9 @@ def section_lightning(cfg: CompareConfig, pools: PoolSet, progress: Progress) ->
 def quantize_rank(ctx: RankContext, tcfg: TrainConfig) -> dict | None:
     """Train one process without sync, then quantize the trained replica to int8 and measure
     accuracy and latency on the validation split at the evaluation sparsity."""
-    from openclaw_ref.data import SkillDataset
-    from openclaw_ref.model import EVAL_STEP
-    from openclaw_ref.quantize import measure
+    from openclaw_ref.core.data import SkillDataset
+    from openclaw_ref.core.model import EVAL_STEP
+    from openclaw_ref.experiments.quantize import measure
 
     result = train_model(ctx, tcfg)
     if not ctx.is_main:
@@ -1035,7 +1041,7 @@ def section_hook_cost(cfg: CompareConfig, pools: PoolSet, progress: Progress) ->
     """Issue 12's figures: each hook's per-step cost beside stock DDP and PyTorch's Python
     hooks, arms interleaved in one 2-rank job per model (``hook_cost.py``); and the cost of
     verifying a step's control blocks at 8 to 8,192 ranks (``verify_scale.py``)."""
-    from openclaw_ref import hook_cost, verify_scale
+    from openclaw_ref.experiments import hook_cost, verify_scale
 
     out: dict[str, Any] = {"jobs": {}, "tables": []}
     for model in HOOK_COST_MODELS:
@@ -1058,7 +1064,7 @@ def section_hook_cost(cfg: CompareConfig, pools: PoolSet, progress: Progress) ->
 
 
 def preset_cfg(cfg: CompareConfig):
-    from openclaw_ref.model import preset
+    from openclaw_ref.core.model import preset
 
     return preset(cfg.preset, seed=cfg.seed)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openclaw_ref.errors import BadInput
+from openclaw_ref.sync.errors import BadInput
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)

@@ -3,7 +3,7 @@
 Pieces, each usable alone (optional extra ``lightning``):
   * ``OpenClawModule``  — LightningModule around ``build_model``; the logical step passed to the
     model is Lightning's ``global_step``, so sparsity follows the same seeded schedule as
-    ``openclaw-bench train``. Fault injectors (``openclaw_ref.faults``) hook in where the plain
+    ``openclaw-bench train``. Fault injectors (``openclaw_ref.core.faults``) hook in where the plain
     loop calls them.
   * ``SkillDataModule`` — the synthetic skill task with *dynamic padding* (``pad_collate``: each
     batch is padded to its own longest sample, token 0 = padding, which the model masks) and an
@@ -15,7 +15,7 @@ Pieces, each usable alone (optional extra ``lightning``):
     Per step it calls ``begin_step`` before the forward and ``finish_step`` after the backward;
     a False from ``finish_step`` (every rank skips together, e.g. an FP16 overflow) clears the
     gradients so the optimizer step that Lightning still runs changes nothing.
-  * ``python -m openclaw_ref.lightning`` — a small runner (``seed_everything(seed,
+  * ``python -m openclaw_ref.integrations.lightning`` — a small runner (``seed_everything(seed,
     workers=True)`` first, as seed 004 advises) that writes a JSON result; tests launch it as a
     subprocess because Lightning's launcher re-executes the script for every rank.
 """
@@ -29,8 +29,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,17 +43,17 @@ try:
     import lightning as L
     from lightning.pytorch.strategies import DDPStrategy
 except ImportError as exc:  # pragma: no cover - only without the extra
-    raise ImportError("openclaw_ref.lightning needs the lightning extra: "
+    raise ImportError("openclaw_ref.integrations.lightning needs the lightning extra: "
                       "pip install 'openclaw-sync[lightning]'") from exc
 
-from openclaw_ref.data import PAD, DataConfig, SkillDataset
-from openclaw_ref.errors import BadInput, ConsistencyError, OpenClawError, SyncTimeout
-from openclaw_ref.faults import FaultInjector, FaultSpec, parse_fault
-from openclaw_ref.launch import RankContext
-from openclaw_ref.model import EVAL_STEP, OpenClawConfig, build_model, preset
-from openclaw_ref.prometheus import MetricsConfig, StepObservers
+from openclaw_ref.core.data import PAD, DataConfig, SkillDataset
+from openclaw_ref.core.faults import FaultInjector, FaultSpec, parse_fault
+from openclaw_ref.core.launch import RankContext
+from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model, preset
+from openclaw_ref.ops.prometheus import MetricsConfig, StepObservers
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.errors import BadInput, ConsistencyError, OpenClawError, SyncTimeout
 
 # ---------------------------------------------------------------------------------------------
 # Data: dynamic padding and class balancing
@@ -100,7 +101,7 @@ def balancing_weights(labels: torch.Tensor, n_classes: int) -> torch.Tensor:
 
 
 class SkillDataModule(L.LightningDataModule):
-    """The synthetic skill task (``openclaw_ref.data``) for Lightning, padded per batch.
+    """The synthetic skill task (``openclaw_ref.core.data``) for Lightning, padded per batch.
 
     ``batch_size`` is per rank (Lightning's convention). ``balance=True`` draws training samples
     through a seeded ``WeightedRandomSampler`` (with replacement) that evens out the skill
@@ -281,7 +282,7 @@ class SyncDDPStrategy(DDPStrategy):
 
 
 class StepObserversCallback(L.Callback):
-    """Feeds ``openclaw_ref.prometheus`` observers (per-rank exporter, P2 skew barrier) from a
+    """Feeds ``openclaw_ref.ops.prometheus`` observers (per-rank exporter, P2 skew barrier) from a
     ``SyncDDPStrategy`` — the same hooks the plain training loop calls."""
 
     def __init__(self, metrics: MetricsConfig) -> None:
@@ -402,7 +403,7 @@ def run_lightning(cfg: LightningRunConfig) -> dict:
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[LightningRunConfig, str | None]:
-    p = argparse.ArgumentParser(prog="python -m openclaw_ref.lightning",
+    p = argparse.ArgumentParser(prog="python -m openclaw_ref.integrations.lightning",
                                 description="train openclaw under Lightning with a sync strategy")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--devices", type=int, default=2)
@@ -439,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"openclaw-lightning: {exc}\n")
         return exc.exit_code
     if result["rank"] == 0 and out:
-        from openclaw_ref.jsonio import write_json_atomic
+        from openclaw_ref.core.jsonio import write_json_atomic
 
         write_json_atomic(out, result)
     elif result["rank"] == 0:

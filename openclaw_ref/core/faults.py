@@ -49,14 +49,14 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
-from openclaw_ref.errors import BadInput
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
 
 FAULTS: tuple[str, ...] = ("late-rank", "local-buckets", "scale-mismatch", "missing-grad",
                            "permuted-params", "bitflip", "nan-grad", "crash", "hang")

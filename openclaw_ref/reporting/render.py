@@ -8,13 +8,13 @@ exactly what ran, and a correctness column beside every timing column (nccl-test
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tabulate import tabulate
 
-from openclaw_ref.jsonio import write_text_atomic
-from openclaw_ref.record import RunRecord, load_record
+from openclaw_ref.core.jsonio import write_text_atomic
+from openclaw_ref.reporting.record import RunRecord, load_record
 
 RAW_NAME = "raw.json"
 
@@ -209,7 +209,7 @@ def comparison_markdown(rec: RunRecord) -> str:
 def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
     """The ledger of one machine directory: header naming where it was rendered from, verdict
     counts, one row per claim (with its seed source), then the seed documents."""
-    from openclaw_ref.claims import MIN_REPEATS, SOURCES, VERDICTS, assess_all
+    from openclaw_ref.reporting.claims import MIN_REPEATS, SOURCES, VERDICTS, assess_all
 
     env = rec.environment
     found = assess_all(rec)
@@ -220,7 +220,7 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
               "changed" if rec.upgraded_from else f"record schema {rec.schema_version}")
     where = (f"Rendered from `{rendered_from}/raw.json` ({schema}) by `openclaw-bench report`; "
              "each verdict is computed from that record by the rule of its claim in "
-             "`openclaw_ref/claims.py`. Each machine directory keeps its own ledger.")
+             "`openclaw_ref/reporting/claims.py`. Each machine directory keeps its own ledger.")
     vocabulary = (f"Vocabulary: {', '.join(VERDICTS)}. Timing is judged only at ranks ≤ cores "
                   f"(GPUs under NCCL), from ≥ {MIN_REPEATS} interleaved repeats with a seeded "
                   "bootstrap interval; an interval containing the threshold is *inside the "
@@ -239,7 +239,7 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
 def render_all(out_dir: Path) -> list[Path]:
     """Re-render every derived file of a results directory from its validated ``raw.json``;
     the top-level ``claims.md`` is the ledger of the directory rendered last, and says so."""
-    from openclaw_ref.plots import render_plots
+    from openclaw_ref.reporting.plots import render_plots
 
     rec = load_record(out_dir / RAW_NAME)
     ledger = claims_markdown(rec, f"{out_dir.parent.name}/{out_dir.name}")

@@ -18,7 +18,7 @@ Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB buc
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
 buckets). The per-bucket host cost of a hook is (its median step − ddp's) ÷ buckets.
 
-Run: ``python -m openclaw_ref.hook_cost --world-size 2 --steps 150``.
+Run: ``python -m openclaw_ref.experiments.hook_cost --world-size 2 --steps 150``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,9 +41,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.errors import BadInput
-from openclaw_ref.launch import LaunchConfig, RankContext, RankPool
-from openclaw_ref.metrics import bootstrap_ratio
+from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
+from openclaw_ref.core.metrics import bootstrap_ratio
+from openclaw_ref.sync.errors import BadInput
 
 ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32", "hardened-fp16")
 BASELINE = "ddp"
@@ -64,7 +64,7 @@ class HookCostConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from openclaw_ref.model import PRESETS
+        from openclaw_ref.core.model import PRESETS
 
         if self.model != "mlp" and self.model not in PRESETS:
             raise BadInput(f"model must be mlp or a preset ({', '.join(PRESETS)}); "
@@ -121,8 +121,8 @@ def _step_fn(cfg: HookCostConfig, ctx: RankContext) -> tuple[nn.Module, Callable
             return F.mse_loss(model(x), x)
 
         return net, loss
-    from openclaw_ref.data import DataConfig, SkillDataset, rank_batch
-    from openclaw_ref.model import build_model, preset
+    from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+    from openclaw_ref.core.model import build_model, preset
 
     model_cfg = preset(cfg.model, seed=cfg.seed)
     ds = SkillDataset(model_cfg, DataConfig(seed=cfg.seed))
@@ -193,7 +193,7 @@ def hook_memory_rank(ctx: RankContext, seed: int = 0, warmup: int = 2,
     the run already holds."""
     import gc
 
-    from openclaw_ref.metrics import peak_memory_mb, reset_peak_memory
+    from openclaw_ref.core.metrics import peak_memory_mb, reset_peak_memory
 
     rows = []
     configs = [(a, v) for v in (False, True) for a in MEMORY_ARMS]
@@ -330,7 +330,7 @@ def run(cfg: HookCostConfig, threads_per_rank: int = 1) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m openclaw_ref.hook_cost", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m openclaw_ref.experiments.hook_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mlp")
     p.add_argument("--world-size", type=int, default=2)
@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"[{s['ratio_low']:.3f}, {s['ratio_high']:.3f}]  {s['per_bucket_us']:7.1f} µs/bucket "
               f"({s['buckets']} buckets)")
     if a.out:
-        from openclaw_ref.jsonio import write_json_atomic
+        from openclaw_ref.core.jsonio import write_json_atomic
 
         write_json_atomic(a.out, result)
     else:

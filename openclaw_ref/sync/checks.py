@@ -16,14 +16,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from openclaw_ref.errors import (
+from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ConsistencyError,
     ParameterMismatch,
     ReplicaDivergence,
     ShapeMismatch,
 )
-from openclaw_ref.replica_digest import ReplicaDigest
+from openclaw_ref.sync.replica_digest import ReplicaDigest
 
 
 def tensor_digest(t: torch.Tensor) -> str:

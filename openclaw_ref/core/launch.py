@@ -34,14 +34,16 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from openclaw_ref.errors import BadInput, LaunchTimeout, RankFailed
-from openclaw_ref.triage import FailureTriage, Report
+from openclaw_ref.core.errors import LaunchTimeout, RankFailed
+from openclaw_ref.core.triage import FailureTriage, Report
+from openclaw_ref.sync.errors import BadInput
 
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -359,7 +361,7 @@ class RankPool:
         self._broken = True
         self.close()
 
-    def __enter__(self) -> "RankPool":
+    def __enter__(self) -> RankPool:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -22,10 +22,10 @@ import json
 import os
 import platform
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Sequence
 
-from openclaw_ref.errors import EXIT_BAD_INPUT, EXIT_OK
+from openclaw_ref.sync.errors import EXIT_BAD_INPUT, EXIT_OK
 
 NCCL_FLOOR: tuple[int, int, int] = (2, 13, 4)  # seed P1: older NCCL claimed to lose allreduces
 LEVELS = ("error", "warning", "info")
@@ -175,7 +175,7 @@ def probe_facts() -> dict:
     import torch
     import torch.distributed as dist
 
-    from openclaw_ref.environment import nccl_version
+    from openclaw_ref.core.environment import nccl_version
 
     cuda = torch.cuda.is_available()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []

@@ -34,16 +34,16 @@ the same branch — a barrier on some ranks only would pair with a different col
 
 from __future__ import annotations
 
-import sys
 import statistics
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
-from openclaw_ref.errors import BadInput, Event
-
+from openclaw_ref.sync.errors import BadInput, Event
 
 P2_THRESHOLD_MS = 1.5  # the seed's threshold
 STORE_PORT_KEY = "openclaw/metrics/port/{rank}"
@@ -97,8 +97,13 @@ class PrometheusExporter:
     def __init__(self, rank: int, port: int = 0, host: str = "127.0.0.1",
                  store: dist.Store | None = None) -> None:
         try:
-            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-            from prometheus_client import start_http_server
+            from prometheus_client import (
+                CollectorRegistry,
+                Counter,
+                Gauge,
+                Histogram,
+                start_http_server,
+            )
         except ImportError:  # pragma: no cover - exercised only without the extra
             raise BadInput("--metrics-port needs prometheus_client: "
                            "pip install 'openclaw-sync[metrics]'") from None
@@ -284,7 +289,7 @@ class StepObservers:
     @classmethod
     def from_config(cls, cfg: MetricsConfig, rank: int, world_size: int,
                     device: torch.device | str = "cpu", store: dist.Store | None = None,
-                    extra: Sequence[StepObserver] = ()) -> "StepObservers":
+                    extra: Sequence[StepObserver] = ()) -> StepObservers:
         observers: list[StepObserver] = []
         if cfg.skew_barrier_ms is not None and world_size > 1:
             observers.append(SkewBarrierPolicy(cfg.skew_barrier_ms, world_size, device))

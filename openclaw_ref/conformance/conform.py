@@ -25,21 +25,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.checks import tensor_digest
-from openclaw_ref.errors import ConsistencyError, ReplicaDivergence, ShapeMismatch, SyncTimeout
-from openclaw_ref.faults import (
-    FAULTS, GROUP_KILLING, FaultSpec, parse_fault,
+from openclaw_ref.core.faults import (
+    FAULTS,
+    GROUP_KILLING,
+    FaultSpec,
+    parse_fault,
 )
-from openclaw_ref.fault_matrix import CaseOutcome, case_task, classify
-from openclaw_ref.launch import RankContext
+from openclaw_ref.core.launch import RankContext
+from openclaw_ref.experiments.fault_matrix import CaseOutcome, case_task, classify
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.checks import tensor_digest
+from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence, ShapeMismatch, SyncTimeout
 
 SEED_OVERFLOW_RATE = 0.00017  # the seed's F3: 0.017 % of elements
 SEED_SPARSITY_RANGE = (0.12, 0.68)
@@ -68,7 +72,7 @@ class ConformSettings:
 
     def train_config(self, world_size: int, faults: tuple[FaultSpec, ...] = (),
                      sync: SyncConfig | None = None, steps: int | None = None):
-        from openclaw_ref.train import TrainConfig
+        from openclaw_ref.core.train import TrainConfig
 
         batch = world_size * math.ceil(self.global_batch / world_size)  # divisible by W
         return TrainConfig(preset=self.preset, world_size=world_size, steps=steps or self.steps,
@@ -101,7 +105,7 @@ def observed_run(ctx: RankContext, cfg, **hooks: Any) -> nn.Module:
     """Run ``cfg`` (a ``TrainConfig``) through the one training loop with observation points
     (``train.LoopHooks``: ``wrap``, ``grad_hook``, ``before_sync``, ``after_sync``,
     ``after_step``, ``apply_updates``); returns this rank's replica."""
-    from openclaw_ref.train import LoopHooks, train_model
+    from openclaw_ref.core.train import LoopHooks, train_model
 
     return train_model(ctx, cfg, hooks=LoopHooks(**hooks)).model
 
@@ -167,7 +171,7 @@ def check_shape_agreement(ctx: RankContext, s: ConformSettings,
     cfg = s.train_config(ctx.world_size, faults)
     synced: list[tuple] = []
     local_missing: list[tuple[str, ...]] = []
-    from openclaw_ref.metrics import GradientProbe
+    from openclaw_ref.core.metrics import GradientProbe
 
     probes: list[GradientProbe] = []
 
@@ -537,7 +541,7 @@ class ConformanceReport:
         return result
 
     def to_json(self) -> dict:
-        from openclaw_ref.environment import environment
+        from openclaw_ref.core.environment import environment
 
         return {"schema": REPORT_SCHEMA, "environment": environment(),
                 "matrix_settings": self.matrix_settings,
@@ -545,7 +549,7 @@ class ConformanceReport:
                 "checks": [c.to_json() for c in self.checks]}
 
     def write(self, path) -> Any:
-        from openclaw_ref.jsonio import write_json_atomic
+        from openclaw_ref.core.jsonio import write_json_atomic
 
         return write_json_atomic(path, self.to_json())
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import torch
 
-from openclaw_ref.model import OpenClawConfig
+from openclaw_ref.core.model import OpenClawConfig
 
 PAD = 0
 SIGNATURES_PER_SKILL = 4
@@ -46,7 +46,7 @@ class Batch:
     labels: torch.Tensor  # (B,) int64 skill ids
     sample_ids: torch.Tensor  # (B,) int64 global dataset indices
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(self.tokens.to(device), self.labels.to(device), self.sample_ids.to(device))
 
 

@@ -1,4 +1,4 @@
-"""Every error the suite raises on purpose, and the exit code each maps to.
+"""Every error the hook library raises on purpose, and the exit code each maps to.
 
 Exit codes are fixed for the whole project: 0 ok, 2 bad input, 3 a consistency check fired,
 4 timeout/hang, 1 anything else (a crashed rank, named).
@@ -80,7 +80,7 @@ class ConsistencyError(OpenClawError):
     def event(self) -> Event:
         return Event(self.kind, self.step, self.ranks, self.bucket, self.params, self.detail)
 
-    def renumbered(self, ranks: list[int]) -> "ConsistencyError":
+    def renumbered(self, ranks: list[int]) -> ConsistencyError:
         """The same error with group ranks mapped through ``ranks`` (group rank -> global
         rank): checks run on a DDP model's own process group, users read global ranks."""
         return type(self)(self.detail, step=self.step, ranks=[ranks[r] for r in self.ranks],
@@ -146,39 +146,3 @@ class SyncTimeout(OpenClawError):
 
 def _rebuild_timeout(detail, ranks, step, bucket):
     return SyncTimeout(detail, ranks=ranks, step=step, bucket=bucket)
-
-
-class RankFailed(OpenClawError):
-    """A rank raised or died. ``cause`` is the rank's own exception where it could be sent back."""
-
-    def __init__(self, rank: int, summary: str, traceback_text: str = "",
-                 cause: BaseException | None = None) -> None:
-        self.rank = rank
-        self.summary = summary
-        self.traceback_text = traceback_text
-        self.cause = cause
-        super().__init__(f"rank {rank} failed: {summary}")
-
-    @property
-    def exit_code(self) -> int:  # type: ignore[override]
-        if isinstance(self.cause, OpenClawError):
-            return self.cause.exit_code
-        return EXIT_FAILURE
-
-    def __reduce__(self):
-        return (RankFailed, (self.rank, self.summary, self.traceback_text, self.cause))
-
-
-class LaunchTimeout(SyncTimeout):
-    """The launcher's own deadline passed; ``ranks`` had not finished."""
-
-    def __reduce__(self):
-        return (_rebuild_launch_timeout, (self.detail, self.ranks))
-
-
-def _rebuild_launch_timeout(detail, ranks):
-    return LaunchTimeout(detail, ranks=ranks)
-
-
-def exit_code_for(exc: BaseException) -> int:
-    return exc.exit_code if isinstance(exc, OpenClawError) else EXIT_FAILURE
