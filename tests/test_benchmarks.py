@@ -324,6 +324,7 @@ def _head_sha() -> str | None:
     return out.stdout.strip() or None
 
 
+@pytest.mark.asv
 def test_asv_quick_smoke_on_two_ranks_saves_a_value_for_every_runnable_benchmark(tmp_path):
     """``asv run --python=same --quick`` at world sizes ≤ 2, into a scratch results dir (HOME is
     scratch too: asv keeps its machine file there)."""
