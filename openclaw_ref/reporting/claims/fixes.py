@@ -27,7 +27,7 @@ from openclaw_ref.reporting.claims.judging import (
     judge_ratio,
     size_to_judge,
 )
-from openclaw_ref.reporting.claims.registry import Family, Finding, Missing, Verdict
+from openclaw_ref.reporting.claims.registry import JUDGED, Family, Finding, Missing, Verdict
 from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
@@ -46,7 +46,7 @@ def _sync_failures(done: list[dict], failed: list[dict]) -> int:
 
 @claim("F1", "Layer-wise checkpoints + async NCCL error handling (logical clock): sync "
        "failure rate −98.7%", source="seed 000 §3",
-       outcomes=(Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.NOT_MEASURABLE))
+       outcomes=JUDGED)
 def logical_clock_checks_cut_sync_failures(rec: RunRecord) -> Finding:
     """Sync failures (crashed runs or unequal replicas) of ddp vs hardened fp32 at ≥ 2 ranks.
     Not measurable when ddp never fails here (nothing to reduce); else reproduced if the

@@ -21,6 +21,9 @@ from openclaw_ref.reporting.claims.judging import (
     size_to_judge,
 )
 from openclaw_ref.reporting.claims.registry import (
+    INTERFACE,
+    JUDGED,
+    TIMED,
     Family,
     Finding,
     Missing,
@@ -31,9 +34,6 @@ from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
 claim = FAMILY.claim
-INTERFACE = (Verdict.IMPLEMENTED, Verdict.NOT_IMPLEMENTED, Verdict.NOT_MEASURABLE)
-TIMED = (Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.INSIDE_NOISE,
-         Verdict.NOT_MEASURABLE)
 
 
 def _one_device_fp32(rows: list[dict]) -> dict | None:
@@ -42,7 +42,7 @@ def _one_device_fp32(rows: list[dict]) -> dict | None:
 
 @claim("L1", "The stock single-GPU flow is slow (1M samples > 12 h); long sequences OOM",
        source="seed 004, pain points",
-       outcomes=(Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.NOT_MEASURABLE))
+       outcomes=JUDGED)
 def single_device_flow_is_slow(rec: RunRecord) -> Finding:
     """Needs a GPU. There, extrapolates the 1-device fp32 s/iter to 1M samples: reproduced if
     it exceeds 12 h (for this suite's preset), else not reproduced."""

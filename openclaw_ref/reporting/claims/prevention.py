@@ -20,6 +20,9 @@ from openclaw_ref.reporting.claims.judging import (
     size_to_judge,
 )
 from openclaw_ref.reporting.claims.registry import (
+    INTERFACE,
+    JUDGED,
+    TIMED,
     Family,
     Finding,
     Missing,
@@ -35,7 +38,7 @@ PREVENTION = "seed 000 §5"
 
 @claim("P1", "Refuse NCCL older than 2.13.4 (2.12.x loses 12.7% of allreduces)",
        source=PREVENTION,
-       outcomes=(Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.NOT_MEASURABLE))
+       outcomes=JUDGED)
 def old_nccl_loses_allreduces(rec: RunRecord) -> Finding:
     """Needs NCCL on GPUs. There, reads ``nccl_versions`` rows (nccl, allreduces, lost):
     reproduced if 2.12.x loses ≥ 6.35% (half the seed's 12.7%) and ≥ 2.13.4 loses less."""
@@ -57,8 +60,7 @@ def old_nccl_loses_allreduces(rec: RunRecord) -> Finding:
 
 @claim("P2", "Prometheus exporter of allreduce time per rank/layer; barrier when its std "
        "exceeds 1.5 ms", source=PREVENTION,
-       outcomes=(Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.INSIDE_NOISE,
-                 Verdict.NOT_MEASURABLE))
+       outcomes=TIMED)
 def skew_barrier_speeds_steps(rec: RunRecord) -> Finding:
     """The barrier policy is reproduced as a fix if it makes steps faster with the seed's Δt
     jitter injected: interval of off / on step time (paired repeats) above 1; below 1 not
@@ -87,7 +89,7 @@ def skew_barrier_speeds_steps(rec: RunRecord) -> Finding:
 
 @claim("P3", "SparseGradientContract: sparse modules expose their mask entropy",
        source=PREVENTION,
-       outcomes=(Verdict.IMPLEMENTED, Verdict.NOT_IMPLEMENTED, Verdict.NOT_MEASURABLE))
+       outcomes=INTERFACE)
 def sparse_modules_expose_mask_entropy(rec: RunRecord) -> Finding:
     """Implemented if the model exposed a finite mask entropy in [0, 1] bit at every recorded
     step of the curve run; else not implemented."""

@@ -1,8 +1,9 @@
 """The ledger's vocabulary and bookkeeping: verdicts, findings, claims and how a rule registers.
 
 A rule reads only the validated :class:`~openclaw_ref.reporting.record.RunRecord` and returns a
-:class:`Finding`; ``@FAMILY.claim(id, text, source=..., outcomes=...)`` placed on the rule makes
-it a :class:`Claim` of its family, in the order the rules are written. A rule that lacks its
+:class:`Finding`. Each family module binds ``claim = FAMILY.claim`` (a :class:`Family`), and
+``@claim(id, text, source=..., outcomes=...)`` placed on a rule makes it a :class:`Claim` of that
+family, in the order the rules are written. A rule that lacks its
 evidence raises :class:`Missing`; :func:`assess` turns that into *not measurable here (evidence
 missing)*, so no rule repeats that wording.
 """
@@ -34,6 +35,12 @@ class Verdict(str, Enum):
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
+
+
+# The outcome sets most rules declare: a judged figure, a judged timing, an interface.
+JUDGED = (Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.NOT_MEASURABLE)
+TIMED = (Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.INSIDE_NOISE, Verdict.NOT_MEASURABLE)
+INTERFACE = (Verdict.IMPLEMENTED, Verdict.NOT_IMPLEMENTED, Verdict.NOT_MEASURABLE)
 
 
 CMD_COMPARE = "openclaw-bench compare"

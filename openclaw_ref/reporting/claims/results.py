@@ -20,13 +20,12 @@ from openclaw_ref.reporting.claims.judging import (
     judge_ratio,
     size_to_judge,
 )
-from openclaw_ref.reporting.claims.registry import Family, Finding, Missing, Verdict
+from openclaw_ref.reporting.claims.registry import JUDGED, TIMED, Family, Finding, Missing, Verdict
 from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
 claim = FAMILY.claim
 RESULTS = "seed 000 §5 (72-hour run)"
-JUDGED = (Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.NOT_MEASURABLE)
 
 
 @claim("R1", "Gradient-sync consistency 99.9994% (target ≥ 99.999%)", source=RESULTS,
@@ -52,8 +51,7 @@ def checks_pass_at_five_nines(rec: RunRecord) -> Finding:
 
 
 @claim("R2", "Per-step AllReduce time CV 0.023 (baseline 0.187)", source=RESULTS,
-       outcomes=(Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.INSIDE_NOISE,
-                 Verdict.NOT_MEASURABLE))
+       outcomes=TIMED)
 def hardened_steadies_step_times(rec: RunRecord) -> Finding:
     """Step-time CV of ddp / hardened fp32 (paired repeats, ranks ≤ cores/GPUs) against 4.57
     (half the seed's 0.187 / 0.023 = 8.1×), by bootstrap interval."""

@@ -7,7 +7,7 @@ suite's model implements the sparse path the seed describes.
 from __future__ import annotations
 
 from openclaw_ref.reporting.claims.evidence import curve
-from openclaw_ref.reporting.claims.registry import Family, Finding, Missing, Verdict
+from openclaw_ref.reporting.claims.registry import INTERFACE, Family, Finding, Missing, Verdict
 from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
@@ -38,7 +38,7 @@ def differences_from_seed_setting(rec: RunRecord) -> Finding:
 @claim("S2", "Dynamic sparse path, sparsity ratio in [0.12, 0.68], a SparseGatingUnit; "
        "parameters such as layer.3.attn.v_proj.weight, layer.5.ffn.w1",
        source="seed 000 §1, §2.2",
-       outcomes=(Verdict.IMPLEMENTED, Verdict.NOT_IMPLEMENTED, Verdict.NOT_MEASURABLE))
+       outcomes=INTERFACE)
 def sparse_path_is_dynamic_with_seed_names(rec: RunRecord) -> Finding:
     """Implemented if the realized masked fraction stays in [0.12, 0.68] (±0.03), spans at
     least half that range (the path is dynamic), and the seed's parameter names were recorded."""

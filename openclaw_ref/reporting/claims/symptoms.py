@@ -29,13 +29,20 @@ from openclaw_ref.reporting.claims.judging import (
     judge_ratio,
     size_to_judge,
 )
-from openclaw_ref.reporting.claims.registry import Family, Finding, Missing, Verdict, missing_field
+from openclaw_ref.reporting.claims.registry import (
+    JUDGED,
+    TIMED,
+    Family,
+    Finding,
+    Missing,
+    Verdict,
+    missing_field,
+)
 from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
 claim = FAMILY.claim
 SYMPTOMS = "seed 000 §1"
-JUDGED = (Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.NOT_MEASURABLE)
 
 
 def val_spikes(validation: list[dict], rise: float = 0.05) -> list[int]:
@@ -99,8 +106,7 @@ def skew_p99(r: dict) -> float | None:
 
 @claim("C3", "The same 1.2 MB allreduce takes 1.83 ms on one rank and 4.91 ms on another: "
        "skew over a 3 ms threshold", source=SYMPTOMS,
-       outcomes=(Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.INSIDE_NOISE,
-                 Verdict.NOT_MEASURABLE))
+       outcomes=TIMED)
 def bucket_skew_exceeds_3ms(rec: RunRecord) -> Finding:
     """Reproduced if hardened fp32's per-repeat p99 bucket skew is above 3 ms: bootstrap interval
     of median p99 / 3 ms entirely above 1 (below 1: not reproduced; containing 1: noise)."""
