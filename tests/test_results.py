@@ -12,7 +12,7 @@ import pytest
 
 from openclaw_ref.core.jsonio import read_json
 from openclaw_ref.experiments.compare import CompareConfig, Variant, run_compare, write_results
-from openclaw_ref.reporting.claims import CLAIMS, NOT_MEASURABLE, VERDICTS, assess_all
+from openclaw_ref.reporting.claims import CLAIMS, Verdict, assess_all
 from openclaw_ref.reporting.render import render_all
 from openclaw_ref.sync.base import SyncConfig
 
@@ -74,13 +74,13 @@ def test_every_seed_claim_has_a_verdict(small_results):
     for claim_id in SEED_CLAIM_IDS:
         assert f"| {claim_id} " in text
     verdicts = {f.verdict.split(" (")[0] for _, f in findings}
-    assert verdicts <= set(VERDICTS)
+    assert verdicts <= set(Verdict)
 
 
 def test_a_claim_without_evidence_says_so(small_results):
     raw = read_json(small_results / "raw.json")
     f3 = {c.id: f for c, f in assess_all(raw)}["F3"]  # the overflow section did not run
-    assert f3.verdict.startswith(NOT_MEASURABLE) and "missing" in f3.measured
+    assert f3.verdict.startswith(Verdict.NOT_MEASURABLE) and "missing" in f3.measured
 
 
 def test_an_interrupted_compare_leaves_previous_results_intact(small_results):

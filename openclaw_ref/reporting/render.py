@@ -209,7 +209,8 @@ def comparison_markdown(rec: RunRecord) -> str:
 def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
     """The ledger of one machine directory: header naming where it was rendered from, verdict
     counts, one row per claim (with its seed source), then the seed documents."""
-    from openclaw_ref.reporting.claims import MIN_REPEATS, SOURCES, VERDICTS, assess_all
+    from openclaw_ref.reporting.claims import MIN_REPEATS, SOURCES, assess_all
+    from openclaw_ref.reporting.claims import Verdict as VERDICTS
 
     env = rec.environment
     found = assess_all(rec)

@@ -1,0 +1,145 @@
+"""Seed 000's results of the fixes (§5, its 72-hour run): sync consistency, steadier allreduce
+times, faster convergence, lower peak memory, fewer NCCL error lines.
+
+Each compares the stock run with the fix on this record; a result whose baseline never failed
+here, or whose evidence needs NCCL or per-run memory, says so instead of being judged.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from openclaw_ref.reporting.claims.evidence import curve, multi_rank_sizes, paired, runs
+from openclaw_ref.reporting.claims.judging import (
+    CMD_NCCL8,
+    HW_8GPU,
+    Needs,
+    cmd_cores,
+    half_effect,
+    judge_ratio,
+    size_to_judge,
+)
+from openclaw_ref.reporting.claims.registry import JUDGED, TIMED, Family, Finding, Missing, Verdict
+from openclaw_ref.reporting.record import RunRecord
+
+FAMILY = Family()
+claim = FAMILY.claim
+RESULTS = "seed 000 §5 (72-hour run)"
+
+
+@claim("R1", "Gradient-sync consistency 99.9994% (target ≥ 99.999%)", source=RESULTS,
+       outcomes=JUDGED)
+def checks_pass_at_five_nines(rec: RunRecord) -> Finding:
+    """Consistency = passed / run checks of hardened fp32 (clean runs). With 0 failures the
+    95% bound on the failure rate is 3/n (rule of three): reproduced once 3/n ≤ 1e-5, else not
+    measurable (too few checks, with the steps that would suffice); with failures, reproduced
+    if the rate is ≤ 1e-5, else not reproduced."""
+    hard = runs(rec, "hardened fp32")
+    n = sum(r["summary"].get("sync", {}).get("checks_run", 0) for r in hard)
+    passed = sum(r["summary"].get("sync", {}).get("checks_passed", 0) for r in hard)
+    if not n:
+        raise Missing("no hardened checks recorded")
+    k = n - passed
+    text = f"hardened checks passed {passed}/{n} ({100 * passed / n:.4f}%; seed 99.9994%)"
+    ran = "hardened fp32, clean runs, every size"
+    if k == 0 and 3 / n > 1e-5:
+        steps = math.ceil(rec.config.get("steps", 40) * 3e5 / n / 100) * 100
+        return Finding(Verdict.NOT_MEASURABLE, ran, text, f"insufficient checks: {n} < 300,000 "
+                       "to bound failures below 1e-5", f"openclaw-bench compare --steps {steps}")
+    return Finding(Verdict.REPRODUCED if k / n <= 1e-5 else Verdict.NOT_REPRODUCED, ran, text)
+
+
+@claim("R2", "Per-step AllReduce time CV 0.023 (baseline 0.187)", source=RESULTS,
+       outcomes=TIMED)
+def hardened_steadies_step_times(rec: RunRecord) -> Finding:
+    """Step-time CV of ddp / hardened fp32 (paired repeats, ranks ≤ cores/GPUs) against 4.57
+    (half the seed's 0.187 / 0.023 = 8.1×), by bootstrap interval."""
+    ran = "per-run step-time CV, ddp vs hardened fp32"
+    w = size_to_judge(rec, multi_rank_sizes(rec), ran,
+                      Needs(f"{HW_8GPU} or ≥ 8 cores", CMD_NCCL8))
+    if isinstance(w, Finding):
+        return w
+    ddp, hard = paired(rec, "ddp", "hardened fp32", w, lambda r: r["summary"]["step_ms_cv"])
+    if not ddp:
+        raise Missing(f"no paired ddp / hardened runs at {w} ranks")
+    label, reason, text = judge_ratio(ddp, hard, half_effect(0.187 / 0.023),
+                                      "CV ratio ddp / hardened", cmd_cores(w))
+    return Finding(label, ran + f", {w} ranks", text + " (seed: 0.187 / 0.023)", reason)
+
+
+def steps_to(validation: list[dict], threshold: float) -> int | None:
+    """The first validated step whose loss is below ``threshold``, if any."""
+    return next((v["step"] for v in validation if v["loss"] < threshold), None)
+
+
+@claim("R3", "Convergence 2.17× faster: val_loss < 0.86 after 1,842 steps", source=RESULTS,
+       outcomes=JUDGED)
+def hardened_converges_faster(rec: RunRecord) -> Finding:
+    """Not measurable when ddp's curve synchronized correctly (replicas equal, no event): the
+    fix has nothing to speed up. Otherwise reproduced if hardened reaches a quarter of ddp's
+    first validation loss in ≤ 1/1.585 of ddp's steps (half the seed's 2.17×)."""
+    d, h = curve(rec, "ddp"), curve(rec, "hardened fp32")
+    dv, hv = d.get("validation") or [], h.get("validation") or []
+    if not dv or not hv:
+        raise Missing("validation curves not recorded")
+    identical = d.get("loss") == h.get("loss")
+    ran = "ddp vs hardened fp32 validation curves"
+    if d["summary"]["replicas_equal"] and not d.get("events"):
+        return Finding(Verdict.NOT_MEASURABLE, ran, "ddp's replicas stayed equal with no event"
+                       + ("; the two loss curves are bitwise identical" if identical else ""),
+                       f"no sync failure here for a fix to cure; needs {HW_8GPU}", CMD_NCCL8)
+    threshold = 0.25 * dv[0]["loss"]
+    sd, sh = steps_to(dv, threshold), steps_to(hv, threshold)
+    sd_eff = sd if sd is not None else dv[-1]["step"] + 1
+    ratio = sd_eff / sh if sh else 0.0
+    return Finding(Verdict.REPRODUCED if ratio >= half_effect(2.17) else Verdict.NOT_REPRODUCED,
+                   ran, f"to val loss < {threshold:.3f}: ddp {sd if sd is not None else 'never'}, "
+                   f"hardened {sh if sh is not None else 'never'} steps ({ratio:.2f}×)")
+
+
+@claim("R4", "Peak memory −19.3% (dynamic buckets hold fewer redundant buffers)",
+       source=RESULTS, outcomes=JUDGED)
+def fixes_lower_peak_memory(rec: RunRecord) -> Finding:
+    """Needs peak memory per run (``summary.peak_memory_scope == "run"``: a fresh process or a
+    reset high-water mark); ru_maxrss in a reused pool is per process. Then reproduced if the
+    best hardened/bucketed variant peaks ≥ 9.65% (half the seed's 19.3%) below ddp."""
+    sizes = multi_rank_sizes(rec)
+    if not sizes:
+        raise Missing("no multi-rank run")
+    w = sizes[-1]
+    scoped = [r for r in runs(rec, w=w) if r["summary"].get("peak_memory_scope") == "run"]
+    ran = f"peak memory per rank on {w} ranks"
+    if not scoped:
+        raise Missing("summary.peak_memory_scope = 'run' (peak memory per run, not per "
+                      "reused worker process)")
+
+    def peak(v: str) -> float | None:
+        vals = [max(r["summary"]["peak_memory_mb"]) for r in scoped if r["variant"] == v]
+        return statistics.median(vals) if vals else None
+
+    d = peak("ddp")
+    others = {v: m for v in ("hardened fp32", "bucketed norm-ema-agreed")
+              if (m := peak(v)) is not None}
+    if d is None or not others:
+        raise Missing("per-run peak memory of ddp and a fix variant")
+    ok = min(others.values()) <= (1 - 0.193 / 2) * d
+    return Finding(Verdict.REPRODUCED if ok else Verdict.NOT_REPRODUCED, ran, "; ".join(
+        f"{v} {m:.0f} MiB" for v, m in others.items()) + f"; ddp {d:.0f} MiB")
+
+
+@claim("R5", "NCCL error log lines 42.7/hour → 0.3/hour", source=RESULTS, outcomes=JUDGED)
+def fixes_cut_nccl_error_lines(rec: RunRecord) -> Finding:
+    """Needs NCCL. There, reads ``nccl_log`` (baseline_per_hour, fixed_per_hour): reproduced if
+    error lines drop ≥ 49.6% (half the seed's 99.3%)."""
+    ran = "NCCL error log lines per hour, baseline vs fix"
+    if rec.environment.backend != "nccl":
+        return Finding(Verdict.NOT_MEASURABLE, ran,
+                       f"backend {rec.environment.backend}: no NCCL log",
+                       f"needs {HW_8GPU} for a long run", CMD_NCCL8)
+    log = (rec.section("strategies") or {}).get("nccl_log")
+    if not log:
+        raise Missing("strategies.nccl_log (error lines per hour, baseline and fix)")
+    cut = 1 - log["fixed_per_hour"] / max(1e-9, log["baseline_per_hour"])
+    return Finding(Verdict.REPRODUCED if cut >= (1 - 0.3 / 42.7) / 2 else Verdict.NOT_REPRODUCED,
+                   ran, f"{log['baseline_per_hour']:.1f}/h → {log['fixed_per_hour']:.1f}/h")

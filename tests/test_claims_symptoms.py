@@ -1,0 +1,83 @@
+"""Seed 000's setting (S) and symptom (C) rules, each driven to every outcome it declares."""
+
+from __future__ import annotations
+
+import pytest
+from claims_records import (
+    NCCL8,
+    NOISY,
+    Case,
+    assert_reaches,
+    case_ids,
+    curves,
+    record,
+    repeats,
+    run,
+    sparsity_ablation,
+    spiky_validation,
+    strategies,
+)
+
+from openclaw_ref.reporting.claims import Verdict
+
+CASES: list[Case] = [
+    ("S1", "any environment", lambda: record(), Verdict.SETTING),
+    ("S2", "seed range and names", lambda: record(curves()), Verdict.IMPLEMENTED),
+    ("S2", "constant sparsity", lambda: record(curves(sparsity=[0.3] * 300)),
+     Verdict.NOT_IMPLEMENTED),
+    ("S2", "no curves", lambda: record(), Verdict.NOT_MEASURABLE),
+    ("C1", "spikes every 40 steps", lambda: record(curves(validation=spiky_validation(40))),
+     Verdict.REPRODUCED),
+    ("C1", "monotone validation", lambda: record(curves()), Verdict.NOT_REPRODUCED),
+    ("C1", "curve too short", lambda: record(curves(validation=spiky_validation(40)[:20])),
+     Verdict.NOT_MEASURABLE),
+    ("C2", "rank norms 3× apart", lambda: record(strategies(run("ddp", 2, norms=(1.0, 3.0)))),
+     Verdict.REPRODUCED),
+    ("C2", "rank norms 10% apart", lambda: record(strategies(run("ddp", 2, norms=(1.0, 1.1)))),
+     Verdict.NOT_REPRODUCED),
+    ("C2", "one rank only", lambda: record(strategies(run("ddp", 1))), Verdict.NOT_MEASURABLE),
+    ("C3", "10 ms skew", lambda: record(strategies(*repeats("hardened fp32", 2, [10.0] * 5,
+                                                              "skew"))), Verdict.REPRODUCED),
+    ("C3", "0.5 ms skew", lambda: record(strategies(*repeats("hardened fp32", 2, [0.5] * 5,
+                                                               "skew"))), Verdict.NOT_REPRODUCED),
+    ("C3", "skew around 3 ms", lambda: record(strategies(*repeats(
+        "hardened fp32", 2, [3 * x for x in NOISY], "skew"))), Verdict.INSIDE_NOISE),
+    ("C3", "p99 recorded per run", lambda: record(strategies(*[
+        {**run("hardened fp32", 2, i), "skew_ms": None, "skew_p99_ms": 10.0} for i in range(5)])),
+     Verdict.REPRODUCED),
+    ("C3", "4 ranks on 2 cores", lambda: record(strategies(*repeats("hardened fp32", 4, [10.0] * 5,
+                                                                      "skew"))),
+     Verdict.NOT_MEASURABLE),
+    ("C3", "3 repeats", lambda: record(strategies(*repeats("hardened fp32", 2, [10.0] * 3,
+                                                             "skew"))), Verdict.NOT_MEASURABLE),
+    ("C4", "skew follows the sparse path", lambda: record(sparsity_ablation(0.9, 0.1)),
+     Verdict.REPRODUCED),
+    ("C4", "skew without the sparse path", lambda: record(sparsity_ablation(0.99, 0.98)),
+     Verdict.NOT_REPRODUCED),
+    ("C4", "ablation on 4 ranks, 2 cores", lambda: record(sparsity_ablation(0.9, 0.1, w=4)),
+     Verdict.NOT_MEASURABLE),
+    ("C5", "shape mismatches", lambda: record(strategies(run(
+        "hardened fp32", 2, events=[{"kind": "ShapeMismatch", "step": 1}]))), Verdict.REPRODUCED),
+    ("C5", "presence differs, shapes never", lambda: record(strategies(
+        run("hardened fp32", 2), run("ddp", 2, presence=False))), Verdict.REFUTED),
+    ("C5", "nothing differs", lambda: record(strategies(run("hardened fp32", 2), run("ddp", 2))),
+     Verdict.NOT_REPRODUCED),
+    ("C5", "no hardened multi-rank run", lambda: record(strategies(run("ddp", 2))),
+     Verdict.NOT_MEASURABLE),
+    ("C6", "gloo", lambda: record(strategies(run("ddp", 2))), Verdict.NOT_MEASURABLE),
+    ("C6", "fails without synchronize", lambda: record(strategies(
+        run("ddp", 2), cuda_sync_ablation={"with": {"collectives": 1000, "failed": 0},
+                                           "without": {"collectives": 1000, "failed": 80}}),
+        NCCL8), Verdict.REPRODUCED),
+    ("C6", "never fails", lambda: record(strategies(
+        run("ddp", 2), cuda_sync_ablation={"with": {"collectives": 1000, "failed": 0},
+                                           "without": {"collectives": 1000, "failed": 0}}),
+        NCCL8), Verdict.NOT_REPRODUCED),
+    ("C7", "proxy shown", lambda: record(strategies(run("hardened fp32", 2))),
+     Verdict.NOT_MEASURABLE),
+]
+
+
+@pytest.mark.parametrize(("claim_id", "name", "make", "expected"), CASES, ids=case_ids(CASES))
+def test_rule_reaches_outcome(claim_id, name, make, expected):
+    assert_reaches(claim_id, make(), expected)
