@@ -61,7 +61,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync import checks
-from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import NonFinitePolicy, RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control import (
     StepBlock,
     assemble_slot,
@@ -112,7 +112,7 @@ class HardenState:
         self.watchdog: Watchdog | None = None
         self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
                              global_ranks=self.global_ranks,
-                             raise_nonfinite=cfg.nonfinite == "raise")
+                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE)
         self.events = self.ledger.events
         self.required: set[int] = set()  # ids of parameters that must get a gradient every step
         self.present: set[int] = set()  # required parameters that got a local gradient
@@ -283,7 +283,8 @@ class HardenState:
         return dict(self.ledger.last)
 
     def summary(self) -> dict:
-        return {**self.ledger.summary(), "wire": self.cfg.wire, "nonfinite": self.cfg.nonfinite,
+        return {**self.ledger.summary(), "wire": self.cfg.wire.value,
+                "nonfinite": self.cfg.nonfinite.value,
                 "scale_mode": "auto" if self.policy.auto else "fixed",
                 "shadow_buckets": self.shadow_buckets}
 
