@@ -14,7 +14,8 @@ from openclaw_ref.sync.bucketed import Bucketed
 from openclaw_ref.sync.ddp import StockDDP, StockDDPFP16
 from openclaw_ref.sync.detail import DetailDDP
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.hardened import Hardened, HardenState, harden
+from openclaw_ref.sync.harden_state import HardenState
+from openclaw_ref.sync.hardened import Hardened, harden
 from openclaw_ref.sync.local import LocalOnly
 
 

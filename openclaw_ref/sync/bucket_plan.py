@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from openclaw_ref.sync.base import Planner
-from openclaw_ref.sync.control import membership_digest
+from openclaw_ref.sync.control_layout import membership_digest
 from openclaw_ref.sync.errors import BadInput
 
 TAU = 0.85  # the seed's τ = 0.85 × EMA

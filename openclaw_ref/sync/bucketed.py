@@ -7,7 +7,7 @@ sync time is fully exposed, which the benchmark reports honestly):
   1. the planner (``bucket_plan.py``) orders the parameters; the stream is cut into frames of
      at most ``bucket_cap_mb`` (frame sizes never depend on the plan, see ``bucket_plan``);
   2. each frame is packed (missing local gradients zero-filled, ``g · 2^e / W`` in the wire
-     dtype), gets the control block of ``control.py`` — and the *last* frame also carries one
+     dtype), gets the control block of ``control_layout`` — and the *last* frame also carries one
      presence count per parameter — and is issued as ONE async allreduce, in plan order;
   3. after the waits, the step is verified with one host sync (raising on any disagreement,
      identically on every rank), overflow decided, and the averages written to ``p.grad``.
@@ -36,11 +36,7 @@ from openclaw_ref.sync.bucket_plan import (
     cut_frames,
     make_planner,
 )
-from openclaw_ref.sync.control import (
-    block_size,
-    encode_slot,
-    write_block,
-)
+from openclaw_ref.sync.control_layout import block_size, encode_slot, write_block
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.ledger import BucketRecord, Ledger
 from openclaw_ref.sync.precision import (

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from openclaw_ref.sync.base import SyncStrategy
-from openclaw_ref.sync.control import block_size
+from openclaw_ref.sync.control_layout import block_size
 from openclaw_ref.sync.precision import WIRE_DTYPES
 
 USED_MAP_BYTES = 4  # DDP's local_used_map is int32, one per parameter tensor
