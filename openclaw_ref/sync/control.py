@@ -119,10 +119,16 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
             f"required parameter(s) got no gradient on these ranks (member index "
             f"{ {r: slots[r].absent for r in absent} }); the sum would silently miss them",
             step=step, ranks=absent, bucket=int(index), params=named)
-    ready = [slots[r].ready_ms for r in active]
+    return _passed(int(index), [slots[r] for r in active], active, joined)
+
+
+def _passed(index: int, mine: list[Slot], active: list[int], joined: bool) -> BucketVerdict:
+    """The figures of a bucket ``verify`` passed: ``mine`` are the slots of the ``active``
+    ranks; the late rank is the first at the latest ready time."""
+    ready = [s.ready_ms for s in mine]
     late_rank = active[max(range(len(ready)), key=lambda i: (ready[i], -i))]
-    return BucketVerdict(int(index), ready, max(ready) - min(ready), late_rank, joined,
-                         tuple(r for r in active if slots[r].nonfinite))
+    return BucketVerdict(index, ready, max(ready) - min(ready), late_rank, joined,
+                         tuple(r for r, s in zip(active, mine) if s.nonfinite))
 
 
 FOLD_COLUMNS = 1 + -(-(NONFINITE - 1) // 3) + 2  # magic, packed agreed chunks, ready, flag
