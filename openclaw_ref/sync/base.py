@@ -49,7 +49,7 @@ AUTO_SCALE = "auto"
 _Choice = TypeVar("_Choice", bound=enum.StrEnum)
 
 
-def choice(kind: type[_Choice], value: str, flag: str) -> _Choice:
+def _choice(kind: type[_Choice], value: str, flag: str) -> _Choice:
     """``value`` (a member, or the string the CLI and users pass) as a member of ``kind``;
     ``BadInput`` naming ``--flag`` and the choices otherwise."""
     try:
@@ -107,9 +107,9 @@ class SyncConfig:
     ddp_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "wire", choice(Wire, self.wire, "wire"))
-        object.__setattr__(self, "nonfinite", choice(NonFinitePolicy, self.nonfinite, "nonfinite"))
-        object.__setattr__(self, "planner", choice(Planner, self.planner, "planner"))
+        object.__setattr__(self, "wire", _choice(Wire, self.wire, "wire"))
+        object.__setattr__(self, "nonfinite", _choice(NonFinitePolicy, self.nonfinite, "nonfinite"))
+        object.__setattr__(self, "planner", _choice(Planner, self.planner, "planner"))
         _ = self.scale_exp  # parsed here, so a bad --scale fails at construction
         if self.bucket_cap_mb <= 0:
             raise BadInput(f"bucket cap must be positive; got {self.bucket_cap_mb}")

@@ -1,6 +1,6 @@
 """What ``harden()`` accepts: the DDP model it is handed, checked before anything is registered,
 and the facts about it the construction check compares (DDP's bucket layout). Also the one
-reader of the NCCL version (the launcher's environment record formats it from here)."""
+reader of the NCCL version (``core.environment`` formats it for the run record and the doctor)."""
 
 from __future__ import annotations
 
