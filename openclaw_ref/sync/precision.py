@@ -60,9 +60,13 @@ class ScalePolicy:
             return cls(cfg.wire, True, DEFAULT_AUTO_EXP, dict(cfg.per_rank_scale))
         return cls(cfg.wire, False, cfg.scale_exp, dict(cfg.per_rank_scale))
 
+    def __post_init__(self) -> None:
+        # resolved once: dtype_for runs for every bucket, and an enum member lookup is slow
+        self._cast = None if self.wire is Wire.NATIVE else WIRE_DTYPES[self.wire]
+
     def dtype_for(self, grad_dtype: torch.dtype) -> torch.dtype:
         """The wire dtype of a bucket whose gradients are ``grad_dtype``."""
-        return grad_dtype if self.wire is Wire.NATIVE else WIRE_DTYPES[self.wire]
+        return grad_dtype if self._cast is None else self._cast
 
     def exponent_for(self, rank: int) -> int:
         """This rank's exponent: the shared one, unless the fault hook overrides it."""
