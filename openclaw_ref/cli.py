@@ -34,7 +34,7 @@ def _ratio_range(text: str) -> tuple[float, float]:
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from openclaw_ref.core.model import PRESETS
     from openclaw_ref.sync import STRATEGIES
-    from openclaw_ref.sync.base import NONFINITE_POLICIES, PLANNERS, WIRES
+    from openclaw_ref.sync.base import NonFinitePolicy, Planner, Wire
 
     p = sub.add_parser("train", help="train the openclaw model on N ranks and print a summary")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
@@ -48,11 +48,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sparsity", type=_ratio_range, default=None, metavar="LOW,HIGH",
                    help="range of the masked fraction per step (default: the seed's 0.12,0.68)")
     p.add_argument("--sync", default="ddp", choices=sorted(STRATEGIES))
-    p.add_argument("--wire", default="native", choices=WIRES)
+    p.add_argument("--wire", default="native", choices=[w.value for w in Wire])
     p.add_argument("--scale", default="4096", help="FP16 pre-scale: a power of two, or auto")
-    p.add_argument("--nonfinite", default="skip", choices=NONFINITE_POLICIES,
+    p.add_argument("--nonfinite", default="skip", choices=[n.value for n in NonFinitePolicy],
                    help="a rank's NaN/inf gradient: skip the step on every rank, or raise")
-    p.add_argument("--planner", default="static", choices=PLANNERS)
+    p.add_argument("--planner", default="static", choices=[k.value for k in Planner])
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--replica-check-every", type=int, default=0, metavar="K")
     p.add_argument("--watchdog-s", type=float, default=60.0)
@@ -218,14 +218,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _add_conform(sub: argparse._SubParsersAction) -> None:
     from openclaw_ref.conformance.conform import CHECKS, ConformSettings
     from openclaw_ref.sync import STRATEGIES
-    from openclaw_ref.sync.base import PLANNERS, WIRES
+    from openclaw_ref.sync.base import Planner, Wire
 
     p = sub.add_parser("conform", help="run the conformance checks on a live process group "
                                        "(under torchrun: this job's; else --world-size ranks)")
     p.add_argument("--sync", default="hardened", choices=sorted(STRATEGIES))
-    p.add_argument("--wire", default="native", choices=WIRES)
+    p.add_argument("--wire", default="native", choices=[w.value for w in Wire])
     p.add_argument("--scale", default="4096")
-    p.add_argument("--planner", default="static", choices=PLANNERS)
+    p.add_argument("--planner", default="static", choices=[k.value for k in Planner])
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--replica-check-every", type=int, default=2, metavar="K")
     p.add_argument("--watchdog-s", type=float, default=60.0)

@@ -8,18 +8,16 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from openclaw_ref.sync.control import (
+from openclaw_ref.sync.control import READY_DETAIL_MAX_RANKS, check_blocks, verify
+from openclaw_ref.sync.control_layout import (
     NONFINITE,
-    READY_DETAIL_MAX_RANKS,
     SLOT_FIELDS,
     StepBlock,
     block_size,
-    check_blocks,
     decode_block,
     encode_slot,
     joined_slot,
     membership_digest,
-    verify,
     write_block,
 )
 from openclaw_ref.sync.errors import (

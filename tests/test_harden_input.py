@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.base import NonFinitePolicy, Planner, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.hardened import harden
 from openclaw_ref.sync.target import reducible_dtypes
@@ -56,3 +59,24 @@ def test_wire_dtypes_are_checked_against_what_the_backend_can_reduce(backend, nc
 def test_an_unknown_nonfinite_policy_is_bad_input():
     with pytest.raises(BadInput, match="nonfinite"):
         SyncConfig(nonfinite="ignore")
+
+
+@pytest.mark.parametrize("kwargs, flag", [(dict(wire="fp8"), "--wire"),
+                                          (dict(planner="random"), "--planner"),
+                                          (dict(scale="3000"), "--scale"),
+                                          (dict(scale="0"), "--scale")])
+def test_an_unknown_wire_planner_or_scale_is_bad_input_naming_its_flag(kwargs, flag):
+    with pytest.raises(BadInput, match=flag):
+        SyncConfig(**kwargs)
+
+
+def test_the_config_holds_enums_and_the_parsed_scale_and_records_the_cli_strings():
+    cfg = SyncConfig(wire="fp16", nonfinite="raise", planner="norm-ema", scale="1024")
+    assert (cfg.wire, cfg.nonfinite, cfg.planner) == (Wire.FP16, NonFinitePolicy.RAISE,
+                                                      Planner.NORM_EMA)
+    assert cfg == SyncConfig(wire=Wire.FP16, nonfinite=NonFinitePolicy.RAISE,
+                             planner=Planner.NORM_EMA, scale="1024")
+    assert cfg.scale_exp == 10 and SyncConfig(scale="auto").scale_exp is None
+    recorded = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    assert (recorded["wire"], recorded["nonfinite"], recorded["planner"], recorded["scale"]) == (
+        "fp16", "raise", "norm-ema", "1024")

@@ -81,7 +81,7 @@ def run_with_fault(ctx, sync: SyncConfig, fault: Fault, steps: int = 3,
             handle = None
             if mine and step == fault.step and fault.kind in ("nan", "huge"):
                 factor = float("nan") if fault.kind == "nan" else 1e9
-                handle = watched.register_hook(lambda g: g * factor)
+                handle = watched.register_hook(lambda g, factor=factor: g * factor)
             if mine and step == fault.step and fault.kind == "sleep":
                 time.sleep(5.0)
             loss.backward()

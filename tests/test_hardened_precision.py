@@ -20,7 +20,8 @@ from openclaw_ref.sync.precision import (
 )
 
 
-def simulated_allreduce(locals_: list[torch.Tensor], wire: torch.dtype, exponent: int) -> torch.Tensor:
+def simulated_allreduce(locals_: list[torch.Tensor], wire: torch.dtype,
+                        exponent: int) -> torch.Tensor:
     """Our wire path on W local tensors, the SUM done in the wire dtype as gloo/NCCL do."""
     world = len(locals_)
     outs = []

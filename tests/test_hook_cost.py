@@ -18,7 +18,8 @@ from openclaw_ref.experiments.hook_cost import (
     table,
 )
 from openclaw_ref.experiments.verify_scale import block_bytes, block_share, synthesized_blocks
-from openclaw_ref.sync.control import SLOT_FIELDS, check_blocks
+from openclaw_ref.sync.control import check_blocks
+from openclaw_ref.sync.control_layout import SLOT_FIELDS
 from openclaw_ref.sync.errors import BadInput
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.control import block_size, encode_slot, write_block
+from openclaw_ref.sync.control_layout import block_size, encode_slot, write_block
 from openclaw_ref.sync.errors import ClockMismatch, NonFiniteGradient
 from openclaw_ref.sync.ledger import BucketRecord, Ledger
 from openclaw_ref.sync.precision import ScalePolicy

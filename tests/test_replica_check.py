@@ -1,7 +1,8 @@
 """The device-side replica check.
 
-In one process: the digest (``replica_digest.ReplicaDigest``) re-derived with Python integers from its written definition, and its
-bit-level properties (a flipped bit, swapped elements, a sign, -0.0 vs 0.0, views, empties).
+In one process: the digest (``replica_digest.ReplicaDigest``) re-derived with Python integers from
+its written definition, and its bit-level properties (a flipped bit, swapped elements, a sign,
+-0.0 vs 0.0, views, empties).
 On a real 2-rank gloo group: equal replicas pass with one 16-byte-per-rank tensor gather; one
 flipped bit on rank 1 is named (parameter and rank) for fp32/fp16/bf16/fp64 and a non-contiguous
 parameter; DDP's ignored parameters are left out by ``synchronized_parameters``, frozen ones not.

@@ -2,12 +2,12 @@
 regression gate — and how its verification scales with the number of ranks.
 
 ``HookCost``'s figures are ratios from ONE job in which every arm wraps the same network on the
-same two ranks and the arms take turns step by step (``openclaw_ref.experiments.hook_cost``): host drift
-hits every arm alike, so two runs of identical code agree far inside asv's ``--factor 1.1``,
-while absolute step times (``SyncStep``) move by ±12 % between runs here and are reported, not
-gated. ``VerifyScale`` times ``check_blocks`` over synthesized blocks with asv's own repeats
-and as a ratio to one plain pass over the same blocks, timed in interleaved pairs: both
-reported, neither steady enough here to gate on.
+same two ranks and the arms take turns step by step (``openclaw_ref.experiments.hook_cost``):
+host drift hits every arm alike, so two runs of identical code agree far inside asv's
+``--factor 1.1``, while absolute step times (``SyncStep``) move by ±12 % between runs here and
+are reported, not gated. ``VerifyScale`` times ``check_blocks`` over synthesized blocks with
+asv's own repeats and as a ratio to one plain pass over the same blocks, timed in interleaved
+pairs: both reported, neither steady enough here to gate on.
 """
 
 from __future__ import annotations

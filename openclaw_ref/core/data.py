@@ -78,7 +78,7 @@ class SkillDataset:
         min_len = max(cfg.signatures_per_sample, int(T * cfg.min_len_fraction))
         lengths = torch.randint(min_len, T + 1, (total,), generator=g)
         tokens = noise
-        for j in range(cfg.signatures_per_sample):
+        for _ in range(cfg.signatures_per_sample):
             pos = (torch.rand(total, generator=g) * lengths).long()
             sig = 1 + labels * SIGNATURES_PER_SKILL + torch.randint(
                 0, SIGNATURES_PER_SKILL, (total,), generator=g)

@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from openclaw_ref.sync.target import nccl_version
+
 
 def git_sha(cwd: Path | None = None) -> str:
     """The checkout's commit, with ``-dirty`` when tracked code has uncommitted changes.
@@ -45,14 +47,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def nccl_version() -> str | None:
-    if not torch.cuda.is_available():
-        return None
-    try:
-        v = torch.cuda.nccl.version()
-    except Exception:
-        return None
-    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+def nccl_version_text() -> str | None:
+    """The NCCL version as recorded beside results (``"2.21.5"``); None without NCCL."""
+    v = nccl_version()
+    return None if v is None else ".".join(map(str, v))
 
 
 def environment(backend: str | None = None, world_size: int | None = None) -> dict:
@@ -65,7 +63,7 @@ def environment(backend: str | None = None, world_size: int | None = None) -> di
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "nccl": nccl_version(),
+        "nccl": nccl_version_text(),
         "gloo_available": dist.is_gloo_available(),
         "backend": backend,
         "world_size": world_size,

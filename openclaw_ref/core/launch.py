@@ -17,23 +17,21 @@ Failure contract (what the parent guarantees):
   - a task past its deadline makes the pending ranks dump their stacks (faulthandler, SIGUSR1),
     then all ranks are killed and ``LaunchTimeout`` names the ranks that had not finished;
   - no rank outlives the parent (``PR_SET_PDEATHSIG``) or a broken pool.
+The rank's end of the pipe (its messages, last words and exit) is ``rank_process``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
-import pickle
 import signal
 import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +40,13 @@ import torch
 import torch.distributed as dist
 
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
+from openclaw_ref.core.rank_process import (
+    die_with_parent,
+    exit_with,
+    failure_message,
+    fatal_reporter,
+    send,
+)
 from openclaw_ref.core.triage import FailureTriage, Report
 from openclaw_ref.sync.errors import BadInput
 
@@ -91,7 +96,7 @@ class RankContext:
         inside a collective. Never returns."""
         if self.fatal is not None:
             self.fatal(exc)
-        _exit_with(exc)
+        exit_with(exc)
 
 
 def resolve_backend(backend: str, local_world_size: int) -> str:
@@ -111,14 +116,6 @@ def under_torchrun() -> bool:
     return all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
 def _set_threads(cfg: LaunchConfig, local_world_size: int) -> None:
     n = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world_size)
     torch.set_num_threads(n)
@@ -131,49 +128,9 @@ def _device_for(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _send(conn: mpc.Connection, message: tuple, lock: threading.Lock | None = None) -> None:
-    if lock is None:
-        conn.send(message)
-        return
-    with lock:  # the main thread and a watchdog thread may both report
-        conn.send(message)
-
-
-def _exit_with(exc: BaseException) -> None:
-    """Last words on stderr, then leave without unwinding (the group may be wedged)."""
-    code = getattr(exc, "exit_code", 1)
-    try:
-        sys.stderr.write(f"fatal: {type(exc).__name__}: {exc}\n")
-        sys.stderr.flush()
-    finally:
-        os._exit(code if isinstance(code, int) else 1)
-
-
-def _fatal_reporter(conn: mpc.Connection, lock: threading.Lock) -> Callable[[BaseException], None]:
-    def report(exc: BaseException) -> None:
-        try:
-            cause = pickle.loads(pickle.dumps(exc))
-        except Exception:
-            cause = None
-        stack = "".join(traceback.format_stack())
-        try:
-            _send(conn, ("error", f"{type(exc).__name__}: {exc}", stack, cause), lock)
-        finally:
-            _exit_with(exc)
-    return report
-
-
-def _failure_message(exc: BaseException) -> tuple:
-    try:
-        cause = pickle.loads(pickle.dumps(exc))
-    except Exception:  # an exception that cannot travel still sends its text
-        cause = None
-    return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), cause)
-
-
 def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.Connection) -> None:
     """A spawned rank: join the group, then serve tasks until told to stop."""
-    _die_with_parent()
+    die_with_parent()
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: gloo pairs on loopback too
@@ -186,10 +143,10 @@ def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.
         dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
                                 timeout=timeout)
         ctx = RankContext(rank, cfg.world_size, rank, cfg.world_size, backend,
-                          _device_for(backend, rank), store, _fatal_reporter(conn, send_lock))
-        _send(conn, ("ready",), send_lock)
+                          _device_for(backend, rank), store, fatal_reporter(conn, send_lock))
+        send(conn, ("ready",), send_lock)
     except BaseException as exc:
-        _send(conn, _failure_message(exc), send_lock)
+        send(conn, failure_message(exc), send_lock)
         os._exit(1)
     while True:
         task = conn.recv()
@@ -197,9 +154,9 @@ def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.
             break
         fn, args = task
         try:
-            _send(conn, ("ok", fn(ctx, *args)), send_lock)
+            send(conn, ("ok", fn(ctx, *args)), send_lock)
         except BaseException as exc:
-            _send(conn, _failure_message(exc), send_lock)
+            send(conn, failure_message(exc), send_lock)
             sys.stderr.flush()
             os._exit(1)  # the group may be wedged; destroy_process_group can hang here
     try:
@@ -261,8 +218,10 @@ class RankPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p.pid is not None]
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """Run ``fn(ctx, *args)`` on every rank; results in rank order. ``fn`` must be importable."""
+    def run(self, fn: Callable[..., Any], *args: Any,
+            timeout_s: float | None = None) -> list[Any]:
+        """Run ``fn(ctx, *args)`` on every rank; results in rank order. ``fn`` must be
+        importable."""
         if self._broken:
             raise RuntimeError("this RankPool was stopped after a failure; make a new one")
         for conn in self._conns:

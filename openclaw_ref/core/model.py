@@ -211,7 +211,8 @@ class SparseGatingUnit(nn.Module):
         )
         return (u_BTF >= s).to(torch.float32)
 
-    def route(self, x_BTC: torch.Tensor, valid_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, x_BTC: torch.Tensor,
+              valid_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k expert ids (B, k) and their weights (B, k) per sample."""
         w_BT1 = valid_BT.unsqueeze(-1).to(x_BTC.dtype)
         pooled_BC = (x_BTC * w_BT1).sum(1) / w_BT1.sum(1).clamp_min(1.0)
@@ -328,7 +329,8 @@ class OpenClawModel(nn.Module):
         units = self.gating_units()
         return sum(u.stats.masked_fraction for u in units) / max(1, len(units))
 
-    def forward(self, tokens_BT: torch.Tensor, sample_ids_B: torch.Tensor, step: int) -> torch.Tensor:
+    def forward(self, tokens_BT: torch.Tensor, sample_ids_B: torch.Tensor,
+                step: int) -> torch.Tensor:
         B, T = tokens_BT.shape
         valid_BT = tokens_BT != 0
         x = self.embed(tokens_BT) + self.pos(torch.arange(T, device=tokens_BT.device))

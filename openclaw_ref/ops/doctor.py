@@ -175,7 +175,7 @@ def probe_facts() -> dict:
     import torch
     import torch.distributed as dist
 
-    from openclaw_ref.core.environment import nccl_version
+    from openclaw_ref.core.environment import nccl_version_text
 
     cuda = torch.cuda.is_available()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
@@ -189,7 +189,7 @@ def probe_facts() -> dict:
         "distributed_available": dist.is_available(),
         "gloo_available": dist.is_available() and dist.is_gloo_available(),
         "nccl_available": dist.is_available() and dist.is_nccl_available(),
-        "nccl_version": nccl_version(),
+        "nccl_version": nccl_version_text(),
         "lightning": _module_version("lightning"),
         "prometheus_client": _module_version("prometheus_client"),
     }

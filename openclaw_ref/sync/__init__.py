@@ -1,4 +1,9 @@
-"""Gradient-synchronization strategies, by the name the CLI uses (``--sync NAME``)."""
+"""The hook library: gradient-synchronization strategies by the name the CLI uses
+(``--sync NAME``), and ``harden()`` for anyone's DDP model.
+
+Invariant: ``openclaw_ref.sync`` imports only torch and its own modules (never the launcher,
+the training loop or anything else of ``openclaw_ref``), so it can be lifted out whole;
+``tests/test_sync_standalone.py`` proves it."""
 
 from __future__ import annotations
 
@@ -9,8 +14,17 @@ from openclaw_ref.sync.bucketed import Bucketed
 from openclaw_ref.sync.ddp import StockDDP, StockDDPFP16
 from openclaw_ref.sync.detail import DetailDDP
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.hardened import Hardened, HardenState, harden
+from openclaw_ref.sync.harden_state import HardenState
+from openclaw_ref.sync.hardened import Hardened, harden
 from openclaw_ref.sync.local import LocalOnly
+
+
+def _seed_f5(cfg: SyncConfig) -> SyncStrategy:
+    """The seed's F5 hook as written: a study exhibit, imported only when a run asks for it."""
+    from openclaw_ref.sync.seed_f5 import SeedF5
+
+    return SeedF5(cfg)
+
 
 STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {
     "ddp": StockDDP,
@@ -19,7 +33,7 @@ STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {
     "local": LocalOnly,
     "hardened": Hardened,
     "bucketed": Bucketed,
-    "seed-f5": lambda cfg: __import__("openclaw_ref.sync.seed_f5", fromlist=["SeedF5"]).SeedF5(cfg),
+    "seed-f5": _seed_f5,
 }
 
 

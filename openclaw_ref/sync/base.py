@@ -8,8 +8,10 @@ it, so stock DDP, the hardened hook and the bucketed engine are compared on iden
 from __future__ import annotations
 
 import abc
+import enum
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from functools import cached_property
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -17,8 +19,56 @@ from torch import nn
 
 from openclaw_ref.sync.errors import BadInput, Event
 
-WIRES = ("native", "fp32", "fp16", "bf16")
-NONFINITE_POLICIES = ("skip", "raise")
+
+class Wire(enum.StrEnum):
+    """What a bucket travels as: its gradients' own dtype, or a cast to fp32/fp16/bf16."""
+
+    NATIVE = "native"
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class NonFinitePolicy(enum.StrEnum):
+    """What a rank's local NaN/inf gradient does: every rank skips the step together (what a
+    loss scaler such as torch.amp.GradScaler expects), or ``NonFiniteGradient`` is raised."""
+
+    SKIP = "skip"
+    RAISE = "raise"
+
+
+class Planner(enum.StrEnum):
+    """The bucketed engine's plan (see ``bucket_plan``)."""
+
+    STATIC = "static"
+    NORM_EMA = "norm-ema"  # the seed's F2, on each rank's local norms
+    NORM_EMA_AGREED = "norm-ema-agreed"
+
+
+AUTO_SCALE = "auto"
+_Choice = TypeVar("_Choice", bound=enum.StrEnum)
+
+
+def _choice(kind: type[_Choice], value: str, flag: str) -> _Choice:
+    """``value`` (a member, or the string the CLI and users pass) as a member of ``kind``;
+    ``BadInput`` naming ``--flag`` and the choices otherwise."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise BadInput(f"--{flag} must be one of {', '.join(kind)}; got {value!r}") from None
+
+
+def parse_scale(scale: str) -> int | None:
+    """``--scale``: the exponent e of a fixed pre-scale 2^e, or None for "auto" (dynamic)."""
+    if scale == AUTO_SCALE:
+        return None
+    try:
+        value = int(scale)
+    except ValueError:
+        value = 0
+    if value < 1 or value & (value - 1):
+        raise BadInput(f"--scale must be a power of two or 'auto'; got {scale!r}")
+    return value.bit_length() - 1
 
 
 class RankInfo(Protocol):
@@ -33,49 +83,45 @@ class RankInfo(Protocol):
 
     def report_fatal(self, exc: BaseException) -> None:
         """Report ``exc`` as this rank's failure from any thread and end the process."""
-PLANNERS = ("static", "norm-ema", "norm-ema-agreed")
 
 
 @dataclass(frozen=True)
 class SyncConfig:
-    """Every knob of every strategy; each strategy validates the ones it reads."""
+    """Every knob of every strategy; each strategy validates the ones it reads.
+
+    ``wire``, ``nonfinite`` and ``planner`` accept their enum or its string (as the CLI passes
+    it) and always hold the enum; ``scale`` keeps the text it was given (the run JSON records
+    it) and ``scale_exp`` is its parsed value."""
 
     name: str = "ddp"
-    wire: str = "native"  # the gradients' own dtype; fp32/fp16/bf16 cast every bucket
+    wire: Wire = Wire.NATIVE
     scale: str = "4096"  # a power of two, or "auto" (dynamic, identical on every rank)
-    planner: str = "static"
+    planner: Planner = Planner.STATIC
     bucket_cap_mb: float = 25.0  # torch DDP's default
     replica_check_every: int = 0  # steps between parameter-digest comparisons; 0 = off
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
     per_rank_scale: dict[int, int] = field(default_factory=dict)  # fault hook: rank -> exponent
-    # A rank's local NaN/inf gradient: "skip" the step on every rank together (what a loss
-    # scaler such as torch.amp.GradScaler expects) or "raise" NonFiniteGradient (no scaler).
-    nonfinite: str = "skip"
+    nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
     # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
     # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
     ddp_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.wire not in WIRES:
-            raise BadInput(f"--wire must be one of {', '.join(WIRES)}; got {self.wire!r}")
-        if self.nonfinite not in NONFINITE_POLICIES:
-            raise BadInput(f"--nonfinite must be one of {', '.join(NONFINITE_POLICIES)}; "
-                           f"got {self.nonfinite!r}")
-        if self.planner not in PLANNERS:
-            raise BadInput(f"--planner must be one of {', '.join(PLANNERS)}; got {self.planner!r}")
-        if self.scale != "auto":
-            try:
-                value = int(self.scale)
-            except ValueError:
-                value = 0
-            if value < 1 or value & (value - 1):
-                raise BadInput(f"--scale must be a power of two or 'auto'; got {self.scale!r}")
+        object.__setattr__(self, "wire", _choice(Wire, self.wire, "wire"))
+        object.__setattr__(self, "nonfinite", _choice(NonFinitePolicy, self.nonfinite, "nonfinite"))
+        object.__setattr__(self, "planner", _choice(Planner, self.planner, "planner"))
+        _ = self.scale_exp  # parsed here, so a bad --scale fails at construction
         if self.bucket_cap_mb <= 0:
             raise BadInput(f"bucket cap must be positive; got {self.bucket_cap_mb}")
         if self.replica_check_every < 0:
             raise BadInput("replica check interval must be >= 0 (0 = off)")
         if self.watchdog_s <= 0:
             raise BadInput("watchdog deadline must be positive")
+
+    @cached_property
+    def scale_exp(self) -> int | None:
+        """The fixed pre-scale's exponent (``--scale 4096`` → 12); None under "auto"."""
+        return parse_scale(self.scale)
 
 
 class SyncStrategy(abc.ABC):

@@ -1,4 +1,4 @@
-"""Where the bucket plan is made: the planners of the bucketed engine, and the frames cut from a plan.
+"""Where the bucket plan is made: the bucketed engine's planners, and the frames cut from a plan.
 
 A *plan* is the order in which parameters enter the wire, grouped by the planner's bucket ids.
 The engine then cuts that ordered gradient stream into *frames* of at most ``cap`` elements:
@@ -9,7 +9,7 @@ control block (the frame carries different parameters on different ranks), not a
 (SIGABRT on a size mismatch) or an NCCL hang. A frame may split a parameter; its membership
 digest covers each member's (name, shape, dtype, start:stop) slice.
 
-Planners (``SyncConfig.planner``):
+Planners (``SyncConfig.planner``, a ``Planner``):
   ``static``           size cap, reverse registration order (DDP's order: last layers' gradients
                        are ready first). Same on every rank.
   ``norm-ema``         the seed's F2 exactly as written: for each parameter *with a local
@@ -32,7 +32,8 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from openclaw_ref.sync.control import membership_digest
+from openclaw_ref.sync.base import Planner
+from openclaw_ref.sync.control_layout import membership_digest
 from openclaw_ref.sync.errors import BadInput
 
 TAU = 0.85  # the seed's τ = 0.85 × EMA
@@ -42,7 +43,7 @@ MISSING_GROUP = 1 << 30  # norm-ema: parameters without a local gradient, issued
 
 @dataclass(frozen=True)
 class BucketPlan:
-    order: tuple[int, ...]  # parameter indices (registration order numbering) as they go on the wire
+    order: tuple[int, ...]  # parameter indices (in registration order) as they go on the wire
     groups: tuple[int, ...]  # the planner's bucket id of each entry of ``order``
 
 
@@ -101,11 +102,11 @@ def cut_frames(plan: BucketPlan, params: Sequence[ParamInfo], cap_elements: int)
     return frames
 
 
-class Planner(abc.ABC):
+class BucketPlanner(abc.ABC):
     """Makes the plan of a step. ``needs_local_norms``: ``plan`` wants this rank's gradient
     norms; ``needs_synced_norms``: ``observe`` wants the synchronized ones after the step."""
 
-    name = "?"
+    name: Planner
     needs_local_norms = False
     needs_synced_norms = False
 
@@ -120,8 +121,8 @@ class Planner(abc.ABC):
         """Norms of the synchronized gradients of an applied step (identical on all ranks)."""
 
 
-class StaticPlanner(Planner):
-    name = "static"
+class StaticPlanner(BucketPlanner):
+    name = Planner.STATIC
 
     def plan(self, local_norms=None) -> BucketPlan:
         order = tuple(reversed(range(len(self.params))))
@@ -143,10 +144,10 @@ def _norm_ema_plan(norms: Sequence[float | None], ema: dict[int, float], update:
     return BucketPlan(tuple(i for _, i in ids), tuple(g for g, _ in ids))
 
 
-class NormEmaPlanner(Planner):
+class NormEmaPlanner(BucketPlanner):
     """The seed's rule on each rank's *local* gradient norms (see module docstring)."""
 
-    name = "norm-ema"
+    name = Planner.NORM_EMA
     needs_local_norms = True
 
     def __init__(self, params: Sequence[ParamInfo]) -> None:
@@ -157,10 +158,10 @@ class NormEmaPlanner(Planner):
         return _norm_ema_plan(local_norms, self.ema, update=True, missing_last=True)
 
 
-class AgreedNormEmaPlanner(Planner):
+class AgreedNormEmaPlanner(BucketPlanner):
     """The seed's rule on the *synchronized* norms of the previous applied step."""
 
-    name = "norm-ema-agreed"
+    name = Planner.NORM_EMA_AGREED
     needs_synced_norms = True
 
     def __init__(self, params: Sequence[ParamInfo]) -> None:
@@ -182,12 +183,12 @@ class AgreedNormEmaPlanner(Planner):
         self.last = list(synced_norms)
 
 
-PLANNERS: dict[str, type[Planner]] = {
-    "static": StaticPlanner, "norm-ema": NormEmaPlanner, "norm-ema-agreed": AgreedNormEmaPlanner,
-}
+PLANNERS: dict[Planner, type[BucketPlanner]] = {
+    cls.name: cls for cls in (StaticPlanner, NormEmaPlanner, AgreedNormEmaPlanner)}
 
 
-def make_planner(name: str, params: Sequence[ParamInfo]) -> Planner:
-    if name not in PLANNERS:
-        raise BadInput(f"unknown planner {name!r}; choose one of {', '.join(PLANNERS)}")
-    return PLANNERS[name](params)
+def make_planner(kind: Planner | str, params: Sequence[ParamInfo]) -> BucketPlanner:
+    """The planner ``kind`` (a ``Planner`` or its string) over ``params``."""
+    if kind not in PLANNERS:
+        raise BadInput(f"unknown planner {kind!r}; choose one of {', '.join(PLANNERS)}")
+    return PLANNERS[Planner(kind)](params)

@@ -7,7 +7,7 @@ sync time is fully exposed, which the benchmark reports honestly):
   1. the planner (``bucket_plan.py``) orders the parameters; the stream is cut into frames of
      at most ``bucket_cap_mb`` (frame sizes never depend on the plan, see ``bucket_plan``);
   2. each frame is packed (missing local gradients zero-filled, ``g · 2^e / W`` in the wire
-     dtype), gets the control block of ``control.py`` — and the *last* frame also carries one
+     dtype), gets the control block of ``control_layout`` — and the *last* frame also carries one
      presence count per parameter — and is issued as ONE async allreduce, in plan order;
   3. after the waits, the step is verified with one host sync (raising on any disagreement,
      identically on every rank), overflow decided, and the averages written to ``p.grad``.
@@ -27,20 +27,16 @@ import torch.distributed as dist
 from torch import nn
 
 from openclaw_ref.sync import checks
-from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import Planner, RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.bucket_plan import (
     BucketPlan,
+    BucketPlanner,
     Frame,
     ParamInfo,
-    Planner,
     cut_frames,
     make_planner,
 )
-from openclaw_ref.sync.control import (
-    block_size,
-    encode_slot,
-    write_block,
-)
+from openclaw_ref.sync.control_layout import block_size, encode_slot, write_block
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.ledger import BucketRecord, Ledger
 from openclaw_ref.sync.precision import (
@@ -74,7 +70,7 @@ class BucketedEngine:
         self.required = {i for i, (n, _) in enumerate(self.named)
                          if required is not None and n in required}
         self.info = [ParamInfo(n, tuple(p.shape), str(p.dtype), p.numel()) for n, p in self.named]
-        self.planner: Planner = make_planner(cfg.planner, self.info)
+        self.planner: BucketPlanner = make_planner(cfg.planner, self.info)
         self.policy = ScalePolicy.from_config(cfg)
         self.ledger = Ledger(world_size, self.policy, rank=rank)
         self.cap = cap_elements(cfg)
@@ -122,7 +118,7 @@ class BucketedEngine:
 
     def wire_sizes(self) -> list[int]:
         """Elements of every allreduce of a step (gradients + presence + control block)."""
-        n_frames = len(cut_frames(make_planner("static", self.info).plan(None), self.info,
+        n_frames = len(cut_frames(make_planner(Planner.STATIC, self.info).plan(None), self.info,
                                   self.cap))
         total = sum(i.numel for i in self.info)
         sizes = [min(self.cap, total - k * self.cap) + block_size(self.world_size)
@@ -239,7 +235,8 @@ class Bucketed(SyncStrategy):
         return dict(self.engine.ledger.last)
 
     def summary(self) -> dict:
-        return {**self.engine.ledger.summary(), "wire": self.cfg.wire, "planner": self.cfg.planner,
+        return {**self.engine.ledger.summary(), "wire": self.cfg.wire.value,
+                "planner": self.cfg.planner.value,
                 "frames_per_step": len(self.engine.wire_sizes())}
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from openclaw_ref.sync.base import SyncStrategy
-from openclaw_ref.sync.control import block_size
+from openclaw_ref.sync.control_layout import block_size
 from openclaw_ref.sync.precision import WIRE_DTYPES
 
 USED_MAP_BYTES = 4  # DDP's local_used_map is int32, one per parameter tensor
@@ -89,7 +89,8 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
         engine = strategy.engine
         wire = _element_size(WIRE_DTYPES.get(strategy.cfg.wire, torch.float32))  # native: fp32
         sizes = engine.wire_sizes()
-        planner_syncs = int(engine.planner.needs_local_norms) + int(engine.planner.needs_synced_norms)
+        planner = engine.planner
+        planner_syncs = int(planner.needs_local_norms) + int(planner.needs_synced_norms)
         return StepCost(name, world_size, len(sizes), sum(sizes) * wire, 1 + planner_syncs,
                         periodic, period,
                         notes=f"{len(sizes)} frames (presence counts ride in the last); "

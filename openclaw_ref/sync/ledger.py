@@ -25,13 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from openclaw_ref.sync.control import (
-    READY_UNIT_US,
-    BucketVerdict,
-    check_blocks,
-    decode_block,
-    verify,
-)
+from openclaw_ref.sync.control import BucketVerdict, check_blocks, verify
+from openclaw_ref.sync.control_layout import READY_UNIT_US, decode_block
 from openclaw_ref.sync.errors import ConsistencyError, Event, NonFiniteGradient
 from openclaw_ref.sync.precision import OverflowStats, ScalePolicy, count_nonfinite
 

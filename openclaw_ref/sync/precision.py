@@ -24,16 +24,15 @@ M4 (ranks pre-scaling differently), which the control block must catch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.base import SyncConfig, Wire
 
-WIRE_DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-}  # "native": each bucket's own gradient dtype (DDP buckets by dtype), never up- or down-cast
+WIRE_DTYPES: dict[Wire, torch.dtype] = {
+    Wire.FP32: torch.float32, Wire.FP16: torch.float16, Wire.BF16: torch.bfloat16,
+}  # Wire.NATIVE: each bucket's own gradient dtype (DDP buckets by dtype), never up- or down-cast
 MIN_EXP, MAX_EXP = 0, 24
 DEFAULT_AUTO_EXP = 12  # the seed's 2^12, the starting point of the dynamic scale
 GROWTH_INTERVAL = 100  # clean steps before the dynamic scale doubles
@@ -44,7 +43,7 @@ class ScalePolicy:
     """The pre-scale exponent of this run; ``update`` is called once per step on every rank with
     the shared overflow verdict."""
 
-    wire: str
+    wire: Wire
     auto: bool
     exponent: int
     per_rank: dict[int, int] = field(default_factory=dict)
@@ -55,15 +54,19 @@ class ScalePolicy:
 
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ScalePolicy:
-        if cfg.wire != "fp16":
+        if cfg.wire is not Wire.FP16:
             return cls(cfg.wire, False, 0, dict(cfg.per_rank_scale))
-        if cfg.scale == "auto":
+        if cfg.scale_exp is None:
             return cls(cfg.wire, True, DEFAULT_AUTO_EXP, dict(cfg.per_rank_scale))
-        return cls(cfg.wire, False, int(math.log2(int(cfg.scale))), dict(cfg.per_rank_scale))
+        return cls(cfg.wire, False, cfg.scale_exp, dict(cfg.per_rank_scale))
+
+    def __post_init__(self) -> None:
+        # resolved once: dtype_for runs for every bucket, and an enum member lookup is slow
+        self._cast = None if self.wire is Wire.NATIVE else WIRE_DTYPES[self.wire]
 
     def dtype_for(self, grad_dtype: torch.dtype) -> torch.dtype:
         """The wire dtype of a bucket whose gradients are ``grad_dtype``."""
-        return grad_dtype if self.wire == "native" else WIRE_DTYPES[self.wire]
+        return grad_dtype if self._cast is None else self._cast
 
     def exponent_for(self, rank: int) -> int:
         """This rank's exponent: the shared one, unless the fault hook overrides it."""
@@ -161,6 +164,7 @@ class OverflowStats:
             "steps": self.steps, "skipped_steps": self.skipped_steps,
             "overflowed_steps": self.overflowed_steps,
             "elements": self.elements, "overflow_elements": self.overflow_elements,
-            "overflow_rate_elements": self.overflow_elements / self.elements if self.elements else 0.0,
+            "overflow_rate_elements": (self.overflow_elements / self.elements
+                                       if self.elements else 0.0),
             "overflow_rate_steps": self.overflowed_steps / self.steps if self.steps else 0.0,
         }

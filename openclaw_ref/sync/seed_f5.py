@@ -67,7 +67,8 @@ class SeedF5Hook:
         if any(s is not None for s in shapes):
             self.asserted_present += 1
         if dist.get_rank() == 0:
-            assert all(s == shapes[0] for s in shapes), f"Shape mismatch in openclaw model: {shapes}"
+            assert all(s == shapes[0] for s in shapes), (
+                f"Shape mismatch in openclaw model: {shapes}")
 
 
 def register_seed_hook(model: nn.Module, device: torch.device) -> tuple[SeedF5Hook, list]:

@@ -1,5 +1,6 @@
 """What ``harden()`` accepts: the DDP model it is handed, checked before anything is registered,
-and the facts about it the construction check compares (DDP's bucket layout)."""
+and the facts about it the construction check compares (DDP's bucket layout). Also the one
+reader of the NCCL version (``core.environment`` formats it for the run record and the doctor)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.base import SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.precision import WIRE_DTYPES
 
@@ -35,7 +36,11 @@ def reducible_dtypes(backend: str, nccl_version: tuple[int, ...] | None = None
     return None
 
 
-def _nccl_version() -> tuple[int, ...] | None:
+def nccl_version() -> tuple[int, ...] | None:
+    """The NCCL version this torch was built with, e.g. ``(2, 21, 5)``; None without CUDA or
+    NCCL."""
+    if not torch.cuda.is_available():
+        return None
     try:
         v = torch.cuda.nccl.version()
     except Exception:
@@ -52,11 +57,11 @@ def validate_target(ddp_model: object, cfg: SyncConfig) -> None:
         raise BadInput("this DDP model already has a comm hook (harden() called twice, or "
                        "another hook registered): DDP accepts one")
     backend = dist.get_backend(ddp_model.process_group)
-    allowed = reducible_dtypes(backend, _nccl_version() if backend == "nccl" else None)
+    allowed = reducible_dtypes(backend, nccl_version() if backend == "nccl" else None)
     if allowed is None:
         return
     grad_dtypes = {p.dtype for p in ddp_model.module.parameters() if p.requires_grad}
-    wire = {WIRE_DTYPES[cfg.wire]} if cfg.wire in WIRE_DTYPES else grad_dtypes
+    wire = grad_dtypes if cfg.wire is Wire.NATIVE else {WIRE_DTYPES[cfg.wire]}
     bad = sorted(str(d) for d in wire - allowed)
     if bad:
         raise BadInput(f"backend {backend} cannot reduce wire dtype(s) {', '.join(bad)}; choose "

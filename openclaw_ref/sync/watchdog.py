@@ -120,8 +120,9 @@ class Watchdog:
                 t, (step, bucket) = min(overdue)
                 late = self.late_ranks((step, bucket))
                 self.fired = SyncTimeout(
-                    f"rank {self.global_ranks[self.rank]}: allreduce of bucket {bucket} at step {step} still waiting "
-                    f"after {time.monotonic() - t:.1f} s (deadline {self.deadline_s:g} s)",
+                    f"rank {self.global_ranks[self.rank]}: allreduce of bucket {bucket} at step "
+                    f"{step} still waiting after {time.monotonic() - t:.1f} s (deadline "
+                    f"{self.deadline_s:g} s)",
                     ranks=late, step=step, bucket=bucket)
                 self.on_timeout(self.fired)
                 return

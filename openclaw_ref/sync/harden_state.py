@@ -1,0 +1,235 @@
+"""``HardenState``: what the hardened hook and its step check share, one per DDP model.
+
+The hook path itself (``hardened.hardened_hook``) stays small and reads straight through; the
+state it calls into lives here: the step lifecycle (the clock every rank must agree on, the
+ready-time origin, the end-of-backward settle that hands the step to ``ledger.Ledger``), the
+per-bucket caches the hook reuses from step to step (membership digests, wire buffers, the
+encoded pieces of its control-block slots), the periodic replica check, and the statistics
+reported per step and per run. Nothing here issues a collective except the replica check.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from openclaw_ref.sync import checks
+from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
+from openclaw_ref.sync.control_layout import (
+    StepBlock,
+    assemble_slot,
+    clock_chunks,
+    membership_digest,
+    slot_middle,
+)
+from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.ledger import BucketRecord, Ledger
+from openclaw_ref.sync.precision import ScalePolicy
+from openclaw_ref.sync.watchdog import Watchdog
+
+
+class HardenState:
+    """Everything the hook and the step check share (one per DDP model).
+
+    Step lifecycle: the first bucket of a backward opens a step and queues ``_settle`` at the
+    end of that backward; ``_settle`` verifies the step, resets the per-step state (presence,
+    ready-time origin) and advances the clock. ``begin_step(n)`` only names the clock."""
+
+    def __init__(self, cfg: SyncConfig, group, named: list[tuple[str, nn.Parameter]],
+                 synchronized: list[tuple[str, nn.Parameter]] | None = None) -> None:
+        self.cfg = cfg
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.global_ranks = dist.get_process_group_ranks(group)
+        self.policy = ScalePolicy.from_config(cfg)
+        self.named_parameters = named
+        # what the replica check compares: the parameters DDP keeps equal (not those DDP was
+        # told to ignore)
+        self.synchronized = named if synchronized is None else synchronized
+        self.names = {id(p): n for n, p in named}
+        self.watchdog: Watchdog | None = None
+        self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
+                             global_ranks=self.global_ranks,
+                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE)
+        self.events = self.ledger.events
+        self.required: set[int] = set()  # ids of parameters that must get a gradient every step
+        self.present: set[int] = set()  # required parameters that got a local gradient
+        self.clock = 0
+        self.step_t0 = time.perf_counter()
+        self.shadow_buckets = 0  # buckets this rank sent as a joined rank (DDP.join())
+        self._records: list[BucketRecord] = []
+        self._first_issue: float | None = None
+        self._verdict: bool | None = None  # of the last settled step, until finish_step reads it
+        self.last_layout: list[tuple[int, list[str]]] = []  # (bucket, members) last settled
+        self._replica_checked_at = -1
+        self.replica_digest = checks.ReplicaDigest()  # its tables and scratch reused per check
+        self._members: dict[tuple[int, ...], tuple[int, list[str]]] = {}
+        self._wires: dict[int, torch.Tensor] = {}  # only for wires that differ from the grads
+        self.block = StepBlock(self.rank, self.world_size)
+        self._step_block: torch.Tensor | None = None  # its rows, sent with the last bucket
+        self._middles: dict[tuple[int, int, int], list[int]] = {}
+        self._clock_chunks: tuple[int, list[int]] = (-1, [])
+        # CUDA only: ready times from events on the current stream (host clocks there measure
+        # kernel launches, not when the gradients were ready); read after the step's host sync
+        self.on_cuda = any(p.is_cuda for _, p in named)
+        self._device_t0 = None
+        self._device_marks: list[tuple[int, object]] = []
+
+    # called by the hook -------------------------------------------------------------------
+    def membership(self, bucket: dist.GradBucket) -> tuple[int, list[str]]:
+        """Digest and names of the bucket's members, cached by parameter identity: DDP hands
+        the same Parameter objects every step, and any change of membership changes the key."""
+        params = bucket.parameters()
+        key = tuple(id(p) for p in params)
+        got = self._members.get(key)
+        if got is None:
+            names = [self.names.get(id(p), f"<unnamed #{i}>") for i, p in enumerate(params)]
+            members = [(n, tuple(p.shape), str(p.dtype), 0, p.numel())
+                       for n, p in zip(names, params)]
+            got = self._members[key] = (membership_digest(members), names)
+        return got
+
+    def first_absent(self, bucket: dist.GradBucket) -> int | None:
+        """Member index of the first required parameter with no local gradient this step.
+
+        Presence comes from tensor hooks, which fire before the gradient is accumulated and so
+        before DDP can mark the bucket ready; DDP zero-fills an absent gradient in the bucket,
+        which is why the buffer itself cannot tell."""
+        if not self.required:
+            return None
+        for i, p in enumerate(bucket.parameters()):
+            if id(p) in self.required and id(p) not in self.present:
+                return i
+        return None
+
+    def wire_buffer(self, index: int, grads: torch.Tensor, extra: int = 0) -> torch.Tensor:
+        """A reused buffer per bucket when the bucket cannot be reduced in place: an fp16/bf16
+        wire or a pre-scale, or the last bucket, which carries the step's control block
+        (``extra`` elements) at its tail. DDP takes the result out before the next step, so
+        the previous step's reduced values are never needed again."""
+        dtype = self.policy.dtype_for(grads.dtype)
+        size = grads.numel() + extra
+        buf = self._wires.get(index)
+        if buf is None or buf.numel() != size or buf.dtype != dtype or buf.device != grads.device:
+            buf = self._wires[index] = torch.empty(size, dtype=dtype, device=grads.device)
+        return buf
+
+    def slot(self, index: int, digest: int, exponent: int, ready_s: float,
+             absent: int | None) -> list[int]:
+        """This rank's slot for the bucket, from pieces encoded once per bucket and per step."""
+        key = (index, digest, exponent)
+        middle = self._middles.get(key)
+        if middle is None:
+            middle = self._middles[key] = slot_middle(bucket=index, digest=digest,
+                                                      scale_exp=exponent)
+        if self._clock_chunks[0] != self.clock:
+            self._clock_chunks = (self.clock, clock_chunks(self.clock))
+        return assemble_slot(self._clock_chunks[1], middle, ready_s=ready_s, absent=absent)
+
+    def attach_block(self, block: torch.Tensor) -> None:
+        """Write the step's slots into ``block`` (the last bucket's wire tail) and point every
+        record of the step at its row."""
+        rows = self._step_block = block.view(len(self.block), -1)
+        self.block.write(block)
+        for record, row in zip(self._records, rows):
+            record.block = row
+
+    def open_step(self, t: float) -> None:
+        """The first bucket of a backward: verify the step when that backward ends."""
+        if self._first_issue is not None:
+            return
+        self._first_issue = t
+        torch.autograd.Variable._execution_engine.queue_callback(self._settle)
+
+    # the step -----------------------------------------------------------------------------
+    def device_mark(self):
+        """A timing event recorded now on the current CUDA stream (None off CUDA)."""
+        if not self.on_cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _start_clock(self) -> None:
+        self.step_t0 = time.perf_counter()
+        self._device_t0 = self.device_mark()
+        self._device_marks = []
+
+    def forward_started(self) -> None:
+        """Forward pre-hook of the DDP model: the ready-time origin of the next step."""
+        if self._first_issue is None:
+            self._start_clock()
+            self._maybe_check_replicas()
+
+    def begin_step(self, step: int) -> None:
+        """Name the step (the clock every rank must agree on); every K steps compare replicas."""
+        self.clock = step
+        self._verdict = None
+        self._start_clock()
+        self._maybe_check_replicas()
+
+    def finish_step(self, step: int | None = None) -> bool:
+        """The verdict of the step the last backward settled: False = every rank skips this
+        optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
+        if self._records:  # a backward whose end-of-backward callback could not run
+            self._settle()
+        verdict, self._verdict = self._verdict, None
+        return True if verdict is None else verdict
+
+    def _settle(self) -> None:
+        t = time.perf_counter()
+        records, self._records = self._records, []
+        exposed = (t - self._first_issue) * 1e3 if self._first_issue is not None else 0.0
+        step = self.clock
+        self.last_layout = [(r.index, list(r.params)) for r in records]
+        self._first_issue = None
+        self.present.clear()
+        self.clock += 1
+        if records and records[-1].block is None:
+            self.block.clear()
+            raise RuntimeError(
+                f"step {step}: DDP never reduced this backward's last bucket, so its control "
+                "block was not sent (a parameter without a gradient under "
+                "find_unused_parameters=False?)")
+        try:
+            blocks, self._step_block = self._step_block, None
+            self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
+                                               blocks=blocks)
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.settled(step)
+        if self._device_t0 is not None and self._device_marks:  # complete: settle synced
+            self.ledger.last["device_ready_ms"] = {
+                index: self._device_t0.elapsed_time(event) for index, event in self._device_marks}
+            self._device_marks = []
+
+    def _maybe_check_replicas(self) -> None:
+        k = self.cfg.replica_check_every
+        if not k or self.clock % k or self._replica_checked_at == self.clock:
+            return
+        self._replica_checked_at = self.clock
+        self.ledger.replica_checks += 1
+        try:
+            checks.replica_check(self.synchronized, step=self.clock, group=self.group,
+                                 digest=self.replica_digest)
+        except ConsistencyError as exc:
+            self.ledger.count_check(False)
+            raise exc.renumbered(self.global_ranks) from None
+        self.ledger.count_check(True)
+
+    def step_metrics(self) -> dict:
+        return dict(self.ledger.last)
+
+    def summary(self) -> dict:
+        return {**self.ledger.summary(), "wire": self.cfg.wire.value,
+                "nonfinite": self.cfg.nonfinite.value,
+                "scale_mode": "auto" if self.policy.auto else "fixed",
+                "shadow_buckets": self.shadow_buckets}
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
