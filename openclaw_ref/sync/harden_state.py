@@ -34,9 +34,10 @@ from openclaw_ref.sync.watchdog import Watchdog
 class HardenState:
     """Everything the hook and the step check share (one per DDP model).
 
-    Step lifecycle: the first bucket of a backward opens a step and queues ``_settle`` at the
-    end of that backward; ``_settle`` verifies the step, resets the per-step state (presence,
-    ready-time origin) and advances the clock. ``begin_step(n)`` only names the clock."""
+    Step lifecycle: the first bucket of a backward opens a step; the last one (``is_last()``)
+    queues ``_settle`` at the end of the graph task it fires in; ``_settle`` verifies the step,
+    resets the per-step state (presence, ready-time origin) and advances the clock.
+    ``begin_step(n)`` only names the clock."""
 
     def __init__(self, cfg: SyncConfig, group, named: list[tuple[str, nn.Parameter]],
                  synchronized: list[tuple[str, nn.Parameter]] | None = None) -> None:
@@ -139,10 +140,18 @@ class HardenState:
             record.block = row
 
     def open_step(self, t: float) -> None:
-        """The first bucket of a backward: verify the step when that backward ends."""
-        if self._first_issue is not None:
-            return
-        self._first_issue = t
+        """A bucket of a backward: the first one starts the step's exposed-time clock."""
+        if self._first_issue is None:
+            self._first_issue = t
+
+    def close_step(self) -> None:
+        """DDP's last bucket was issued, so every bucket of the step is in flight: verify the
+        step when the current autograd graph task ends, where DDP queues its own finalize.
+
+        Not at the first bucket: that one may fire inside a nested graph task (a reentrant
+        activation checkpoint runs its own backward) that ends before the last bucket is
+        issued, whereas DDP issues its buckets in index order, so ``is_last()`` comes last
+        whatever task it fires in."""
         torch.autograd.Variable._execution_engine.queue_callback(self._settle)
 
     # the step -----------------------------------------------------------------------------
@@ -160,13 +169,17 @@ class HardenState:
         self._device_marks = []
 
     def forward_started(self) -> None:
-        """Forward pre-hook of the DDP model: the ready-time origin of the next step."""
-        if self._first_issue is None:
-            self._start_clock()
-            self._maybe_check_replicas()
+        """Forward pre-hook of the DDP model: the ready-time origin of the next step (a
+        previous backward that never issued its last bucket is reported first)."""
+        if self._records:
+            self._settle()
+        self._start_clock()
+        self._maybe_check_replicas()
 
     def begin_step(self, step: int) -> None:
         """Name the step (the clock every rank must agree on); every K steps compare replicas."""
+        if self._records:
+            self._settle()
         self.clock = step
         self._verdict = None
         self._start_clock()
@@ -175,7 +188,7 @@ class HardenState:
     def finish_step(self, step: int | None = None) -> bool:
         """The verdict of the step the last backward settled: False = every rank skips this
         optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
-        if self._records:  # a backward whose end-of-backward callback could not run
+        if self._records:  # a backward that never issued DDP's last bucket
             self._settle()
         verdict, self._verdict = self._verdict, None
         return True if verdict is None else verdict

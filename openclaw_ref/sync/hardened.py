@@ -22,13 +22,15 @@ The step's last bucket goes through its wire buffer with the step's control bloc
 values) at its tail: exactly the collectives stock DDP issues, and per bucket one pass (the
 sum) more than PyTorch's ``allreduce_hook``.
 
-At the end of every backward (a callback queued on the autograd engine, as DDP queues its own)
-the step is judged by ``ledger.Ledger.settle``: every control block is checked on the device
-and read with one host sync; ``ClockMismatch`` / ``BucketMisalignment`` / ``ScaleMismatch`` /
-``MissingGradient`` / ``NonFiniteGradient`` are raised identically on every rank, from
-``backward()``. A local NaN/inf is fatal under ``nonfinite="raise"``; under ``skip`` (the
-default) it passes through the sum as in stock DDP, so every rank holds the same non-finite
-gradients and a loss scaler skips the step together; the event names the ranks.
+Once DDP has issued its last bucket, at the end of the autograd graph task that bucket fired in
+(a callback queued on the engine, where DDP queues its own finalize; a reentrant activation
+checkpoint's nested backward included), the step is judged by ``ledger.Ledger.settle``: every
+control block is checked on the device and read with one host sync; ``ClockMismatch`` /
+``BucketMisalignment`` / ``ScaleMismatch`` / ``MissingGradient`` / ``NonFiniteGradient`` are
+raised identically on every rank, from ``backward()``. A local NaN/inf is fatal under
+``nonfinite="raise"``; under ``skip`` (the default) it passes through the sum as in stock DDP,
+so every rank holds the same non-finite gradients and a loss scaler skips the step together;
+the event names the ranks.
 
 Two ways to use it, the same checks in both::
 
@@ -106,6 +108,7 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     state._records.append(record)
     if last:
         state.attach_block(wire[n:])
+        state.close_step()
     if state.on_cuda:
         state._device_marks.append((index, state.device_mark()))
     work = dist.all_reduce(wire, group=state.group, async_op=True)
