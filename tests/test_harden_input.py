@@ -7,13 +7,15 @@ import json
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import NonFinitePolicy, Planner, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.hardened import harden
-from openclaw_ref.sync.target import reducible_dtypes
+from openclaw_ref.sync.target import process_backend, reducible_dtypes, validate_target
 
 
 def harden_twice(ctx) -> tuple[str, int]:
@@ -43,6 +45,87 @@ def test_a_model_that_is_not_ddp_is_refused(pools):
 def test_hardening_twice_is_refused_and_leaves_one_hook(pools):
     for message, hooks in pools.get(2).run(harden_twice):
         assert "already has a comm hook" in message and hooks == 1
+
+
+def harden_over_a_registered_hook(ctx, kind: str) -> str:
+    """Only rank 0 registers ``kind`` and calls harden(); rank 1 never does. Had harden() run
+    a collective before refusing, rank 0 would wait for rank 1 forever."""
+    ddp = DDP(nn.Linear(4, 2))
+    message = ""
+    if ctx.rank == 0:
+        if kind == "python":
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        else:
+            ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        try:
+            harden(ddp, SyncConfig(name="hardened"), ctx).close()
+        except BadInput as exc:
+            message = str(exc)
+    dist.barrier()
+    return message
+
+
+@pytest.mark.parametrize("kind,name", [("python", "allreduce_hook"),
+                                       ("builtin", "BuiltinCommHookType.ALLREDUCE")])
+def test_a_hook_already_registered_is_refused_before_any_collective(pools, kind, name):
+    message, _ = pools.get(2).run(harden_over_a_registered_hook, kind, timeout_s=60)
+    assert "already has a comm hook" in message and name in message
+
+
+def harden_on_a_group_without_backend(ctx) -> dict:
+    """A process group created without a backend reports "undefined"; its CPU backend is
+    gloo, which the dtype checks must judge (not skip)."""
+    group = dist.new_group(backend="undefined")
+    ddp = DDP(nn.Linear(4, 2), process_group=group)
+    reply = {"reported": dist.get_backend(group),
+             "judged": validate_target(ddp, SyncConfig(name="hardened", wire="bf16"))}
+    state = harden(ddp, SyncConfig(name="hardened", wire="bf16"), ctx)
+    ddp(torch.ones(3, 4)).sum().backward()
+    reply["checks"] = state.summary()["bucket_checks"]
+    state.close()
+    try:
+        process_backend(group, torch.device("cuda"))
+    except BadInput as exc:
+        reply["cuda"] = str(exc)
+    return reply
+
+
+def test_a_group_without_backend_is_judged_by_its_device_backend_or_refused(pools):
+    for reply in pools.get(2).run(harden_on_a_group_without_backend):
+        assert reply["reported"] == "undefined" and reply["judged"] == "gloo"
+        assert reply["checks"] == 1
+        assert "no backend for cuda" in reply["cuda"]
+
+
+def close_and_keep_training(ctx) -> dict:
+    """harden(), one checked step, close(); DDP keeps averaging like stock DDP."""
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(4, 2))
+    torch.manual_seed(0)
+    plain = DDP(nn.Linear(4, 2))
+    before = len(ddp._forward_pre_hooks)
+    state = harden(ddp, SyncConfig(name="hardened"), ctx)
+    added = len(ddp._forward_pre_hooks) - before
+    x = torch.full((3, 4), float(ctx.rank + 1))
+    for model in (ddp, plain):
+        for _ in range(2):
+            model(x).square().sum().backward()
+    checked = state.summary()["bucket_checks"]
+    state.close()
+    for model in (ddp, plain):
+        model(x).square().sum().backward()
+    return {"added": added, "left": len(ddp._forward_pre_hooks) - before,
+            "thread": state.watchdog._thread.is_alive(), "checked": checked,
+            "after": state.summary()["bucket_checks"],
+            "equal": all(torch.equal(a.grad, b.grad) for a, b in
+                         zip(ddp.parameters(), plain.parameters()))}
+
+
+def test_close_removes_the_hooks_and_thread_and_leaves_an_inert_comm_hook(pools):
+    for reply in pools.get(2).run(close_and_keep_training):
+        assert reply["added"] == 1 and reply["left"] == 0 and not reply["thread"]
+        assert reply["checked"] == 2 and reply["after"] == 2  # closed: nothing checked
+        assert reply["equal"]  # the inert hook averages exactly as DDP's own allreduce
 
 
 @pytest.mark.parametrize("backend,nccl,dtype,ok", [

@@ -79,6 +79,8 @@ class HardenState:
         self.on_cuda = any(p.is_cuda for _, p in named)
         self._device_t0 = None
         self._device_marks: list[tuple[int, object]] = []
+        self.handles: list = []  # the hooks harden() added (``RemovableHandle``), for close()
+        self.closed = False  # after close() the comm hook is a plain allreduce
 
     # called by the hook -------------------------------------------------------------------
     def membership(self, bucket: dist.GradBucket) -> tuple[int, list[str]]:
@@ -244,5 +246,12 @@ class HardenState:
                 "shadow_buckets": self.shadow_buckets}
 
     def close(self) -> None:
+        """Stop checking: remove the hooks harden() added, stop the watchdog; the comm hook,
+        which DDP cannot unregister, becomes a plain allreduce. Idempotent."""
+        self.closed = True
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self._records = []
         if self.watchdog is not None:
             self.watchdog.close()

@@ -84,6 +84,8 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     """The DDP comm hook (see the module docstring); one allreduce per bucket, like DDP's own,
     the last one carrying the step's control block. ``bucket`` is a ``dist.GradBucket``;
     returns a ``Future[Tensor]`` of the bucket's size."""
+    if state.closed:
+        return _plain_allreduce(state, bucket)
     if not _in_backward():
         return _shadow_allreduce(state, bucket)
     t = time.perf_counter()
@@ -129,6 +131,13 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     return record.done
 
 
+def _plain_allreduce(state: HardenState, bucket):
+    """The hook after ``close()`` (DDP cannot unregister it): PyTorch's ``allreduce_hook``."""
+    grads = bucket.buffer().div_(state.world_size)
+    fut = dist.all_reduce(grads, group=state.group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
 def _shadow_allreduce(state: HardenState, bucket):
     """A joined rank's (``DDP.join()``) zero bucket, matching the active ranks' allreduce —
     with the last bucket, their control block too: "joined" slots abstain from their checks.
@@ -164,10 +173,23 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     without it the default store and ``os._exit`` are used. ``check_construction=False`` skips
     the cross-rank parameter check (tests use it to show that the in-band membership digest
     alone still catches a swapped registration). Raises ``BadInput`` before registering
-    anything when the model cannot be hardened.
+    anything and before any collective when the model cannot be hardened: a comm hook already
+    registered (Python or C++ built-in), a process group with no backend for the gradients'
+    device, a wire dtype the backend cannot reduce.
+
+    ``state.close()`` removes what this added (forward pre-hook, gradient-presence hooks,
+    watchdog thread) on the rank it runs on. DDP cannot unregister a comm hook: after
+    ``close()`` the hook is inert — a plain allreduce average like PyTorch's
+    ``allreduce_hook``, no control block, no check — so close every rank of the group.
+
+    After an error. A ``ConsistencyError`` (or a failed collective) is raised from inside
+    DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of this DDP
+    model fails on DDP's own internal assert. The model cannot be used again. Close the state,
+    then either build a new ``DistributedDataParallel`` around the same module (its parameters
+    are broadcast from rank 0 again) and harden that, or restore a checkpoint — on every rank.
     """
     cfg = cfg or SyncConfig(name="hardened")
-    validate_target(ddp_model, cfg)
+    backend = validate_target(ddp_model, cfg)
     group = ddp_model.process_group
     named = list(ddp_model.module.named_parameters())
     if check_construction:
@@ -190,9 +212,10 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     for name, p in named:
         if required is not None and name in required and p.requires_grad:
             state.required.add(id(p))
-            p.register_hook(_presence_hook(state.present, id(p)))
-    ddp_model.register_forward_pre_hook(lambda module, args: state.forward_started())
-    if dist.get_backend(group) == "nccl" and os.environ.get(
+            state.handles.append(p.register_hook(_presence_hook(state.present, id(p))))
+    state.handles.append(
+        ddp_model.register_forward_pre_hook(lambda module, args: state.forward_started()))
+    if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
         warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
                       "was created; a failed collective may hang instead of aborting",

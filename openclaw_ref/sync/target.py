@@ -48,21 +48,56 @@ def nccl_version() -> tuple[int, ...] | None:
     return tuple(v) if isinstance(v, tuple) else None
 
 
-def validate_target(ddp_model: object, cfg: SyncConfig) -> None:
-    """Every reason ``harden`` must refuse, checked before anything is registered."""
+def registered_hook(ddp_model: DDP) -> str | None:
+    """The name of the comm hook already registered on ``ddp_model`` (a Python hook, or a C++
+    built-in one, which DDP records only in its logging data), None when there is none."""
+    hooks = getattr(ddp_model, "_comm_hooks", None)
+    if hooks:
+        return getattr(hooks[0][0], "__qualname__", repr(hooks[0][0]))
+    try:
+        name = ddp_model._get_ddp_logging_data().get("comm_hook")
+    except Exception:  # a private API; a Python hook is still caught above
+        return None
+    return str(name) if name else None
+
+
+def process_backend(group: dist.ProcessGroup, device: torch.device) -> str:
+    """The backend that reduces ``device`` tensors on ``group``. A group created without a
+    backend (``init_process_group()``) reports "undefined" but holds one backend per device
+    type; the one for the gradients' device is what the dtype and NCCL checks must judge."""
+    name = dist.get_backend(group)
+    if name in ("gloo", "nccl"):
+        return name
+    try:
+        return group._get_backend(device).name()
+    except Exception:
+        if name == "undefined":
+            raise BadInput(f"the DDP model's process group has no backend for {device.type} "
+                           "tensors (init_process_group() without a backend?): pass "
+                           "backend='gloo' or 'nccl'") from None
+        return name  # a third-party backend: the dtype checks cannot judge it
+
+
+def validate_target(ddp_model: object, cfg: SyncConfig) -> str:
+    """Every reason ``harden`` must refuse, checked before anything is registered and before
+    any collective; returns the backend that will reduce the gradients."""
     if not isinstance(ddp_model, DDP):
         raise BadInput(f"harden() needs a torch DistributedDataParallel model; got "
                        f"{type(ddp_model).__name__}")
-    if getattr(ddp_model, "_comm_hooks", None):
-        raise BadInput("this DDP model already has a comm hook (harden() called twice, or "
-                       "another hook registered): DDP accepts one")
-    backend = dist.get_backend(ddp_model.process_group)
+    hook = registered_hook(ddp_model)
+    if hook is not None:
+        raise BadInput(f"this DDP model already has a comm hook ({hook}; harden() called twice, "
+                       "or another hook registered): DDP accepts one")
+    params = [p for p in ddp_model.module.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    backend = process_backend(ddp_model.process_group, device)
     allowed = reducible_dtypes(backend, nccl_version() if backend == "nccl" else None)
     if allowed is None:
-        return
-    grad_dtypes = {p.dtype for p in ddp_model.module.parameters() if p.requires_grad}
+        return backend
+    grad_dtypes = {p.dtype for p in params}
     wire = grad_dtypes if cfg.wire is Wire.NATIVE else {WIRE_DTYPES[cfg.wire]}
     bad = sorted(str(d) for d in wire - allowed)
     if bad:
         raise BadInput(f"backend {backend} cannot reduce wire dtype(s) {', '.join(bad)}; choose "
                        f"--wire among {sorted(str(d) for d in allowed)}")
+    return backend
