@@ -124,6 +124,33 @@ class NonFiniteGradient(ConsistencyError):
     """A NaN or inf gradient entered the sum that is not an FP16 overflow to be skipped."""
 
 
+class CollectiveFailed(OpenClawError):
+    """A bucket's allreduce itself failed (the backend's own error, e.g. a peer rank that
+    crashed, exited or ended early closed its connection): not a disagreement between ranks,
+    so nothing was verified. ``ranks`` are the failed peers when the backend names them."""
+
+    def __init__(self, detail: str, *, step: int | None = None, bucket: int | None = None,
+                 ranks: list[int] | None = None) -> None:
+        self.detail = detail
+        self.step = step
+        self.bucket = bucket
+        self.ranks = sorted(ranks or [])
+        who = f", ranks {self.ranks}" if self.ranks else ""
+        super().__init__(f"CollectiveFailed at step {step}, bucket {bucket}{who}: the "
+                         f"allreduce failed (a peer rank crashed, exited or ended early?): "
+                         f"{detail}")
+
+    def __reduce__(self):
+        return (_rebuild_collective_failed, (self.detail, self.step, self.bucket, self.ranks))
+
+    def event(self) -> Event:
+        return Event("CollectiveFailed", self.step, self.ranks, self.bucket, [], self.detail)
+
+
+def _rebuild_collective_failed(detail, step, bucket, ranks):
+    return CollectiveFailed(detail, step=step, bucket=bucket, ranks=ranks)
+
+
 class SyncTimeout(OpenClawError):
     """A collective or a whole run passed its deadline; ``ranks`` are those that had not arrived."""
 

@@ -25,7 +25,7 @@ from openclaw_ref.sync.control_layout import (
     membership_digest,
     slot_middle,
 )
-from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError
 from openclaw_ref.sync.ledger import BucketRecord, Ledger
 from openclaw_ref.sync.precision import ScalePolicy
 from openclaw_ref.sync.watchdog import Watchdog
@@ -214,6 +214,11 @@ class HardenState:
             blocks, self._step_block = self._step_block, None
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
                                                blocks=blocks)
+        except RuntimeError as exc:
+            failed = _failed_collective(records, step)
+            if failed is None:
+                raise
+            raise failed from exc
         finally:
             if self.watchdog is not None:
                 self.watchdog.settled(step)
@@ -255,3 +260,21 @@ class HardenState:
         self._records = []
         if self.watchdog is not None:
             self.watchdog.close()
+
+
+def _failed_collective(records: list[BucketRecord], step: int) -> CollectiveFailed | None:
+    """The first bucket whose allreduce failed, as the backend reported it (None: none did)."""
+    for record in records:
+        if record.done is None or not record.done.done():
+            continue
+        try:
+            record.done.value()
+        except RuntimeError as exc:
+            return CollectiveFailed(_backend_message(exc), step=step, bucket=record.index)
+    return None
+
+
+def _backend_message(exc: RuntimeError) -> str:
+    """The backend's own words, without the future's wrapping of the hook continuation."""
+    text = str(exc).split("\n\nAt:")[0].strip()
+    return text.removeprefix("Got the following error when running the callback: ")

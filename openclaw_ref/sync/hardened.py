@@ -121,7 +121,8 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
         return record.done
     can_overflow = exponent != 0 or wire.dtype != grads.dtype
 
-    def unpack(_: torch.futures.Future) -> torch.Tensor:
+    def unpack(fut: torch.futures.Future) -> torch.Tensor:
+        fut.value()  # a failed allreduce raises here, and its error reaches settle
         if can_overflow:  # the wire itself may overflow under 2^e or in a narrower dtype
             record.flag = finite_sum(wire[:n])
         return from_wire(wire[:n], exponent, grads.dtype,
@@ -156,7 +157,12 @@ def _shadow_allreduce(state: HardenState, bucket):
         if last:
             state.block.write(wire[n:])
     fut = dist.all_reduce(wire, group=state.group, async_op=True).get_future()
-    return fut.then(lambda _: grads)
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        f.value()  # a failed allreduce raises, not swallowed
+        return grads
+
+    return fut.then(done)
 
 
 def _presence_hook(present: set[int], key: int):
