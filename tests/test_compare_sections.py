@@ -22,16 +22,15 @@ from openclaw_ref.core.jsonio import write_json_atomic
 from openclaw_ref.core.metrics import peak_memory_mb, reset_peak_memory
 from openclaw_ref.core.model import EVAL_STEP, build_model, preset
 from openclaw_ref.core.train import TrainConfig
-from openclaw_ref.experiments.compare import (
-    OVERFLOW_WORKLOADS,
+from openclaw_ref.experiments.compare import CompareConfig
+from openclaw_ref.experiments.runs import (
     SEED_NORM_NAMES,
-    CompareConfig,
     rotated,
     run_and_return_params,
-    scale_mismatch_rank,
-    section_lightning,
     slim_run,
 )
+from openclaw_ref.experiments.sections import lightning
+from openclaw_ref.experiments.sections.overflow import OVERFLOW_WORKLOADS, scale_mismatch_rank
 from openclaw_ref.reporting.record import SCHEMA_VERSION, load_record
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
@@ -203,7 +202,7 @@ class _Ticks:
 def test_lightning_section_comes_from_a_real_run():
     pytest.importorskip("lightning")
     cfg = CompareConfig(world_sizes=(1, 2), lightning_steps=3, backend="gloo")
-    sec = section_lightning(cfg, None, _Ticks())
+    sec = lightning.run(cfg, None, _Ticks())
     assert "error" not in sec, sec.get("error")
     assert sec["devices"] == 2 and sec["steps"] == 3 and sec["accelerator"] == "cpu"
     assert "16" in sec["precision"] and sec["strategy"].startswith("ddp")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from openclaw_ref.core.jsonio import read_json
-from openclaw_ref.experiments.compare import CompareConfig, Variant, run_compare, write_results
+from openclaw_ref.experiments.compare import CompareConfig, run_compare, write_results
+from openclaw_ref.experiments.sections.strategies import Variant
 from openclaw_ref.reporting.claims import CLAIMS, NOT_MEASURABLE, VERDICTS, assess_all
 from openclaw_ref.reporting.render import render_all
 from openclaw_ref.sync.base import SyncConfig

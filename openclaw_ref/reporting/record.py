@@ -34,6 +34,7 @@ from typing import Any
 
 from openclaw_ref.sync.errors import BadInput
 
+RAW_NAME = "raw.json"  # the record's file name in every results/<machine>/ directory
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 REGENERATE = "regenerate it with `openclaw-bench compare`"

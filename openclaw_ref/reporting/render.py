@@ -14,9 +14,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from openclaw_ref.core.jsonio import write_text_atomic
-from openclaw_ref.reporting.record import RunRecord, load_record
-
-RAW_NAME = "raw.json"
+from openclaw_ref.reporting.record import RAW_NAME, RunRecord, load_record
 
 
 def _fmt_mb(values: list[float]) -> str:
