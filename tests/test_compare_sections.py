@@ -251,3 +251,15 @@ def test_compact_record_loads(tmp_path):
     rec = load_record(path)
     assert rec.doc["quantization"]["latency_fp32_ms"] == 0.333333
     assert json.loads(text)["overflow"] == doc["overflow"]
+
+
+def test_scale_mismatch_counts_read_named_rows_of_every_rank():
+    from openclaw_ref.experiments.probes import BucketMismatch, mismatch_counts
+
+    clean = BucketMismatch(False, False, False, False, 0, False, False, False)
+    off_here = clean._replace(off=True, replicas_differ=True, nonfinite_elements=2)
+    counts = mismatch_counts([[clean, off_here, clean], [off_here, clean]])  # rank 1: 2 rows
+    assert counts["allreduces"] == 2
+    assert counts["corrupted"] == 2  # bucket 0 off on rank 1, bucket 1 off on rank 0
+    assert counts["replicas_disagree"] == 1 and counts["overflow_elements"] == 2  # rank 0's
+    assert counts["overflowed"] == counts["corrupted_uniform"] == 0

@@ -2,7 +2,7 @@
 progress ticks it takes, and its runner (``experiments.sections.<name>.run``).
 
 Adding a section: a module under ``experiments/sections/`` returning figures only, a line here,
-its tables in ``reporting.comparison``, its key in ``reporting.record.SECTIONS``.
+its tables in ``reporting.section_tables``, its key in ``reporting.record.SECTIONS``.
 """
 
 from __future__ import annotations

@@ -2,5 +2,6 @@
 
 Every module exposes ``run(cfg, pools, progress) -> dict`` (``strategies.run`` also takes the
 variants) returning figures only — numbers, names, flags and the measured outcomes; captions
-and tables are ``reporting.comparison``'s. ``experiments.registry`` lists them in run order.
+and tables come from ``reporting.section_tables``. ``experiments.registry`` lists them in run
+order.
 """

@@ -93,27 +93,5 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     pw = 2 if 2 in cfg.world_sizes else w
     barrier = skew_barrier_interleaved(cfg, pools.get(pw), pw, progress)
     barrier_rows = _barrier_rows(barrier, pw)
-    return {"sparsity": sparsity, "skew_barrier": barrier_rows, "skew_barrier_repeats": barrier,
-            "tables": _tables(cfg, w, pw, sparsity, barrier_rows)}
-
-
-def _tables(cfg: CompareConfig, w: int, pw: int, sparsity: dict,
-            barrier_rows: list[dict]) -> list[dict]:
-    return [
-        {"caption": f"Per-bucket skew of hardened fp32 on {w} ranks, {cfg.repeats} × "
-                    f"{cfg.steps} steps, with the sparse gating unit masking per the seed's "
-                    "schedule vs masking off: is the skew caused by the sparse path (C4)?",
-         "headers": ["gating", "bucket-steps", "share > 3 ms", "skew p50 ms", "skew p99 ms"],
-         "rows": [[k, v["bucket_steps"], f"{100 * v['share_over_3ms']:.1f}%",
-                   f"{v['skew_p50_ms']:.2f}", f"{v['skew_p99_ms']:.2f}"]
-                  for k, v in sparsity.items()]},
-        {"caption": f"The seed's P2 policy on {pw} ranks (hardened fp32, tiny preset, "
-                    f"{cfg.repeats} × {cfg.steps} steps per arm, arms interleaved, each rank "
-                    "sleeping a seeded Δt ∈ [0.3, 5.7] ms before every backward): medians "
-                    "over repeats.",
-         "headers": ["barrier", "step ms", "std of ready times ms (median)",
-                     "std of ready times ms (p90)", "max bucket skew ms", "barriers / steps"],
-         "rows": [[r["arm"], f"{r['median_step_ms']:.1f}", f"{r['median_ready_std_ms']:.2f}",
-                   f"{r['p90_ready_std_ms']:.2f}", f"{r['median_skew_ms']:.2f}",
-                   f"{r['barriers']} / {r['steps']}"] for r in barrier_rows]},
-    ]
+    return {"sparsity": sparsity, "sparsity_arms": list(sparsity),
+            "skew_barrier": barrier_rows, "skew_barrier_repeats": barrier}

@@ -116,34 +116,5 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
             cases += seed_f5_cases(runner, pools, progress)
     finally:
         runner.close()
-    alignment = _alignment(cfg, settings, pools, progress)
     return {"settings": dataclasses.asdict(settings), "cases": cases,
-            "bucket_alignment": alignment, "tables": _tables(cfg, settings, cases, alignment)}
-
-
-def _tables(cfg: CompareConfig, settings: MatrixSettings, cases: list[dict],
-            alignment: list[dict]) -> list[dict]:
-    w = max(cfg.world_sizes)
-    strategies = list(dict.fromkeys(c["strategy"] for c in cases))
-    faults = list(dict.fromkeys(c["fault"] for c in cases))
-    cell = {(c["fault"], c["strategy"]): c["cell"] for c in cases}
-    return [
-        {"caption": f"Each cell: a {settings.steps}-step run of the tiny preset on "
-                    f"{settings.world_size} gloo ranks with the fault injected on the last "
-                    f"rank at step {settings.fault_step}; hardened/bucketed use an fp16 wire "
-                    f"at 2^12, replica check every {settings.replica_check_every} steps, "
-                    f"{settings.watchdog_s:.0f} s watchdog. Outcome: detected (with the "
-                    "attribution it gave) / silent-corruption (replicas diverge or the result "
-                    "differs from the fault-free run) / hang-timeout / crash / no-effect. "
-                    "seed-f5: the seed's F5 hook as written (forward hook before wrapping, "
-                    "×2^12 never undone, rank-0 assertion over its own shapes) on stock DDP; "
-                    "fault 'none': its fault-free run against stock ddp's.",
-         "headers": ["fault"] + strategies,
-         "rows": [[f] + [cell.get((f, st), "") for st in strategies] for f in faults]},
-        {"caption": f"Bucket layouts recorded on every rank ({w} ranks) at every step of a "
-                    f"6-step run with a {cfg.bucket_cap_mb} MB bucket cap (stock DDP via a "
-                    "recording comm hook): the seed's M3.",
-         "headers": ["strategy", "ranks", "identical on all ranks", "buckets", "detail"],
-         "rows": [[a["strategy"], a["world_size"], "yes" if a["aligned"] else "NO",
-                   a["buckets"], a["detail"]] for a in alignment]},
-    ]
+            "bucket_alignment": _alignment(cfg, settings, pools, progress)}

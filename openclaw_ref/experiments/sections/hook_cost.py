@@ -24,21 +24,17 @@ def jobs(cfg: CompareConfig) -> int:
 
 def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     """One interleaved job per model, the memory job, the verification timings."""
-    out: dict[str, Any] = {"jobs": {}, "tables": []}
+    out: dict[str, Any] = {"jobs": {}}
     for model in MODELS:
         hcfg = hook_cost.HookCostConfig(model=model, world_size=WORLD_SIZE, steps=cfg.hook_steps,
                                         seed=cfg.seed)
         raw = pools.get(WORLD_SIZE).run(hook_cost.hook_cost_rank, hcfg)[0]
         summary = hook_cost.summarize(raw)
         out["jobs"][model] = {"config": dataclasses.asdict(hcfg), "summary": summary,
-                              "hardened_events": raw["events"]}
-        out["tables"].append(hook_cost.table(model, WORLD_SIZE, summary, hcfg.steps))
+                              "baseline": hook_cost.BASELINE, "hardened_events": raw["events"]}
         progress.tick(f"hook cost {model}")
     out["memory"] = hook_cost.run_memory(WORLD_SIZE)
-    out["tables"].append(hook_cost.memory_table(out["memory"]))
     progress.tick("hook memory")
-    rows = verify_scale.measure()
-    out["verify"] = rows
-    out["tables"].append(verify_scale.table(rows))
+    out["verify"] = verify_scale.measure()
     progress.tick("verification at scale")
     return out

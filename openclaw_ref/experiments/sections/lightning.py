@@ -93,7 +93,7 @@ def run(cfg: CompareConfig, pools: PoolCache | None, progress: Progress) -> dict
     if code != 0 or not result:
         return {"error": f"exit {code}: {log[-800:]}", "command": command}
     workers, sampler, known = _lightning_flags(result, "--balance" in cmd)
-    sec = {
+    return {
         "accelerator": result.get("accelerator"), "devices": result.get("world_size"),
         "precision": result.get("precision"),
         "strategy": "ddp (Lightning DDPStrategy subclass SyncDDPStrategy, stock DDP wrapper)",
@@ -103,17 +103,3 @@ def run(cfg: CompareConfig, pools: PoolCache | None, progress: Progress) -> dict
         "seed_everything_workers": workers, "weighted_sampler": sampler,
         "flags_from": known, "wall_s": round(wall_s, 1), "command": command,
     }
-    sec["tables"] = _tables(sec, workers, sampler, command)
-    return sec
-
-
-def _tables(sec: dict, workers: bool | None, sampler: bool | None, command: str) -> list[dict]:
-    return [{
-        "caption": "A real Lightning run (seed 004's L2/L4) on this machine: `" + command + "`; "
-                   "steps/s over the timed steps (first 2 excluded).",
-        "headers": ["accelerator", "devices", "precision", "strategy", "steps", "steps/s",
-                    "final loss", "seed_everything(workers=True)", "WeightedRandomSampler"],
-        "rows": [[sec["accelerator"], sec["devices"], sec["precision"], "ddp", sec["steps"],
-                  "-" if sec["steps_per_s"] is None else f"{sec['steps_per_s']:.2f}",
-                  "-" if sec["final_loss"] is None else f"{sec['final_loss']:.4f}",
-                  "yes" if workers else "no", "yes" if sampler else "no"]]}]

@@ -109,39 +109,4 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     rates = _rates(cfg, sizes, pools, progress)
     vs_scale = _vs_scale(cfg, sizes[0], pools, progress)
     mismatch = _mismatch(cfg, sizes, pools, progress)
-    return {"rates": rates, "vs_scale": vs_scale, "scale_mismatch": mismatch,
-            "tables": _tables(cfg, sizes, rates, mismatch)}
-
-
-def _tables(cfg: CompareConfig, sizes: list[int], rates: list[dict],
-            mismatch: list[dict]) -> list[dict]:
-    return [{
-        "caption": f"Overflowed (inf/NaN) gradient elements after the sync at {sizes} "
-                   f"ranks, {cfg.overflow_steps} batches with the weights held fixed. "
-                   "Workload 'real': the model's own gradients (max/min nonzero |g| per "
-                   "step shown); 'harsh': each element also × 10^U(-2, 2). hardened-fp16 is "
-                   "the seed's F3 (one uniform 2^12 on every rank, removed after the sum); "
-                   "-auto is this suite's agreed dynamic scale. The seed's F3 figure is "
-                   "0.017%.",
-        "headers": ["strategy", "workload", "ranks", "overflow (elements)",
-                    "overflowed / elements", "skipped steps", "min max/min |g|"],
-        "rows": [[r["strategy"], r["workload"], r["world_size"],
-                  f"{100 * r['overflow_rate']:.4f}%",
-                  f"{r['overflow_elements']} / {r['elements']}", r["skipped_steps"],
-                  f"{r['min_dynamic_range']:.2e}"] for r in rates]}, {
-        "caption": f"The seed's M4: stock DDP buckets ({cfg.bucket_cap_mb} MB cap) through "
-                   "PyTorch's fp16_compress_hook (cast to fp16, ÷W, fp16 sum) after each "
-                   "rank pre-scales by its own 2^e (2^12 on every rank but the last, 2^10 "
-                   "on the last), each rank then dividing by its own 2^e; "
-                   f"{cfg.mismatch_steps} batches per row, weights fixed. Overflowed: the "
-                   "fp16 sum holds an inf; corrupted: some rank's average is off the fp32 "
-                   "average by more than fp16 rounding allows. Uniform: the same gradients "
-                   "with one 2^12 on every rank. Accumulator: the seed's picture, the fp16 "
-                   "wires summed without ÷W.",
-        "headers": ["ranks", "workload", "allreduces", "overflowed", "corrupted",
-                    "replicas disagree", "uniform: overflowed", "uniform: corrupted",
-                    "accumulator: overflowed", "accumulator uniform: overflowed"],
-        "rows": [[m["world_size"], m["workload"], m["allreduces"], m["overflowed"],
-                  m["corrupted"], m["replicas_disagree"], m["overflowed_uniform"],
-                  m["corrupted_uniform"], m["overflowed_accumulator"],
-                  m["overflowed_accumulator_uniform"]] for m in mismatch]}]
+    return {"rates": rates, "vs_scale": vs_scale, "scale_mismatch": mismatch}

@@ -52,19 +52,4 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
             runs[(precision, w)].append(r)
             progress.tick(f"precision {precision} ×{w} r{repeat}")
     rows = [_row(precision, w, reps) for (precision, w), reps in runs.items()]
-    return {"rows_data": rows, "tables": _tables(cfg, rows)}
-
-
-def _tables(cfg: CompareConfig, rows: list[dict]) -> list[dict]:
-    return [{
-        "caption": f"Seed 004's table on this machine: the {cfg.preset} preset, global batch "
-                   f"{cfg.global_batch} (so per-rank batch shrinks with ranks), median over "
-                   f"{cfg.repeats} interleaved repeats of the median step of the slowest "
-                   "rank; peak memory per rank of each run (resident high-water mark reset "
-                   "at the run's start on CPU: scope 'run'), largest over repeats.",
-        "headers": ["configuration", "s/iter", "s/iter per repeat", "peak MiB/rank",
-                    "memory scope", "final loss"],
-        "rows": [[r["label"], f"{r['s_per_iter']:.4f}",
-                  " ".join(f"{x:.4f}" for x in r["s_per_iter_repeats"]),
-                  f"{r['peak_mib']:.0f}", r["peak_memory_scope"],
-                  f"{r['final_loss']:.4f}"] for r in rows]}]
+    return {"rows_data": rows}

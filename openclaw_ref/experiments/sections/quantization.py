@@ -49,21 +49,4 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     except RankFailed as exc:
         sec = {"error": exc.summary[:300]}
     progress.tick("int8 quantization")
-    if "error" not in sec:
-        sec["tables"] = _tables(cfg, tcfg, sec)
     return sec
-
-
-def _tables(cfg: CompareConfig, tcfg: TrainConfig, sec: dict) -> list[dict]:
-    return [{
-        "caption": f"Int8 quantization (seed 004's L4) of the {cfg.preset} model after "
-                   f"{tcfg.steps} training steps in one process: accuracy on the "
-                   f"{sec['samples']} validation samples, median latency of one forward "
-                   f"over them on 1 thread ({sec['latency_repeats']} repeats). Method: "
-                   f"{sec['method']}" + (f"; the seed's FX path failed here: "
-                                         f"{sec['fx_error']}" if sec["fx_error"] else ""),
-        "headers": ["engine", "accuracy fp32", "accuracy int8", "Δ accuracy",
-                    "latency fp32 ms", "latency int8 ms"],
-        "rows": [[sec["backend"], f"{sec['accuracy_fp32']:.4f}",
-                  f"{sec['accuracy_int8']:.4f}", f"{sec['accuracy_delta']:+.4f}",
-                  f"{sec['latency_fp32_ms']:.2f}", f"{sec['latency_int8_ms']:.2f}"]]}]

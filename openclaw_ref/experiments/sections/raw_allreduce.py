@@ -37,14 +37,4 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
             rows.append({"world_size": w, "wire": wire, "bytes": numel * width, "median_ms": ms,
                          "algbw_gbps": alg, "busbw_gbps": busbw_gbps(alg, w)})
         progress.tick(f"raw allreduce ×{w}")
-    return {"rows_data": rows, "tables": _tables(cfg, numel, rows)}
-
-
-def _tables(cfg: CompareConfig, numel: int, rows: list[dict]) -> list[dict]:
-    return [{
-        "caption": f"One flat allreduce of all {numel} gradient elements of the "
-                   f"{cfg.preset} preset, median of 20 (slowest rank, after a barrier). "
-                   "busbw = algbw × 2(n−1)/n (nccl-tests).",
-        "headers": ["ranks", "wire", "bytes", "median ms", "algbw GB/s", "busbw GB/s"],
-        "rows": [[r["world_size"], r["wire"], r["bytes"], f"{r['median_ms']:.3f}",
-                  f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"] for r in rows]}]
+    return {"elements": numel, "iterations": ITERATIONS, "rows_data": rows}
