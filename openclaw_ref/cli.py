@@ -143,7 +143,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _add_compare(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.experiments.compare import SECTIONS
+    from openclaw_ref.experiments.registry import SECTIONS
 
     p = sub.add_parser("compare", help="run the main comparison and write results/<machine>/")
     p.add_argument("--world-sizes", default=None,
