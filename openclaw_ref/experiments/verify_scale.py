@@ -20,18 +20,8 @@ import time
 
 import torch
 
-<<<<<<< HEAD
 from openclaw_ref.sync.control import check_blocks, verify
-from openclaw_ref.sync.control_layout import SLOT_FIELDS, block_size, decode_block, encode_slot
-=======
-from openclaw_ref.sync.control import (
-    block_size,
-    check_blocks,
-    decode_block,
-    encode_slot,
-    verify,
-)
->>>>>>> exp
+from openclaw_ref.sync.control_layout import block_size, decode_block, encode_slot
 
 WORLD_SIZES = (8, 64, 1024, 8192)
 BUCKETS = 16
