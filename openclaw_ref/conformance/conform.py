@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.faults import (
     FAULTS,
     GROUP_KILLING,
@@ -40,8 +41,9 @@ from openclaw_ref.core.faults import (
     parse_fault,
 )
 from openclaw_ref.core.launch import RankContext
+from openclaw_ref.core.metrics import GradientProbe
 from openclaw_ref.experiments.fault_matrix import CaseOutcome, case_task, classify
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.checks import tensor_digest
 from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence, ShapeMismatch, SyncTimeout
 
@@ -101,13 +103,13 @@ class CheckResult:
 # The observed loop: the training loop's order of events with observation points after the sync
 
 
-def observed_run(ctx: RankContext, cfg, **hooks: Any) -> nn.Module:
-    """Run ``cfg`` (a ``TrainConfig``) through the one training loop with observation points
-    (``train.LoopHooks``: ``wrap``, ``grad_hook``, ``before_sync``, ``after_sync``,
-    ``after_step``, ``apply_updates``); returns this rank's replica."""
-    from openclaw_ref.core.train import LoopHooks, train_model
+def observed_run(ctx: RankContext, cfg, *recorders: Callback,
+                 apply_updates: bool = True) -> nn.Module:
+    """Run ``cfg`` (a ``TrainConfig``) through the one training loop with ``recorders`` as its
+    last callbacks; returns this rank's replica. ``apply_updates=False`` keeps the weights."""
+    from openclaw_ref.core.train import train_model
 
-    return train_model(ctx, cfg, hooks=LoopHooks(**hooks)).model
+    return train_model(ctx, cfg, recorders, apply_updates=apply_updates).model
 
 
 def gather(ctx: RankContext, obj: Any) -> list[Any]:
@@ -163,31 +165,30 @@ def compare_manifests(per_rank: Sequence[Sequence[tuple]], step: int) -> ShapeMi
                          params=bad_params)
 
 
+class ManifestRecorder(GradientProbe):
+    """Records, after each sync, the synchronized gradient manifest and which parameters had no
+    *local* gradient on this rank (read by the probe before the sync)."""
+
+    def __init__(self) -> None:
+        super().__init__(norm_suffixes=())
+        self.synced: list[tuple] = []
+        self.local_missing: list[tuple[str, ...]] = []
+
+    def after_sync(self, step: int, model: nn.Module, strategy: SyncStrategy,
+                   applied: bool) -> None:
+        self.synced.append(grad_manifest(model))
+        self.local_missing.append(tuple(self.missing()))
+
+
 def check_shape_agreement(ctx: RankContext, s: ConformSettings,
                           faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
     """Synchronized gradient manifests agree on every rank at every step. Also measures how often
     the *local* (pre-sync) manifests disagree — the seed's C5 symptom, legitimate here because
     an expert with no sample on a rank has no local gradient."""
     cfg = s.train_config(ctx.world_size, faults)
-    synced: list[tuple] = []
-    local_missing: list[tuple[str, ...]] = []
-    from openclaw_ref.core.metrics import GradientProbe
-
-    probes: list[GradientProbe] = []
-
-    def wrap(model, ctx_, strategy):
-        probes.append(GradientProbe(model, norm_suffixes=()))
-        return strategy.wrap(model, ctx_)
-
-    def after_sync(step, model, strategy, applied):
-        synced.append(grad_manifest(model))
-        local_missing.append(tuple(probes[0].missing()))
-        probes[0].begin_step()
-
-    error = _run_catching(lambda: observed_run(ctx, cfg, after_sync=after_sync, wrap=wrap), ctx)
-    for p in probes:
-        p.remove()
-    all_synced, all_local = zip(*gather(ctx, (synced, local_missing)))
+    recorder = ManifestRecorder()
+    error = _run_catching(lambda: observed_run(ctx, cfg, recorder), ctx)
+    all_synced, all_local = zip(*gather(ctx, (recorder.synced, recorder.local_missing)))
     steps = min(len(x) for x in all_synced)
     first: ShapeMismatch | None = None
     agreeing = 0
@@ -257,42 +258,50 @@ def strategy_layout(strategy: SyncStrategy) -> tuple | None:
     return None
 
 
+class BucketLayouts(Callback):
+    """Each step's bucket layout on this rank: stock DDP's through a ``LayoutRecorder`` around
+    its own hook (installed by ``wrap``), others' from the strategy's records
+    (``strategy_layout``) — before ``finish_step`` for ``hardened``, whose records die in it."""
+
+    def __init__(self) -> None:
+        self.layouts: list[tuple | None] = []
+        self.recorder: LayoutRecorder | None = None
+
+    def wrap(self, model: nn.Module, ctx: RankInfo, strategy: SyncStrategy) -> nn.Module | None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        from openclaw_ref.sync.ddp import wrap_ddp
+
+        stock_hooks = {"ddp": default_hooks.allreduce_hook,
+                       "ddp-fp16": default_hooks.fp16_compress_hook}
+        if strategy.cfg.name not in stock_hooks:
+            return None
+        ddp = wrap_ddp(model, ctx, strategy.cfg)
+        self.recorder = LayoutRecorder(model, stock_hooks[strategy.cfg.name])
+        ddp.register_comm_hook(None, self.recorder)
+        return ddp
+
+    def before_sync(self, step: int, model: nn.Module, strategy: SyncStrategy) -> None:
+        if self.recorder is not None:
+            self.layouts.append(self.recorder.take())
+        elif getattr(strategy, "state", None) is not None:
+            self.layouts.append(strategy_layout(strategy))
+
+    def after_sync(self, step: int, model: nn.Module, strategy: SyncStrategy,
+                   applied: bool) -> None:
+        if self.recorder is None and getattr(strategy, "state", None) is None:
+            self.layouts.append(strategy_layout(strategy))
+
+
 def check_bucket_alignment(ctx: RankContext, s: ConformSettings,
                            faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
     """Every rank reduces the same parameters in the same bucket slot at every step (M3).
     Stock DDP is recorded through ``LayoutRecorder`` around its own hook; other strategies
     report their layout through ``bucket_layout()``."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    from openclaw_ref.sync.ddp import wrap_ddp
-
     cfg = s.train_config(ctx.world_size, faults)
-    stock_hooks = {"ddp": default_hooks.allreduce_hook,
-                   "ddp-fp16": default_hooks.fp16_compress_hook}
-    recorder: list[LayoutRecorder] = []
-    layouts: list[tuple] = []
-
-    def wrap(model, ctx_, strategy):
-        if strategy.cfg.name not in stock_hooks:
-            return strategy.wrap(model, ctx_)
-        ddp = wrap_ddp(model, ctx_, strategy.cfg)
-        recorder.append(LayoutRecorder(model, stock_hooks[strategy.cfg.name]))
-        ddp.register_comm_hook(None, recorder[0])
-        return ddp
-
-    def before_sync(step, model, strategy):
-        if recorder:
-            layouts.append(recorder[0].take())
-        elif getattr(strategy, "state", None) is not None:  # hardened: records die in finish_step
-            layouts.append(strategy_layout(strategy))
-
-    def after_sync(step, model, strategy, applied):
-        if not recorder and getattr(strategy, "state", None) is None:
-            layouts.append(strategy_layout(strategy))
-
-    error = _run_catching(lambda: observed_run(ctx, cfg, after_sync=after_sync, wrap=wrap,
-                                               before_sync=before_sync), ctx)
-    per_rank = gather(ctx, layouts)
+    layouts = BucketLayouts()
+    error = _run_catching(lambda: observed_run(ctx, cfg, layouts), ctx)
+    per_rank = gather(ctx, layouts.layouts)
     steps = min(len(x) for x in per_rank)
     figures: dict = {"steps": steps,
                      "buckets": len(per_rank[0][0]) if steps and per_rank[0][0] else None,
@@ -335,33 +344,44 @@ def _first_layout_difference(a: tuple, b: tuple) -> tuple[int | None, list[str]]
 # Overflow rate
 
 
-def hdr_hook(s: ConformSettings) -> Callable[[int, nn.Module], list]:
+class HighDynamicRange(Callback):
     """The high-dynamic-range gradient workload: each parameter's gradient is multiplied by a
     seeded per-element factor 10^U(-d, d) (and the loss by ``hdr_loss_scale`` beforehand), so
     within every tensor max/min ≫ 1e4 — the seed's M4 setting. Seeded by (seed, step, index):
-    identical on every rank, independent of the rank's data."""
+    identical on every rank, independent of the rank's data. The hooks live for one backward."""
 
-    def install(step: int, model: nn.Module) -> list:
-        handles = []
+    def __init__(self, s: ConformSettings) -> None:
+        self.s = s
+        self._handles: list = []
+
+    def before_backward(self, step: int, model: nn.Module) -> None:
+        s = self.s
         for i, p in enumerate(model.parameters()):
             g = torch.Generator().manual_seed(s.seed * 1_000_003 + step * 1009 + i)
             factor = (10.0 ** ((torch.rand(p.shape, generator=g) * 2 - 1)
                                * s.hdr_spread_decades) * s.hdr_loss_scale).to(p.device)
-            handles.append(p.register_hook(lambda grad, f=factor: grad * f))
-        return handles
-    return install
+            self._handles.append(p.register_hook(lambda grad, f=factor: grad * f))
+
+    def before_sync(self, step: int, model: nn.Module, strategy: SyncStrategy) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
 
-def check_overflow_rate(ctx: RankContext, s: ConformSettings,
-                        limit: float | None = SEED_OVERFLOW_RATE) -> CheckResult:
-    """Fraction of gradient elements that are inf/NaN after the sync on the HDR workload, with
-    the weights held fixed (no optimizer step, so one overflow cannot poison later steps).
-    A strategy that counts its own wire overflows (``step_metrics()['overflow_elements']``) is
-    taken at its word too; the larger of the two counts is reported."""
-    cfg = s.train_config(ctx.world_size)
-    counts = {"elements": 0, "nonfinite": 0, "reported": 0, "skipped": 0, "ratio_min": math.inf}
+class OverflowCounter(Callback):
+    """Counts, after each sync, the gradient elements that are inf/NaN, those the strategy
+    reports as wire overflows, skipped steps and the smallest max/min |g| ratio of a step."""
 
-    def after_sync(step, model, strategy, applied):
+    def __init__(self) -> None:
+        self.counts = {"elements": 0, "nonfinite": 0, "reported": 0, "skipped": 0,
+                       "ratio_min": math.inf}
+
+    def after_sync(self, step: int, model: nn.Module, strategy: SyncStrategy,
+                   applied: bool) -> None:
+        counts = self.counts
         grads = [p.grad.detach().reshape(-1) for p in model.parameters() if p.grad is not None]
         flat = torch.cat(grads).float()
         finite = flat[torch.isfinite(flat)].abs()
@@ -373,11 +393,18 @@ def check_overflow_rate(ctx: RankContext, s: ConformSettings,
         counts["reported"] += int(strategy.step_metrics().get("overflow_elements", 0) or 0)
         counts["skipped"] += not applied
 
-    hook = hdr_hook(s)
 
-    error = _run_catching(lambda: observed_run(ctx, cfg, after_sync=after_sync, grad_hook=hook,
+def check_overflow_rate(ctx: RankContext, s: ConformSettings,
+                        limit: float | None = SEED_OVERFLOW_RATE) -> CheckResult:
+    """Fraction of gradient elements that are inf/NaN after the sync on the HDR workload, with
+    the weights held fixed (no optimizer step, so one overflow cannot poison later steps).
+    A strategy that counts its own wire overflows (``step_metrics()['overflow_elements']``) is
+    taken at its word too; the larger of the two counts is reported."""
+    cfg = s.train_config(ctx.world_size)
+    counter = OverflowCounter()
+    error = _run_catching(lambda: observed_run(ctx, cfg, HighDynamicRange(s), counter,
                                                apply_updates=False), ctx)
-    per_rank = gather(ctx, counts)
+    per_rank = gather(ctx, counter.counts)
     c = per_rank[0]
     overflow = max(c["nonfinite"], c["reported"])
     rate = overflow / c["elements"] if c["elements"] else 0.0
@@ -399,20 +426,27 @@ def check_overflow_rate(ctx: RankContext, s: ConformSettings,
 # Replica consistency
 
 
+class ReplicaDigests(Callback):
+    """Each parameter's digest on this rank after every optimizer step."""
+
+    def __init__(self) -> None:
+        self.digests: list[tuple[str, ...]] = []
+        self.names: list[str] = []
+
+    def after_step(self, step: int, model: nn.Module) -> None:
+        if not self.names:
+            self.names.extend(n for n, _ in model.named_parameters())
+        self.digests.append(tuple(tensor_digest(p) for p in model.parameters()))
+
+
 def check_replica_consistency(ctx: RankContext, s: ConformSettings,
                               faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
     """Parameters bitwise equal on every rank after every optimizer step."""
     cfg = s.train_config(ctx.world_size, faults)
-    digests: list[tuple[str, ...]] = []
-    names: list[str] = []
-
-    def after_step(step, model):
-        if not names:
-            names.extend(n for n, _ in model.named_parameters())
-        digests.append(tuple(tensor_digest(p) for p in model.parameters()))
-
-    error = _run_catching(lambda: observed_run(ctx, cfg, after_step=after_step), ctx)
-    per_rank = gather(ctx, digests)
+    recorder = ReplicaDigests()
+    error = _run_catching(lambda: observed_run(ctx, cfg, recorder), ctx)
+    names = recorder.names
+    per_rank = gather(ctx, recorder.digests)
     steps = min(len(x) for x in per_rank)
     equal_steps = sum(len({x[i] for x in per_rank}) == 1 for i in range(steps))
     figures = {"steps": steps, "equal_steps": equal_steps}
