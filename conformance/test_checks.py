@@ -7,15 +7,14 @@ import dataclasses
 
 import pytest
 
-from openclaw_ref.conformance.conform import (
-    SEED_OVERFLOW_RATE,
-    ConformSettings,
+from openclaw_ref.conformance.checks import (
     check_bucket_alignment,
     check_equivalence,
     check_overflow_rate,
     check_replica_consistency,
     check_shape_agreement,
 )
+from openclaw_ref.conformance.settings import SEED_OVERFLOW_RATE, ConformSettings
 from openclaw_ref.core.faults import parse_fault
 from openclaw_ref.sync.base import SyncConfig
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from openclaw_ref.conformance.conform import ConformSettings, check_equivalence
+from openclaw_ref.conformance.checks import check_equivalence
+from openclaw_ref.conformance.settings import ConformSettings
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset, sparsity_at, validate_sparsity_range
 from openclaw_ref.sync.base import SyncConfig

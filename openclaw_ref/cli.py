@@ -216,7 +216,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _add_conform(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.conformance.conform import CHECKS, ConformSettings
+    from openclaw_ref.conformance.cluster import CHECKS
+    from openclaw_ref.conformance.settings import ConformSettings
     from openclaw_ref.sync import STRATEGIES
     from openclaw_ref.sync.base import PLANNERS, WIRES
 
@@ -242,13 +243,9 @@ def _add_conform(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:
-    from openclaw_ref.conformance.conform import (
-        CHECKS,
-        CheckResult,
-        ConformanceReport,
-        ConformSettings,
-        conform_rank,
-    )
+    from openclaw_ref.conformance.cluster import CHECKS, conform_rank
+    from openclaw_ref.conformance.report import ConformanceReport
+    from openclaw_ref.conformance.settings import CheckResult, ConformSettings
     from openclaw_ref.core.faults import parse_fault
     from openclaw_ref.core.launch import LaunchConfig, launch
     from openclaw_ref.reporting.render import conformance_results_table
