@@ -44,6 +44,7 @@ from openclaw_ref.core.launch import RankContext
 from openclaw_ref.experiments.fault_matrix import case_task, classify
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence, ShapeMismatch, SyncTimeout
+from openclaw_ref.sync.vote import plurality
 
 
 def gather(ctx: RankContext, obj: Any) -> list[Any]:
@@ -53,16 +54,6 @@ def gather(ctx: RankContext, obj: Any) -> list[Any]:
     out: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def odd_ranks(values: Sequence[Any]) -> list[int]:
-    """Ranks whose value differs from the majority (ties: from the lowest rank's value)."""
-    counts: dict[Any, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    best = max(counts.values())
-    reference = next(v for v in values if counts[v] == best)
-    return [r for r, v in enumerate(values) if v != reference]
 
 
 def compare_manifests(per_rank: Sequence[Sequence[tuple]], step: int) -> ShapeMismatch | None:
@@ -76,13 +67,13 @@ def compare_manifests(per_rank: Sequence[Sequence[tuple]], step: int) -> ShapeMi
     order = [e[0] for e in per_rank[0]]
     for name in order + sorted(names - set(order)):
         entries = [d.get(name) for d in by_name]
-        odd = odd_ranks(entries)
+        odd = plurality(entries).differing
         if odd:
             bad_params.append(name)
             bad_ranks.update(odd)
     orders = [tuple(e[0] for e in m) for m in per_rank]
     if not bad_params:  # same entries, different order
-        bad_ranks.update(odd_ranks(orders))
+        bad_ranks.update(plurality(orders).differing)
         bad_params = [a for a, b in zip(orders[0], orders[max(bad_ranks)]) if a != b]
     return ShapeMismatch("gradient manifests differ", step=step, ranks=sorted(bad_ranks),
                          params=bad_params)
@@ -144,7 +135,7 @@ def check_bucket_alignment(ctx: RankContext, s: ConformSettings,
                            f"strategy {s.sync.name} exposes no bucket layout to check", figures)
     for step in range(steps):
         at = [x[step] for x in per_rank]
-        odd = odd_ranks(at)
+        odd = plurality(at).differing
         if odd:
             ref = at[0] if odd[0] != 0 else at[-1]
             bad = at[odd[0]]
@@ -213,7 +204,7 @@ def check_replica_consistency(ctx: RankContext, s: ConformSettings,
         return _error_result("replica consistency", s.sync.name, error, figures)
     for step in range(steps):
         at = [x[step] for x in per_rank]
-        odd = odd_ranks(at)
+        odd = plurality(at).differing
         if odd:
             params = [names[i] for i in range(len(names))
                       if len({a[i] for a in at}) > 1]

@@ -32,7 +32,8 @@ differ, which is why they come last.
 Decision rule (``verify``). The verdict is a pure function of the reduced block, which is
 bitwise identical on every rank, so every rank raises the same error at the same step and bucket
 or none does. For each field the reference value is the one most ranks report (ties: the value
-of the lowest such rank); the ranks reporting anything else are the disagreeing ranks.
+of the lowest such rank; ``vote.plurality``); the ranks reporting anything else are the
+disagreeing ranks.
 Checks run in cause order: missing slot → clock → bucket index/membership → scale → absent
 required gradient; a local non-finite gradient is reported with its ranks (what to do about it
 is the ledger's policy). ``verify`` states the rule and names the ranks; ``check_blocks`` passes
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,6 +59,7 @@ from openclaw_ref.sync.errors import (
     MissingGradient,
     ScaleMismatch,
 )
+from openclaw_ref.sync.vote import plurality
 
 CHUNK_BITS = 8
 CHUNK = 1 << CHUNK_BITS
@@ -235,7 +236,7 @@ def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
             slots.append(Slot(False))
             continue
 
-        def field(name: str) -> list[int]:
+        def field(name: str, ints: list[int] = ints) -> list[int]:
             o = _OFFSET[name]
             return ints[o:o + dict(FIELDS)[name]]
 
@@ -245,14 +246,6 @@ def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
             nonfinite=bool(field("nonfinite")[0]), ready_ms=units_to_ms(_unchunk(field("ready"))),
             absent=(_unchunk(field("absent")) - 1) if _unchunk(field("absent")) else None))
     return slots
-
-
-def disagreeing(values: Sequence[object]) -> tuple[object, list[int]]:
-    """The reference value (most frequent; ties → the lowest rank's) and the ranks that differ."""
-    counts = Counter(values)
-    top = max(counts.values())
-    ref = next(v for v in values if counts[v] == top)
-    return ref, [r for r, v in enumerate(values) if v != ref]
 
 
 @dataclass(frozen=True)
@@ -284,14 +277,14 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
         clocks = [slots[r].clock for r in active]
         raise BucketMisalignment(
             "no readable control block from these ranks (different bucket sizes or slot "
-            "collision)", step=int(disagreeing(clocks)[0]) if clocks else None, ranks=missing,
+            "collision)", step=int(plurality(clocks)[0]) if clocks else None, ranks=missing,
             bucket=bucket, params=params)
     joined = len(active) < len(slots)
     if not active:
         return BucketVerdict(bucket, [], 0.0, 0, joined)
 
     def odd(name: str) -> tuple[object, list[int]]:
-        ref, off = disagreeing([getattr(slots[r], name) for r in active])
+        ref, off = plurality([getattr(slots[r], name) for r in active])
         return ref, [active[i] for i in off]
 
     clock, late = odd("clock")
@@ -317,7 +310,7 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
     if off:
         raise ScaleMismatch(
             f"FP16 pre-scale differs: 2^{exp} on most ranks, "
-            f"{ {r: '2^%d' % slots[r].scale_exp for r in off} }",
+            f"{ {r: f'2^{slots[r].scale_exp:d}' for r in off} }",
             step=step, ranks=off, bucket=int(index), params=params)
     absent = [r for r in active if slots[r].absent is not None]
     if absent:
