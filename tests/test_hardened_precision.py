@@ -20,7 +20,8 @@ from openclaw_ref.sync.precision import (
 )
 
 
-def simulated_allreduce(locals_: list[torch.Tensor], wire: torch.dtype, exponent: int) -> torch.Tensor:
+def simulated_allreduce(locals_: list[torch.Tensor], wire: torch.dtype,
+                        exponent: int) -> torch.Tensor:
     """Our wire path on W local tensors, the SUM done in the wire dtype as gloo/NCCL do."""
     world = len(locals_)
     outs = []
@@ -105,7 +106,8 @@ def test_fixed_scale_is_the_configured_power_of_two_on_fp16_and_one_elsewhere():
 
 
 def test_per_rank_scale_overrides_only_the_named_rank():
-    p = ScalePolicy.from_config(SyncConfig(wire="fp16", per_rank_scale={3: 10}))
+    p = ScalePolicy.from_config(SyncConfig(wire="fp16"))
+    p.override(3, 10)
     assert [p.exponent_for(r) for r in range(4)] == [12, 12, 12, 10]
 
 

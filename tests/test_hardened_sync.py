@@ -152,12 +152,14 @@ def test_cli_trains_with_the_hardened_fp16_auto_wire(tmp_path):
 
 def test_a_fired_check_still_writes_the_run_json_with_its_event(pools, tmp_path):
     from openclaw_ref.core.errors import RankFailed
+    from openclaw_ref.core.faults import parse_fault
     from openclaw_ref.core.jsonio import read_json
 
     out = tmp_path / "run.json"
-    sync = SyncConfig("hardened", wire="fp16", per_rank_scale={1: 10})
+    sync = SyncConfig("hardened", wire="fp16")
+    scale_mismatch = (parse_fault("scale-mismatch=10@1"),)  # rank 1 pre-scales by 2^10
     with pytest.raises(RankFailed) as err:
-        pools.get(2).run(record_of, _cfg(2, sync, steps=3, out=str(out)))
+        pools.get(2).run(record_of, _cfg(2, sync, steps=3, out=str(out), faults=scale_mismatch))
     assert err.value.exit_code == 3
     events = read_json(out)["events"]
     assert events[0]["kind"] == "ScaleMismatch" and events[0]["ranks"] == [1]

@@ -6,6 +6,7 @@ injector at fixed points; a fault acts only on its rank. Defaults: rank = the la
 The injector is a loop callback (``core/callbacks.py``); the hook points it uses:
   ``setup(model, sync)``      reorders the model's registration and may change this rank's
                               SyncConfig (before the strategy is built)
+  ``on_wrapped``              overrides this rank's pre-scale on the strategy's scale policy
   ``before_forward``, ``before_backward``
   ``after_sync``              after the strategy's ``finish_step``, before the optimizer step
   ``after_step``              after the optimizer step
@@ -20,7 +21,7 @@ The faults (VALUE in brackets, with its default):
                            Construction-time: in effect from step 0.
 ``scale-mismatch[=10]``    the rank pre-scales FP16 gradients by 2^VALUE while the others use the
                            configured scale (2^12, the seed's M4). Strategies with a pre-scale
-                           get it through ``SyncConfig.per_rank_scale`` (from step 0). Stock DDP
+                           get it on their scale policy once wrapped (from step 0). Stock DDP
                            has none, so it is simulated from STEP on: the rank multiplies its local
                            gradients by 2^(VALUE-12) before the allreduce and divides the averaged
                            result by the same factor after it ("unscaling by its own factor"):
@@ -75,7 +76,7 @@ DEFAULT_VALUES: dict[str, str] = {
 GROUP_KILLING: frozenset[str] = frozenset({"crash", "hang"})
 # Faults applied at construction, in effect from step 0 whatever STEP says.
 CONSTRUCTION_TIME: frozenset[str] = frozenset({"local-buckets", "permuted-params"})
-# Strategies whose FP16 pre-scale reads ``SyncConfig.per_rank_scale``.
+# Strategies whose FP16 pre-scale policy takes the fault (``SyncStrategy.scale_policy``).
 PRESCALING_STRATEGIES: frozenset[str] = frozenset({"hardened", "bucketed"})
 # Strategies built on torch DDP (bucket layout set by ``bucket_cap_mb``).
 DDP_STRATEGIES: frozenset[str] = frozenset({"ddp", "ddp-fp16", "hardened", "seed-f5"})
@@ -235,11 +236,13 @@ class FaultInjector(Callback):
                 cfg = dataclasses.replace(cfg, planner="norm-ema")
             else:
                 cfg = dataclasses.replace(cfg, bucket_cap_mb=float(s.resolved_value))
-        for s in self._active("scale-mismatch"):
-            if cfg.name in PRESCALING_STRATEGIES:
-                cfg = dataclasses.replace(
-                    cfg, per_rank_scale={**cfg.per_rank_scale, self.rank: int(s.resolved_value)})
         return cfg
+
+    def on_wrapped(self, strategy: SyncStrategy) -> None:
+        policy = strategy.scale_policy() if strategy.name in PRESCALING_STRATEGIES else None
+        for s in self._active("scale-mismatch"):
+            if policy is not None:
+                policy.override(self.rank, int(s.resolved_value))
 
     def before_forward(self, step: int, model: nn.Module) -> None:
         for s in self._active("missing-grad", step):

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from openclaw_ref.sync.errors import BadInput, Event
+
+if TYPE_CHECKING:
+    from openclaw_ref.sync.precision import ScalePolicy
 
 WIRES = ("native", "fp32", "fp16", "bf16")
 NONFINITE_POLICIES = ("skip", "raise")
@@ -47,7 +50,6 @@ class SyncConfig:
     bucket_cap_mb: float = 25.0  # torch DDP's default
     replica_check_every: int = 0  # steps between parameter-digest comparisons; 0 = off
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
-    per_rank_scale: dict[int, int] = field(default_factory=dict)  # fault hook: rank -> exponent
     # A rank's local NaN/inf gradient: "skip" the step on every rank together (what a loss
     # scaler such as torch.amp.GradScaler expects) or "raise" NonFiniteGradient (no scaler).
     nonfinite: str = "skip"
@@ -109,6 +111,11 @@ class SyncStrategy(abc.ABC):
 
     def summary(self) -> dict:
         return {}
+
+    def scale_policy(self) -> ScalePolicy | None:
+        """The wire's pre-scale policy once wrapped, for strategies that pre-scale their
+        gradients (the fault injector overrides one rank's exponent through it); else None."""
+        return None
 
     def close(self) -> None:
         """Release hooks and threads; must not block on other ranks."""

@@ -242,6 +242,9 @@ class Bucketed(SyncStrategy):
         return {**self.engine.ledger.summary(), "wire": self.cfg.wire, "planner": self.cfg.planner,
                 "frames_per_step": len(self.engine.wire_sizes())}
 
+    def scale_policy(self) -> ScalePolicy | None:
+        return self.engine.policy if hasattr(self, "engine") else None
+
     def close(self) -> None:
         if hasattr(self, "engine"):
             self.engine.close()

@@ -396,12 +396,13 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     for name, p in named:
         if required is not None and name in required and p.requires_grad:
             state.required.add(id(p))
-            p.register_hook(lambda grad, key=id(p): state.present.add(key))
+            p.register_hook(lambda grad, key=id(p): state.present.add(key))  # noqa: B008
     ddp_model.register_forward_pre_hook(lambda module, args: state.forward_started())
     if dist.get_backend(group) == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
-        warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
-                      "was created; a failed collective may hang instead of aborting")
+        warnings.warn(  # noqa: B028
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
+            "was created; a failed collective may hang instead of aborting")
     return state
 
 
@@ -431,6 +432,9 @@ class Hardened(SyncStrategy):
 
     def summary(self) -> dict:
         return self.state.summary()
+
+    def scale_policy(self) -> ScalePolicy | None:
+        return self.state.policy if hasattr(self, "state") else None
 
     def close(self) -> None:
         if hasattr(self, "state"):
