@@ -7,6 +7,7 @@ hang, 1 anything else (a crashed rank, named). Bad input is rejected before any 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -246,6 +247,7 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     from openclaw_ref.conformance.cluster import CHECKS, conform_rank
     from openclaw_ref.conformance.report import ConformanceReport
     from openclaw_ref.conformance.settings import CheckResult, ConformSettings
+    from openclaw_ref.core.config import TRAIN_PRESETS
     from openclaw_ref.core.faults import parse_fault
     from openclaw_ref.core.launch import LaunchConfig, launch
     from openclaw_ref.reporting.render import conformance_results_table
@@ -264,7 +266,8 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     sync = SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
                       bucket_cap_mb=args.bucket_cap_mb,
                       replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s)
-    settings = ConformSettings(sync=sync, steps=args.steps, faults=faults)
+    train = dataclasses.replace(TRAIN_PRESETS["conformance"], steps=args.steps)
+    settings = ConformSettings(sync=sync, train=train, faults=faults)
     cfg = LaunchConfig(args.world_size, backend=args.backend, timeout_s=args.timeout_s,
                        pg_timeout_s=max(30.0, args.watchdog_s * 2))
     replies = launch(conform_rank, cfg, settings, checks)

@@ -258,7 +258,7 @@ def check_fault_detection(ctx: RankContext, s: ConformSettings) -> list[CheckRes
         spec = parse_fault(text)
         if spec.name in GROUP_KILLING:
             continue
-        spec = dataclasses.replace(spec, step=min(spec.step, s.steps - 2))
+        spec = dataclasses.replace(spec, step=min(spec.step, s.train.steps - 2))
         cfg = s.train_config(ctx.world_size, (spec,))
         reply = case_task(ctx, cfg)
         reference = None

@@ -139,7 +139,7 @@ class HighDynamicRange(Callback):
     def before_backward(self, step: int, model: nn.Module) -> None:
         s = self.s
         for i, p in enumerate(model.parameters()):
-            g = torch.Generator().manual_seed(s.seed * 1_000_003 + step * 1009 + i)
+            g = torch.Generator().manual_seed(s.model.seed * 1_000_003 + step * 1009 + i)
             factor = (10.0 ** ((torch.rand(p.shape, generator=g) * 2 - 1)
                                * s.hdr_spread_decades) * s.hdr_loss_scale).to(p.device)
             self._handles.append(p.register_hook(lambda grad, f=factor: grad * f))

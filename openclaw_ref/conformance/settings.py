@@ -9,6 +9,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from openclaw_ref.core.config import TRAIN_PRESETS, ModelSection, TrainSection
 from openclaw_ref.core.faults import FaultSpec
 from openclaw_ref.sync.base import SyncConfig
 
@@ -21,12 +22,9 @@ class ConformSettings:
     """What a conformance run trains: small enough to run many times on two CPU cores."""
 
     sync: SyncConfig = field(default_factory=SyncConfig)
-    preset: str = "tiny"
-    steps: int = 6
-    global_batch: int = 8  # per world size: multiplied by nothing, must divide by the world size
-    seed: int = 1
-    lr: float = 3e-3
-    sparsity_range: tuple[float, float] | None = None  # None: the seed's [0.12, 0.68]
+    model: ModelSection = field(default_factory=ModelSection)  # sparsity: the seed's range
+    # the global batch is rounded up to a multiple of the world size
+    train: TrainSection = TRAIN_PRESETS["conformance"]
     hdr_loss_scale: float = 1.0  # overflow workload: the loss is scaled by this (like AMP)
     hdr_spread_decades: float = 0.0  # ... and each element by 10^U(-d, d) (0: real gradients,
     # whose max/min already exceeds 1e4 — measured and reported as min_dynamic_range)
@@ -37,12 +35,12 @@ class ConformSettings:
                      sync: SyncConfig | None = None, steps: int | None = None):
         from openclaw_ref.core.train import TrainConfig
 
-        batch = world_size * math.ceil(self.global_batch / world_size)  # divisible by W
-        return TrainConfig(preset=self.preset, world_size=world_size, steps=steps or self.steps,
-                           global_batch=batch, seed=self.seed, lr=self.lr,
-                           sparsity_range=self.sparsity_range, eval_every=0,
-                           sync=sync or self.sync, faults=faults, backend="auto",
-                           progress=False)
+        batch = world_size * math.ceil(self.train.global_batch / world_size)  # divisible by W
+        train = dataclasses.replace(self.train, global_batch=batch,
+                                    steps=steps or self.train.steps)
+        return TrainConfig.from_sections(self.model, train, world_size=world_size,
+                                         sync=sync or self.sync, faults=faults, backend="auto",
+                                         progress=False)
 
 
 @dataclass

@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,13 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from openclaw_ref.core.callbacks import Callback, CallbackList
+from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.environment import environment
 from openclaw_ref.core.faults import FaultInjector, FaultSpec, validate_faults
 from openclaw_ref.core.jsonio import write_json_atomic
 from openclaw_ref.core.launch import LaunchConfig, RankContext, launch
 from openclaw_ref.core.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
-from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model, preset
+from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model
 from openclaw_ref.ops.prometheus import MetricsConfig, metrics_callbacks
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
@@ -46,6 +48,10 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """A run of the loop. Its keywords are flat (they are the run JSON's ``config``); the model
+    and training fields are the ``ModelSection`` and ``TrainSection`` of ``core/config.py``,
+    which other run configurations embed and translate through ``from_sections``."""
+
     preset: str = "tiny"
     world_size: int = 1
     steps: int = 50
@@ -65,11 +71,19 @@ class TrainConfig:
     progress: bool = True
     out: str | None = None
 
+    @classmethod
+    def from_sections(cls, model: ModelSection, train: TrainSection, **rest: Any) -> TrainConfig:
+        """The loop configuration of a model and training section; ``rest`` sets the others."""
+        return cls(preset=model.preset, seed=model.seed, sparsity_range=model.sparsity_range,
+                   steps=train.steps, global_batch=train.global_batch, lr=train.lr,
+                   optimizer=train.optimizer, eval_every=train.eval_every, amp=train.amp, **rest)
+
+    @property
+    def model_section(self) -> ModelSection:
+        return ModelSection(self.preset, self.seed, self.sparsity_range)
+
     def model_config(self) -> OpenClawConfig:
-        overrides: dict = {"seed": self.seed}
-        if self.sparsity_range is not None:
-            overrides["sparsity_range"] = tuple(self.sparsity_range)
-        return preset(self.preset, **overrides)
+        return self.model_section.model_config()
 
     def validate(self) -> None:
         """Every check that can run before a process is spawned; raises BadInput."""

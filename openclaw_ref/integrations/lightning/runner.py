@@ -9,6 +9,7 @@ everywhere: 0 ok, 2 bad input, 3 a check fired, 4 timeout.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,15 +21,15 @@ from typing import Any
 import lightning as L
 import torch
 
+from openclaw_ref.core.config import TRAIN_PRESETS, ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig
 from openclaw_ref.core.faults import FaultSpec, parse_fault
-from openclaw_ref.core.model import preset
 from openclaw_ref.integrations.lightning.data import SkillDataModule
 from openclaw_ref.integrations.lightning.module import OpenClawModule
 from openclaw_ref.integrations.lightning.strategy import SyncDDPStrategy
 from openclaw_ref.ops.prometheus import MetricsConfig
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.errors import ConsistencyError, OpenClawError, SyncTimeout
+from openclaw_ref.sync.errors import BadInput, ConsistencyError, OpenClawError, SyncTimeout
 
 
 class StepClock(L.Callback):
@@ -47,12 +48,13 @@ class StepClock(L.Callback):
 
 @dataclass(frozen=True)
 class LightningRunConfig:
-    preset: str = "tiny"
+    """A Lightning run. ``train`` gives Lightning's ``max_steps`` (``steps``), the global batch
+    (split evenly over ``devices``) and the learning rate; the optimizer is AdamW and mixed
+    precision is ``precision`` (Lightning's own setting)."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = TRAIN_PRESETS["lightning"]
     devices: int = 2
-    max_steps: int = 8
-    batch_size: int = 8  # per rank
-    seed: int = 1
-    lr: float = 3e-3
     precision: str = "bf16-mixed"
     balance: bool = False
     data: DataConfig = field(default_factory=DataConfig)
@@ -61,25 +63,33 @@ class LightningRunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     out: str | None = None
 
+    @property
+    def batch_size(self) -> int:
+        """Per rank (Lightning's convention)."""
+        if self.train.global_batch % self.devices:
+            raise BadInput(f"global batch {self.train.global_batch} is not a multiple of "
+                           f"{self.devices} devices")
+        return self.train.global_batch // self.devices
+
 
 def run_lightning(cfg: LightningRunConfig) -> dict:
     """Train with ``Trainer(accelerator="cpu" or "gpu", devices=…, strategy=SyncDDPStrategy)``;
     returns this rank's result. Call from a script: Lightning re-executes it for every rank."""
-    L.seed_everything(cfg.seed, workers=True)  # seed 004: before any process starts
+    L.seed_everything(cfg.model.seed, workers=True)  # seed 004: before any process starts
     on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= cfg.devices
     if not on_gpu:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.devices))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    model_cfg = preset(cfg.preset, seed=cfg.seed)
-    module = OpenClawModule(model_cfg, cfg.lr)
-    data = SkillDataModule(model_cfg, cfg.data, cfg.batch_size, cfg.balance, cfg.seed)
+    model_cfg = cfg.model.model_config()
+    module = OpenClawModule(model_cfg, cfg.train.lr)
+    data = SkillDataModule(model_cfg, cfg.data, cfg.batch_size, cfg.balance, cfg.model.seed)
     strategy = SyncDDPStrategy(cfg.sync, cfg.faults, cfg.metrics,
                                process_group_backend="nccl" if on_gpu else "gloo")
     clock = StepClock()
     trainer = L.Trainer(
         accelerator="gpu" if on_gpu else "cpu", devices=cfg.devices, strategy=strategy,
-        precision=cfg.precision, max_steps=cfg.max_steps, callbacks=[clock], logger=False,
+        precision=cfg.precision, max_steps=cfg.train.steps, callbacks=[clock], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=True)
     t0 = time.perf_counter()
@@ -129,9 +139,11 @@ def _parse(argv: Sequence[str] | None) -> tuple[LightningRunConfig, str | None]:
                    help="seed P2 barrier threshold (off by default)")
     p.add_argument("--out", default=None, help="rank 0 writes its result JSON here")
     a = p.parse_args(argv)
+    train = dataclasses.replace(TRAIN_PRESETS["lightning"], steps=a.max_steps,
+                                global_batch=a.batch_size * a.devices)
     cfg = LightningRunConfig(
-        preset=a.preset, devices=a.devices, max_steps=a.max_steps, batch_size=a.batch_size,
-        seed=a.seed, precision=a.precision, balance=a.balance,
+        model=ModelSection(a.preset, a.seed), train=train, devices=a.devices,
+        precision=a.precision, balance=a.balance,
         data=DataConfig(imbalance=a.imbalance), sync=SyncConfig(name=a.sync, wire=a.wire),
         faults=tuple(parse_fault(f) for f in a.inject), out=a.out,
         metrics=MetricsConfig(port=a.metrics_port, skew_barrier_ms=a.skew_barrier_ms))
