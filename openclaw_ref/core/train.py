@@ -207,7 +207,7 @@ def train_model(ctx: RankContext, cfg: TrainConfig, callbacks: Sequence[Callback
         _run_steps(run)
     finally:
         loop_callbacks.close()
-    return _finish(run, memory_scope, wall_s=time.perf_counter() - t_start)
+    return _finish(run, memory_scope, t_start)
 
 
 def _run_steps(run: Run) -> None:
@@ -272,7 +272,7 @@ def _log_step(run: Run, step: int, loss: float, applied: bool) -> None:
                                                   run.strategy.events))
 
 
-def _finish(run: Run, memory_scope: str, wall_s: float) -> TrainResult:
+def _finish(run: Run, memory_scope: str, t_start: float) -> TrainResult:
     """Gather every rank's log (one collective, after the last step); rank 0 writes the record."""
     ctx, log = run.ctx, run.log
     log.peak_memory_mb = peak_memory_mb(ctx.device, memory_scope)
@@ -285,7 +285,8 @@ def _finish(run: Run, memory_scope: str, wall_s: float) -> TrainResult:
     events = [e.to_json() for e in run.strategy.events]
     if not ctx.is_main:
         return TrainResult(run.model, None)
-    record = _record(ctx, run.cfg, logs, run.val_curve, events, run.strategy.summary(), wall_s)
+    record = _record(ctx, run.cfg, logs, run.val_curve, events, run.strategy.summary(),
+                     wall_s=time.perf_counter() - t_start)
     if run.cfg.out:
         write_json_atomic(run.cfg.out, record)
     return TrainResult(run.model, record)
