@@ -7,6 +7,7 @@ hang, 1 anything else (a crashed rank, named). Bad input is rejected before any 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -216,7 +217,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _add_conform(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.conformance.conform import CHECKS, ConformSettings
+    from openclaw_ref.conformance.cluster import CHECKS
+    from openclaw_ref.conformance.settings import ConformSettings
     from openclaw_ref.sync import STRATEGIES
     from openclaw_ref.sync.base import Planner, Wire
 
@@ -242,13 +244,10 @@ def _add_conform(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:
-    from openclaw_ref.conformance.conform import (
-        CHECKS,
-        CheckResult,
-        ConformanceReport,
-        ConformSettings,
-        conform_rank,
-    )
+    from openclaw_ref.conformance.cluster import CHECKS, conform_rank
+    from openclaw_ref.conformance.report import ConformanceReport
+    from openclaw_ref.conformance.settings import CheckResult, ConformSettings
+    from openclaw_ref.core.config import TRAIN_PRESETS
     from openclaw_ref.core.faults import parse_fault
     from openclaw_ref.core.launch import LaunchConfig, launch
     from openclaw_ref.reporting.render import conformance_results_table
@@ -267,7 +266,8 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     sync = SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
                       bucket_cap_mb=args.bucket_cap_mb,
                       replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s)
-    settings = ConformSettings(sync=sync, steps=args.steps, faults=faults)
+    train = dataclasses.replace(TRAIN_PRESETS["conformance"], steps=args.steps)
+    settings = ConformSettings(sync=sync, train=train, faults=faults)
     cfg = LaunchConfig(args.world_size, backend=args.backend, timeout_s=args.timeout_s,
                        pg_timeout_s=max(30.0, args.watchdog_s * 2))
     replies = launch(conform_rank, cfg, settings, checks)
