@@ -17,7 +17,7 @@ Checks, named as users look for them:
   fault detection      each non-group-killing fault is detected, attributed to the right rank.
 
 The recorders the checks train with live in ``recorders.py``; the cluster driver in
-``cluster.py``. The fault × strategy matrix lives in ``experiments/fault_matrix.py``; the
+``cluster.py``. The fault × strategy matrix lives in ``conformance/fault_matrix.py``; the
 DDP-option matrix (``harden()`` on a plain model against no-hook DDP) in
 ``experiments/ddp_option_matrix.py``.
 """
@@ -28,8 +28,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch.distributed as dist
-
+from openclaw_ref.conformance.fault_matrix import case_task, classify
 from openclaw_ref.conformance.recorders import (
     BucketLayouts,
     HighDynamicRange,
@@ -39,21 +38,12 @@ from openclaw_ref.conformance.recorders import (
     observed_run,
 )
 from openclaw_ref.conformance.settings import SEED_OVERFLOW_RATE, CheckResult, ConformSettings
+from openclaw_ref.core.collectives import gather
 from openclaw_ref.core.faults import GROUP_KILLING, FaultSpec, parse_fault
 from openclaw_ref.core.launch import RankContext
-from openclaw_ref.experiments.fault_matrix import case_task, classify
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence, ShapeMismatch, SyncTimeout
 from openclaw_ref.sync.vote import plurality
-
-
-def gather(ctx: RankContext, obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order, on every rank (one collective)."""
-    if ctx.world_size == 1:
-        return [obj]
-    out: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def compare_manifests(per_rank: Sequence[Sequence[tuple]], step: int) -> ShapeMismatch | None:

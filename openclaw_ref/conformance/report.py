@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from openclaw_ref.conformance.fault_matrix import CaseOutcome
 from openclaw_ref.conformance.settings import CheckResult
-from openclaw_ref.experiments.fault_matrix import CaseOutcome
 
 REPORT_SCHEMA = "openclaw-conformance/1"
 

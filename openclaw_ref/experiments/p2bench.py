@@ -21,6 +21,9 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from torch import nn
+
+from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.launch import RankContext, RankPool
 from openclaw_ref.core.train import TrainConfig, train_rank
 from openclaw_ref.ops.prometheus import MetricsConfig
@@ -29,24 +32,18 @@ from openclaw_ref.sync.base import SyncConfig
 SEED_JITTER_MS = (0.3, 5.7)  # the seed's M1 range
 
 
-class Jitter:
-    """Step observer that sleeps a seeded, rank-dependent Δt before each backward (M1)."""
+class Jitter(Callback):
+    """Sleeps a seeded, rank-dependent Δt before each backward (the seed's M1). It observes
+    the step metrics only so that its runs record ``skew_barrier: false`` like the barrier's."""
+
+    observes_metrics = True
 
     def __init__(self, rank: int, lo_ms: float, hi_ms: float, seed: int = 0) -> None:
         self.rng = random.Random(seed * 1009 + rank)
         self.lo_ms, self.hi_ms = lo_ms, hi_ms
 
-    def before_backward(self, step: int) -> None:
+    def before_backward(self, step: int, model: nn.Module) -> None:
         time.sleep(self.rng.uniform(self.lo_ms, self.hi_ms) / 1e3)
-
-    def after_step(self, step, metrics, applied, events=()) -> None:
-        pass
-
-    def on_event(self, event) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _task(ctx: RankContext, cfg: TrainConfig, jitter: tuple[float, float] | None) -> dict | None:

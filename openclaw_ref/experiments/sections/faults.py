@@ -8,9 +8,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from openclaw_ref.core.errors import LaunchTimeout, RankFailed
-from openclaw_ref.core.pools import PoolCache
-from openclaw_ref.experiments.fault_matrix import (
+from openclaw_ref.conformance.fault_matrix import (
     FAULTS,
     CaseOutcome,
     MatrixRunner,
@@ -18,6 +16,8 @@ from openclaw_ref.experiments.fault_matrix import (
     case_task,
     matrix_strategies,
 )
+from openclaw_ref.core.errors import LaunchTimeout, RankFailed
+from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.errors import ConsistencyError
 
@@ -86,7 +86,8 @@ def seed_f5_cases(runner: MatrixRunner, pools: PoolCache, progress: Progress) ->
 
 def _alignment(cfg: CompareConfig, settings: MatrixSettings, pools: PoolCache,
                progress: Progress) -> list[dict]:
-    from openclaw_ref.conformance.conform import ConformSettings, check_bucket_alignment
+    from openclaw_ref.conformance.checks import check_bucket_alignment
+    from openclaw_ref.conformance.settings import ConformSettings
 
     alignment = []
     w = max(cfg.world_sizes)
@@ -96,7 +97,7 @@ def _alignment(cfg: CompareConfig, settings: MatrixSettings, pools: PoolCache,
         if w >= 2:
             result = pools.get(w).run(check_bucket_alignment, s)[0]
             alignment.append({"strategy": strategy, "world_size": w, "aligned": result.passed,
-                              "steps": s.steps, "buckets": result.figures.get("buckets"),
+                              "steps": s.train.steps, "buckets": result.figures.get("buckets"),
                               "detail": result.detail})
         progress.tick(f"bucket alignment {strategy}")
     return alignment

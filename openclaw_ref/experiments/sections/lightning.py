@@ -49,11 +49,12 @@ def _lightning_flags(result: dict, balance: bool) -> tuple[bool | None, bool | N
 
     from torch.utils.data import WeightedRandomSampler
 
+    from openclaw_ref.core.model import preset
     from openclaw_ref.integrations import lightning as lt
 
     source = inspect.getsource(lt.run_lightning)
     workers = "seed_everything(" in source and "workers=True" in source
-    dm = lt.SkillDataModule(lt.preset("tiny", seed=1), balance=balance, seed=1)
+    dm = lt.SkillDataModule(preset("tiny", seed=1), balance=balance, seed=1)
     sampler = isinstance(dm.train_dataloader().sampler, WeightedRandomSampler)
     return workers, sampler, ("run_lightning's source (seed_everything call); the data "
                               "module's train loader (sampler type)")

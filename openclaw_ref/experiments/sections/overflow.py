@@ -5,9 +5,14 @@ scale exponent; and the rank-dependent pre-scale (M4) on real DDP buckets, measu
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
+from openclaw_ref.conformance.checks import check_overflow_rate
+from openclaw_ref.conformance.settings import ConformSettings
+from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.collectives import gather
+from openclaw_ref.core.config import TRAIN_PRESETS
 from openclaw_ref.core.launch import RankContext
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.train import TrainConfig, train_model
@@ -37,28 +42,31 @@ def scale_mismatch_rank(ctx: RankContext, tcfg: TrainConfig,
     rank pre-scaling by 2^10 and the others by 2^12 (the seed's pair). Every rank returns the
     same counts per workload (per-rank flags are gathered; an allreduce is corrupted if any
     rank's average is off)."""
-    from openclaw_ref.core.train import LoopHooks
     from openclaw_ref.sync.ddp import wrap_ddp
 
     w = ctx.world_size
     exponents = [12] * (w - 1) + [10]
     probe = ScaleMismatchProbe(ctx.rank, w, exponents, tcfg.seed, spreads)
 
-    def wrap(model, ctx_, strategy):
-        ddp = wrap_ddp(model, ctx_, tcfg.sync)
-        ddp.register_comm_hook(None, probe)
-        return ddp
+    class ProbedDDP(Callback):
+        def wrap(self, model, ctx_, strategy):
+            ddp = wrap_ddp(model, ctx_, tcfg.sync)
+            ddp.register_comm_hook(None, probe)
+            return ddp
 
-    train_model(ctx, tcfg, hooks=LoopHooks(wrap=wrap, apply_updates=False))
+    train_model(ctx, tcfg, (ProbedDDP(),), apply_updates=False)
     per_rank = gather(ctx, probe.rows)
     return {k: {"exponents": exponents, "steps": tcfg.steps,
                 **mismatch_counts([rows[k] for rows in per_rank])} for k in spreads}
 
 
+def _steps(cfg: CompareConfig):
+    """The conformance run's train section at the comparison's overflow step count."""
+    return dataclasses.replace(TRAIN_PRESETS["conformance"], steps=cfg.overflow_steps)
+
+
 def _rates(cfg: CompareConfig, sizes: list[int], pools: PoolCache,
            progress: Progress) -> list[dict]:
-    from openclaw_ref.conformance.conform import ConformSettings, check_overflow_rate
-
     variants = {"ddp-fp16": SyncConfig(name="ddp-fp16"),
                 "hardened-fp16": SyncConfig(name="hardened", wire="fp16", scale="4096"),
                 "hardened-fp16-auto": SyncConfig(name="hardened", wire="fp16", scale="auto")}
@@ -66,7 +74,7 @@ def _rates(cfg: CompareConfig, sizes: list[int], pools: PoolCache,
     for w in sizes:
         for workload, spread in OVERFLOW_WORKLOADS.items():
             for label, sync in variants.items():
-                s = ConformSettings(sync=sync, hdr_spread_decades=spread, steps=cfg.overflow_steps)
+                s = ConformSettings(sync=sync, hdr_spread_decades=spread, train=_steps(cfg))
                 fig = pools.get(w).run(check_overflow_rate, s, None)[0].figures
                 rates.append({"strategy": label, "workload": workload, "world_size": w, **fig})
                 progress.tick(f"overflow {label} {workload} ×{w}")
@@ -74,13 +82,11 @@ def _rates(cfg: CompareConfig, sizes: list[int], pools: PoolCache,
 
 
 def _vs_scale(cfg: CompareConfig, w0: int, pools: PoolCache, progress: Progress) -> list[dict]:
-    from openclaw_ref.conformance.conform import ConformSettings, check_overflow_rate
-
     vs_scale = []
     for exp in SCALE_EXPONENTS:
         s = ConformSettings(sync=SyncConfig(name="hardened", wire="fp16", scale=str(2 ** exp)),
                             hdr_spread_decades=OVERFLOW_WORKLOADS["harsh"],
-                            steps=cfg.overflow_steps)
+                            train=_steps(cfg))
         fig = pools.get(w0).run(check_overflow_rate, s, None)[0].figures
         vs_scale.append({"strategy": "hardened fp16 (harsh workload)", "scale_exp": exp,
                          "world_size": w0, "overflow_rate": fig["overflow_rate"]})
