@@ -18,20 +18,17 @@ Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB buc
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
 buckets). The per-bucket host cost of a hook is (its median step − ddp's) ÷ buckets.
 
-Run: ``python -m openclaw_ref.experiments.hook_cost --world-size 2 --steps 150``.
+Run alone: ``openclaw-bench hook-cost --world-size 2 --steps 150``.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
-import json
 import os
 import statistics
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -280,37 +277,3 @@ def run(cfg: HookCostConfig, threads_per_rank: int = 1) -> dict:
     with RankPool(launch) as pool:
         raw = pool.run(hook_cost_rank, cfg)[0]
     return {"config": dataclasses.asdict(cfg), "raw": raw, "summary": summarize(raw)}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m openclaw_ref.experiments.hook_cost",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="mlp")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--out", help="write the result JSON here")
-    a = p.parse_args(argv)
-    try:
-        cfg = HookCostConfig(model=a.model, world_size=a.world_size, steps=a.steps,
-                             warmup=a.warmup, arms=tuple(a.arms.split(",")))
-    except BadInput as exc:
-        p.error(str(exc))
-    result = run(cfg)
-    for arm, s in result["summary"].items():
-        print(f"{arm:20s} {s['median_step_ms']:8.2f} ms  ×{s['ratio']:.3f} "
-              f"[{s['ratio_low']:.3f}, {s['ratio_high']:.3f}]  {s['per_bucket_us']:7.1f} µs/bucket "
-              f"({s['buckets']} buckets)")
-    if a.out:
-        from openclaw_ref.core.jsonio import write_json_atomic
-
-        write_json_atomic(a.out, result)
-    else:
-        json.dump(result["summary"], sys.stdout, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

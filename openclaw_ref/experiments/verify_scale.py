@@ -101,8 +101,3 @@ def check_over_pass(world_size: int, buckets: int = BUCKETS, repeats: int = 21) 
         t2 = time.perf_counter()
         ratios.append((t1 - t0) / (t2 - t1))
     return statistics.median(ratios)
-
-
-if __name__ == "__main__":
-    for row in measure():
-        print(row)
