@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
@@ -37,10 +38,12 @@ MATRIX_STRATEGIES = ("ddp", "ddp-fp16", "hardened", "bucketed")
 
 @dataclass(frozen=True)
 class MatrixSettings:
+    """One short run per cell: the tiny preset on 2 ranks, 5 steps, the fault at step 2."""
+
     world_size: int = 2
-    steps: int = 5
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection(steps=5, global_batch=8, eval_every=0)
     fault_step: int = 2
-    global_batch: int = 8
     replica_check_every: int = 2
     watchdog_s: float = 2.0
     pg_timeout_s: float = 5.0  # gloo's own deadline in the fresh pools of group-killing faults
@@ -67,10 +70,9 @@ class MatrixSettings:
         from openclaw_ref.core.train import TrainConfig
 
         faults = (parse_fault(self.fault_text(fault)),) if fault else ()
-        return TrainConfig(preset="tiny", world_size=self.world_size, steps=self.steps,
-                           global_batch=self.global_batch, seed=1, eval_every=0,
-                           sync=self.sync_config(strategy), faults=faults, backend="gloo",
-                           progress=False)
+        return TrainConfig.from_sections(self.model, self.train, world_size=self.world_size,
+                                         sync=self.sync_config(strategy), faults=faults,
+                                         backend="gloo", progress=False)
 
 
 @dataclass
