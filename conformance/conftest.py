@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_ref.conformance.conform import ConformanceReport
+from openclaw_ref.conformance.report import ConformanceReport
 
 ENV_OUT = "OPENCLAW_CONFORMANCE_OUT"
 

@@ -7,15 +7,15 @@ import dataclasses
 
 import pytest
 
-from openclaw_ref.conformance.conform import (
-    SEED_OVERFLOW_RATE,
-    ConformSettings,
+from openclaw_ref.conformance.checks import (
     check_bucket_alignment,
     check_equivalence,
     check_overflow_rate,
     check_replica_consistency,
     check_shape_agreement,
 )
+from openclaw_ref.conformance.settings import SEED_OVERFLOW_RATE, ConformSettings
+from openclaw_ref.core.config import TRAIN_PRESETS, TrainSection
 from openclaw_ref.core.faults import parse_fault
 from openclaw_ref.sync.base import SyncConfig
 
@@ -24,8 +24,12 @@ pytestmark = pytest.mark.conformance
 SELF_VERIFYING = ("hardened", "bucketed")
 
 
-def settings(name: str, **sync) -> ConformSettings:
-    return ConformSettings(sync=SyncConfig(name=name, **sync), steps=6)
+def settings(name: str, steps: int = 6, **sync) -> ConformSettings:
+    return ConformSettings(sync=SyncConfig(name=name, **sync), train=conformance_run(steps))
+
+
+def conformance_run(steps: int) -> TrainSection:
+    return dataclasses.replace(TRAIN_PRESETS["conformance"], steps=steps)
 
 
 def run(pools, world_size, fn, *args):
@@ -86,7 +90,7 @@ def overflow_rates(pools, conformance_report):
     fp16 at the seed's 2^12, side by side, over 8 batches."""
     out = {}
     for name in ("ddp-fp16", "hardened"):
-        s = dataclasses.replace(settings(name), sync=FP16_PATHS[name], steps=8)
+        s = dataclasses.replace(settings(name, steps=8), sync=FP16_PATHS[name])
         out[name] = conformance_report.add_check(run(pools, 2, check_overflow_rate, s))
     return out
 
@@ -96,7 +100,7 @@ def test_stress_workload_overflow_rates_are_recorded(pools, conformance_report):
     to be counted (a fixed 2^12 pre-scale overflows here where the cast-first stock hook does
     not: the pre-scale trades overflow headroom for underflow)."""
     for name, sync in FP16_PATHS.items():
-        s = dataclasses.replace(settings(name), sync=sync, steps=8, hdr_spread_decades=2.0)
+        s = dataclasses.replace(settings(name, steps=8), sync=sync, hdr_spread_decades=2.0)
         result = conformance_report.add_check(run(pools, 2, check_overflow_rate, s, None))
         result.check = f"overflow rate (stress ×10^±2, {name})"
         assert result.figures["elements"] > 0 and result.figures["min_dynamic_range"] > 1e6
@@ -120,7 +124,7 @@ def test_stock_fp16_overflow_rate_is_measured_beside_it(overflow_rates):
 
 def test_overflow_rate_check_fires_when_the_wire_overflows(pools):
     """Gradients pushed past the FP16 range (loss × 2^20) must be counted, not hidden."""
-    s = dataclasses.replace(settings("ddp-fp16"), hdr_loss_scale=2.0 ** 20, steps=2)
+    s = dataclasses.replace(settings("ddp-fp16", steps=2), hdr_loss_scale=2.0 ** 20)
     result = run(pools, 2, check_overflow_rate, s)
     assert not result.passed and result.figures["overflow_elements"] > 0
 

@@ -17,14 +17,14 @@ import dataclasses
 
 import pytest
 
-from openclaw_ref.core.faults import FAULTS
-from openclaw_ref.experiments.fault_matrix import (
+from openclaw_ref.conformance.fault_matrix import (
     MATRIX_STRATEGIES,
     CaseOutcome,
     MatrixRunner,
     MatrixSettings,
     matrix_strategies,
 )
+from openclaw_ref.core.faults import FAULTS
 from openclaw_ref.reporting.render import fault_matrix_table
 
 pytestmark = pytest.mark.conformance

@@ -4,6 +4,7 @@ and run in ONE task on a pooled group. Profiles: ``HYPOTHESIS_PROFILE=dev|ci|nig
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,9 @@ import torch.nn.functional as F
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from openclaw_ref.conformance.conform import ConformSettings, check_equivalence
+from openclaw_ref.conformance.checks import check_equivalence
+from openclaw_ref.conformance.settings import ConformSettings
+from openclaw_ref.core.config import TRAIN_PRESETS, ModelSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset, sparsity_at, validate_sparsity_range
 from openclaw_ref.sync.base import SyncConfig
@@ -172,7 +175,8 @@ def test_ranks_equal_one_process_for_drawn_seeds_ratios_and_bucket_caps(pools, w
     """Examples drawn first, then each runs on the pooled group (no spawn per example)."""
     pool = pools.get(world_size)
     for seed, ratio, cap in examples:
-        s = ConformSettings(sync=SyncConfig(name="ddp", bucket_cap_mb=cap), steps=3, seed=seed,
-                            sparsity_range=(ratio, ratio))
+        s = ConformSettings(sync=SyncConfig(name="ddp", bucket_cap_mb=cap),
+                            model=ModelSection(seed=seed, sparsity_range=(ratio, ratio)),
+                            train=dataclasses.replace(TRAIN_PRESETS["conformance"], steps=3))
         result = pool.run(check_equivalence, s, timeout_s=120)[0]
         assert result.passed, (seed, ratio, cap, result.detail)

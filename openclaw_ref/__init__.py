@@ -1,0 +1,22 @@
+"""openclaw-sync: a benchmark and conformance suite for gradient synchronization of a dynamically
+sparse model under data-parallel training.
+
+Rooms, each named for what it holds:
+
+  ``sync/``          the hook library: ``harden(ddp)`` and the strategies; imports only torch and
+                     ``sync`` itself (``tests/test_sync_standalone.py`` proves it)
+  ``core/``          the model, data, training loop and its callback protocol, run config,
+                     launcher and rank pools, fault injectors
+  ``conformance/``   the checks behind ``pytest -m conformance`` and ``openclaw-bench conform``,
+                     and the fault x strategy matrix
+  ``experiments/``   what ``openclaw-bench compare`` measures: one module per section
+  ``bench/``         the benchmark jobs behind asv (``benchmarks/``)
+  ``reporting/``     the run record (``raw.json``), every table and plot, the claims ledger
+  ``ops/``           the environment doctor, the Prometheus exporter and the P2 skew barrier
+  ``integrations/``  Lightning
+  ``cli/``           ``openclaw-bench``, the one entry point
+
+Everything outside ``sync/`` builds on it; ``core/`` builds on ``sync/``; the rest build on
+both. One exception runs the other way: the training loop (``core/train.py``) builds the ops
+callbacks its run config asks for (exporter, P2 barrier).
+"""

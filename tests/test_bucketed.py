@@ -3,8 +3,6 @@ seed's local-norm planner caught misaligning, the agreed planner silent."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,6 +22,7 @@ from openclaw_ref.sync.bucket_plan import (
 )
 from openclaw_ref.sync.bucketed import BucketedEngine
 from openclaw_ref.sync.errors import BucketMisalignment, ConsistencyError
+from tests.helpers import record_of, train_cfg
 
 
 def _params(sizes: list[int]) -> list[ParamInfo]:
@@ -66,10 +65,6 @@ def test_the_agreed_planner_plans_only_from_what_it_observed():
     assert planner.plan([99.0, 99.0]).order == planner.plan(None).order  # local norms ignored
 
 
-def record_of(ctx, cfg: TrainConfig) -> dict | None:
-    return train_model(ctx, cfg).record
-
-
 def error_of(ctx, cfg: TrainConfig):
     try:
         train_model(ctx, cfg)
@@ -78,17 +73,11 @@ def error_of(ctx, cfg: TrainConfig):
     return None
 
 
-def _cfg(world_size: int, sync: SyncConfig, **kw) -> TrainConfig:
-    base = TrainConfig(world_size=world_size, steps=10, global_batch=16, progress=False,
-                       eval_every=0, sync=sync)
-    return dataclasses.replace(base, **kw)
-
-
 @pytest.mark.parametrize("planner", ["static", "norm-ema-agreed"])
 def test_bucketed_fp32_trains_like_ddp(pools, planner):
-    ddp = pools.get(2).run(record_of, _cfg(2, SyncConfig("ddp")))[0]
+    ddp = pools.get(2).run(record_of, train_cfg(2, SyncConfig("ddp")))[0]
     sync = SyncConfig("bucketed", planner=planner, bucket_cap_mb=0.01)
-    rec = pools.get(2).run(record_of, _cfg(2, sync))[0]
+    rec = pools.get(2).run(record_of, train_cfg(2, sync))[0]
     final, ref = rec["summary"]["final_loss"], ddp["summary"]["final_loss"]
     assert abs(final - ref) / ref <= 1e-5
     assert rec["summary"]["replicas_equal"] and rec["events"] == []
@@ -97,7 +86,7 @@ def test_bucketed_fp32_trains_like_ddp(pools, planner):
 
 def test_the_seeds_local_norm_planner_is_caught_misaligning_on_every_rank(pools):
     sync = SyncConfig("bucketed", planner="norm-ema", bucket_cap_mb=0.01)
-    errors = pools.get(2).run(error_of, _cfg(2, sync, steps=5))
+    errors = pools.get(2).run(error_of, train_cfg(2, sync, steps=5))
     assert all(isinstance(e, BucketMisalignment) for e in errors), errors
     assert errors[0].step == errors[1].step and errors[0].bucket == errors[1].bucket
     assert errors[0].ranks == errors[1].ranks == [1]

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from openclaw_ref.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_cli(*args: str, timeout: float = 180, launcher: tuple[str, ...] | None = None):
-    cmd = list(launcher or (sys.executable, "-m", "openclaw_ref")) + list(args)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+from tests.helpers import run_cli
 
 
 @pytest.mark.parametrize("args,message", [

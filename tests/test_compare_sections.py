@@ -22,16 +22,15 @@ from openclaw_ref.core.jsonio import write_json_atomic
 from openclaw_ref.core.metrics import peak_memory_mb, reset_peak_memory
 from openclaw_ref.core.model import EVAL_STEP, build_model, preset
 from openclaw_ref.core.train import TrainConfig
-from openclaw_ref.experiments.compare import (
-    OVERFLOW_WORKLOADS,
+from openclaw_ref.experiments.compare import CompareConfig
+from openclaw_ref.experiments.runs import (
     SEED_NORM_NAMES,
-    CompareConfig,
     rotated,
     run_and_return_params,
-    scale_mismatch_rank,
-    section_lightning,
     slim_run,
 )
+from openclaw_ref.experiments.sections import lightning
+from openclaw_ref.experiments.sections.overflow import OVERFLOW_WORKLOADS, scale_mismatch_rank
 from openclaw_ref.reporting.record import SCHEMA_VERSION, load_record
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
@@ -203,7 +202,7 @@ class _Ticks:
 def test_lightning_section_comes_from_a_real_run():
     pytest.importorskip("lightning")
     cfg = CompareConfig(world_sizes=(1, 2), lightning_steps=3, backend="gloo")
-    sec = section_lightning(cfg, None, _Ticks())
+    sec = lightning.run(cfg, None, _Ticks())
     assert "error" not in sec, sec.get("error")
     assert sec["devices"] == 2 and sec["steps"] == 3 and sec["accelerator"] == "cpu"
     assert "16" in sec["precision"] and sec["strategy"].startswith("ddp")
@@ -252,3 +251,15 @@ def test_compact_record_loads(tmp_path):
     rec = load_record(path)
     assert rec.doc["quantization"]["latency_fp32_ms"] == 0.333333
     assert json.loads(text)["overflow"] == doc["overflow"]
+
+
+def test_scale_mismatch_counts_read_named_rows_of_every_rank():
+    from openclaw_ref.experiments.probes import BucketMismatch, mismatch_counts
+
+    clean = BucketMismatch(False, False, False, False, 0, False, False, False)
+    off_here = clean._replace(off=True, replicas_differ=True, nonfinite_elements=2)
+    counts = mismatch_counts([[clean, off_here, clean], [off_here, clean]])  # rank 1: 2 rows
+    assert counts["allreduces"] == 2
+    assert counts["corrupted"] == 2  # bucket 0 off on rank 1, bucket 1 off on rank 0
+    assert counts["replicas_disagree"] == 1 and counts["overflow_elements"] == 2  # rank 0's
+    assert counts["overflowed"] == counts["corrupted_uniform"] == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -17,6 +16,7 @@ from openclaw_ref.ops.doctor import (
     nccl_version_findings,
     parse_nccl_version,
 )
+from tests.helpers import run_cli
 
 CPU_FACTS = {"gloo_available": True, "nccl_available": False, "nccl_version": None}
 
@@ -133,23 +133,24 @@ def test_old_nccl_on_a_gpu_machine_fails_the_doctor():
     assert doctor_exit_code(diagnose(gpu_facts("2.12.12"), {}, backend="nccl")) == 2
 
 
-def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+def run_doctor(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """``openclaw-bench doctor ARGS`` without this process's NCCL/torch.distributed variables,
+    with ``env`` added."""
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED"))}
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "openclaw_ref", "doctor", *args], env=full_env,
-                          capture_output=True, text=True, timeout=120)
+    return run_cli("doctor", *args, env=full_env, timeout=120)
 
 
 def test_cli_names_current_equivalents_of_the_seeds_variables_and_exits_2():
-    proc = run_cli(NCCL_RING_ALGO="1", NCCL_MIN_NRINGS="4")
+    proc = run_doctor(NCCL_RING_ALGO="1", NCCL_MIN_NRINGS="4")
     assert proc.returncode == 2, proc.stderr
     assert "NCCL_ALGO" in proc.stdout and "NCCL_MIN_NCHANNELS" in proc.stdout
     assert "torch" in proc.stdout and "gloo_available" in proc.stdout
 
 
 def test_cli_json_reports_facts_and_verdict_on_a_clean_environment():
-    proc = run_cli("--json", "--backend", "gloo")
+    proc = run_doctor("--json", "--backend", "gloo")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["verdict"] == "ok" and report["facts"]["gloo_available"] is True

@@ -36,11 +36,13 @@ class Fault:
     """A test-only fault on one rank: ``clock`` (logical clock one ahead from ``step``),
     ``swap`` (experts 0 and 1 of layer 0 registered in swapped order), ``nan`` / ``huge`` (a
     gradient multiplied by NaN / 1e9 at ``step``), ``perturb`` (a weight nudged after ``step``),
-    ``sleep`` (stall before backward at ``step``), ``cap`` (half the bucket cap on one rank)."""
+    ``sleep`` (stall before backward at ``step``), ``cap`` (half the bucket cap on one rank),
+    ``scale`` (the rank pre-scales by 2^``exponent`` from the start: the seed's M4)."""
 
     kind: str = "none"
     rank: int = 1
     step: int = 1
+    exponent: int = 0
 
 
 def _swap_registration(model) -> None:
@@ -71,6 +73,8 @@ def run_with_fault(ctx, sync: SyncConfig, fault: Fault, steps: int = 3,
     try:
         ddp = wrap_ddp(model, ctx, sync)
         state = harden(ddp, sync, ctx, check_construction=check_construction)
+        if fault.kind == "scale" and mine:
+            state.policy.override(ctx.rank, fault.exponent)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         watched = dict(model.named_parameters())[WATCHED]
         for step in range(steps):
@@ -128,15 +132,16 @@ def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools):
 
 
 def test_the_seeds_scale_mismatch_is_caught_naming_the_rank(pools):
-    sync = SyncConfig("hardened", wire="fp16", per_rank_scale={3: 10})  # 2^12 vs 2^10 (M4)
-    results = pools.get(4).run(run_with_fault, sync, Fault())
+    sync = SyncConfig("hardened", wire="fp16")
+    results = pools.get(4).run(run_with_fault, sync, Fault("scale", 3, exponent=10))  # 2^12 vs 2^10
     err = _same_error_everywhere(results, ScaleMismatch)
     assert err.ranks == [3] and err.step == 0
 
 
 def test_scale_mismatch_is_caught_on_the_fp32_wire_too(pools):
-    sync = SyncConfig("hardened", wire="fp32", per_rank_scale={1: 3})
-    err = _same_error_everywhere(pools.get(2).run(run_with_fault, sync, Fault()), ScaleMismatch)
+    sync = SyncConfig("hardened", wire="fp32")
+    results = pools.get(2).run(run_with_fault, sync, Fault("scale", 1, exponent=3))
+    err = _same_error_everywhere(results, ScaleMismatch)
     assert err.ranks == [1]
 
 

@@ -106,7 +106,8 @@ def test_fixed_scale_is_the_configured_power_of_two_on_fp16_and_one_elsewhere():
 
 
 def test_per_rank_scale_overrides_only_the_named_rank():
-    p = ScalePolicy.from_config(SyncConfig(wire="fp16", per_rank_scale={3: 10}))
+    p = ScalePolicy.from_config(SyncConfig(wire="fp16"))
+    p.override(3, 10)
     assert [p.exponent_for(r) for r in range(4)] == [12, 12, 12, 10]
 
 

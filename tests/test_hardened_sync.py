@@ -3,17 +3,15 @@ same collectives per step, and the metrics the run JSON promises."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch.nn.functional as F
 
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset
-from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.costs import recorded_collectives, step_cost
+from tests.helpers import record_of, train_cfg
 
 # Tolerances of the reduced-precision wires against fp32 (final loss after 10 SGD steps,
 # relative). Each wire cast rounds an element to 2^-11 (fp16) / 2^-8 (bf16) relative; SGD's update
@@ -24,25 +22,15 @@ from openclaw_ref.sync.costs import recorded_collectives, step_cost
 WIRE_RTOL = {"fp16": 2e-4, "bf16": 1e-3}
 
 
-def record_of(ctx, cfg: TrainConfig) -> dict | None:
-    return train_model(ctx, cfg).record
-
-
-def _cfg(world_size: int, sync: SyncConfig, **kw) -> TrainConfig:
-    base = TrainConfig(world_size=world_size, steps=10, global_batch=16, progress=False,
-                       eval_every=0, sync=sync)
-    return dataclasses.replace(base, **kw)
-
-
 def _rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_hardened_fp32_trains_exactly_like_ddp_and_one_process(pools, world_size):
-    one = pools.get(1).run(record_of, _cfg(1, SyncConfig("local")))[0]
-    ddp = pools.get(world_size).run(record_of, _cfg(world_size, SyncConfig("ddp")))[0]
-    hard = pools.get(world_size).run(record_of, _cfg(world_size, SyncConfig("hardened")))[0]
+    one = pools.get(1).run(record_of, train_cfg(1, SyncConfig("local")))[0]
+    ddp = pools.get(world_size).run(record_of, train_cfg(world_size, SyncConfig("ddp")))[0]
+    hard = pools.get(world_size).run(record_of, train_cfg(world_size, SyncConfig("hardened")))[0]
     final = hard["summary"]["final_loss"]
     assert _rel(final, ddp["summary"]["final_loss"]) <= 1e-5
     assert _rel(final, one["summary"]["final_loss"]) <= 1e-5
@@ -51,8 +39,8 @@ def test_hardened_fp32_trains_exactly_like_ddp_and_one_process(pools, world_size
 
 @pytest.mark.parametrize("wire", ["fp16", "bf16"])
 def test_reduced_precision_wires_stay_within_their_stated_tolerance(pools, wire):
-    ddp = pools.get(2).run(record_of, _cfg(2, SyncConfig("ddp"), optimizer="sgd"))[0]
-    hard = pools.get(2).run(record_of, _cfg(2, SyncConfig("hardened", wire=wire),
+    ddp = pools.get(2).run(record_of, train_cfg(2, SyncConfig("ddp"), optimizer="sgd"))[0]
+    hard = pools.get(2).run(record_of, train_cfg(2, SyncConfig("hardened", wire=wire),
                                             optimizer="sgd"))[0]
     assert _rel(hard["summary"]["final_loss"], ddp["summary"]["final_loss"]) <= WIRE_RTOL[wire]
     assert hard["summary"]["replicas_equal"] and hard["summary"]["skipped_steps"] == 0
@@ -64,7 +52,7 @@ def test_no_false_alarm_in_over_a_thousand_checked_bucket_steps(pools):
     checked = missing = 0
     for wire, sparsity in [("fp16", (0.0, 0.0)), ("bf16", (0.12, 0.68)), ("fp32", (0.9, 0.95))]:
         sync = SyncConfig("hardened", wire=wire, scale="auto", bucket_cap_mb=0.01)
-        rec = pools.get(2).run(record_of, _cfg(2, sync, steps=12, sparsity_range=sparsity))[0]
+        rec = pools.get(2).run(record_of, train_cfg(2, sync, steps=12, sparsity_range=sparsity))[0]
         s = rec["summary"]["sync"]
         assert rec["events"] == [] and s["checks_run"] == s["checks_passed"]
         assert rec["summary"]["replicas_equal"]
@@ -75,7 +63,7 @@ def test_no_false_alarm_in_over_a_thousand_checked_bucket_steps(pools):
 
 
 def test_every_step_reports_sync_time_skew_late_rank_overflow_scale_and_checks(pools):
-    rec = pools.get(2).run(record_of, _cfg(2, SyncConfig("hardened", wire="fp16"), steps=3))[0]
+    rec = pools.get(2).run(record_of, train_cfg(2, SyncConfig("hardened", wire="fp16"), steps=3))[0]
     m = rec["steps"][-1]["sync"]
     assert {"sync_ms", "buckets", "overflow_elements", "elements", "overflowed", "scale",
             "checks_run", "checks_passed"} <= set(m)
@@ -152,12 +140,15 @@ def test_cli_trains_with_the_hardened_fp16_auto_wire(tmp_path):
 
 def test_a_fired_check_still_writes_the_run_json_with_its_event(pools, tmp_path):
     from openclaw_ref.core.errors import RankFailed
+    from openclaw_ref.core.faults import parse_fault
     from openclaw_ref.core.jsonio import read_json
 
     out = tmp_path / "run.json"
-    sync = SyncConfig("hardened", wire="fp16", per_rank_scale={1: 10})
+    sync = SyncConfig("hardened", wire="fp16")
+    scale_mismatch = (parse_fault("scale-mismatch=10@1"),)  # rank 1 pre-scales by 2^10
     with pytest.raises(RankFailed) as err:
-        pools.get(2).run(record_of, _cfg(2, sync, steps=3, out=str(out)))
+        pools.get(2).run(record_of, train_cfg(2, sync, steps=3, out=str(out),
+                                              faults=scale_mismatch))
     assert err.value.exit_code == 3
     events = read_json(out)["events"]
     assert events[0]["kind"] == "ScaleMismatch" and events[0]["ranks"] == [1]

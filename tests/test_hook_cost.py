@@ -15,9 +15,9 @@ from openclaw_ref.experiments.hook_cost import (
     HookCostConfig,
     hook_cost_rank,
     summarize,
-    table,
 )
 from openclaw_ref.experiments.verify_scale import block_bytes, block_share, synthesized_blocks
+from openclaw_ref.reporting.section_tables import hook_cost_table
 from openclaw_ref.sync.control import check_blocks
 from openclaw_ref.sync.control_layout import SLOT_FIELDS
 from openclaw_ref.sync.errors import BadInput
@@ -58,9 +58,11 @@ def test_a_faster_arm_gets_a_ratio_below_one_and_a_negative_extra():
 
 def test_the_table_has_a_row_per_arm_with_its_interval():
     ddp = [10.0, 10.2, 9.9, 10.1, 10.0]
-    t = table("mlp", 2, summarize(_raw({"ddp": ddp, "hardened-fp32": ddp})), 5)
-    assert [r[0] for r in t["rows"]] == ["ddp", "hardened-fp32"]
-    assert "[" in t["rows"][1][2] and "interleaved" in t["caption"]
+    job = {"config": {"arms": ["ddp", "hardened-fp32"], "world_size": 2, "steps": 5},
+           "summary": summarize(_raw({"ddp": ddp, "hardened-fp32": ddp})), "baseline": "ddp"}
+    t = hook_cost_table("mlp", job)
+    assert [r[0] for r in t.rows] == ["ddp", "hardened-fp32"]
+    assert "[" in t.rows[1][2] and "interleaved" in t.caption
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -1,8 +1,8 @@
 """openclaw under Lightning (seed 004): dynamic padding, class balancing, and our DDP strategy.
 
-The Trainer cases run ``python -m openclaw_ref.integrations.lightning`` in a subprocess (Lightning's launcher
-re-executes the script for every rank), in their own session with a hard timeout, and kill that
-session afterwards so no rank outlives the test.
+The Trainer cases run ``python -m openclaw_ref.integrations.lightning`` in a subprocess (Lightning's
+launcher re-executes the script for every rank), in their own session with a hard timeout, and kill
+that session afterwards so no rank outlives the test.
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ def run_trainer(tmp_path: Path, *args: str, timeout_s: float = 150) -> tuple[int
     out = tmp_path / "result.json"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("MASTER_PORT", None)
-    proc = subprocess.Popen([sys.executable, "-m", "openclaw_ref.integrations.lightning", "--out", str(out),
-                             *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    command = [sys.executable, "-m", "openclaw_ref.integrations.lightning", "--out", str(out),
+               *args]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         log, _ = proc.communicate(timeout=timeout_s)

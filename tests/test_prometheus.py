@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from openclaw_ref.core.callbacks import Callback  # noqa: E402
 from openclaw_ref.core.faults import parse_fault  # noqa: E402
 from openclaw_ref.core.launch import RankContext  # noqa: E402
 from openclaw_ref.core.train import TrainConfig, train_rank  # noqa: E402
@@ -56,8 +57,8 @@ def test_exporter_binds_loopback_on_a_free_port_by_default(exporter):
 
 
 def test_exporter_turns_step_metrics_into_series(exporter):
-    exporter.after_step(0, HARDENED_LIKE, applied=False)
-    exporter.after_step(1, HARDENED_LIKE, applied=True,
+    exporter.on_step_metrics(0, HARDENED_LIKE, applied=False)
+    exporter.on_step_metrics(1, HARDENED_LIKE, applied=True,
                         events=[Event("ScaleMismatch", 1, [1])])
     s = scrape(exporter.url)
     assert value(s, "openclaw_steps_total", rank="0") == 2
@@ -80,8 +81,8 @@ def test_exporter_turns_step_metrics_into_series(exporter):
 
 def test_each_event_is_counted_once_across_steps(exporter):
     events = [Event("ClockMismatch", 0, [1])]
-    exporter.after_step(0, {}, True, events)
-    exporter.after_step(1, {}, True, events)
+    exporter.on_step_metrics(0, {}, True, events)
+    exporter.on_step_metrics(1, {}, True, events)
     exporter.on_event(Event("ClockMismatch", 2, [1]))
     assert value(scrape(exporter.url), "openclaw_checks_fired_total", rank="0",
                  kind="ClockMismatch") == 2
@@ -90,7 +91,7 @@ def test_each_event_is_counted_once_across_steps(exporter):
 def test_two_exporters_in_one_process_do_not_share_state(exporter):
     other = PrometheusExporter(rank=1, port=0)
     try:
-        exporter.after_step(0, {}, True)
+        exporter.on_step_metrics(0, {}, True)
         assert value(scrape(other.url), "openclaw_steps_total", rank="1") == 0
         assert value(scrape(other.url), "openclaw_steps_total", rank="0") is None
         assert value(scrape(exporter.url), "openclaw_steps_total", rank="0") == 1
@@ -135,27 +136,20 @@ def test_skew_policy_fires_when_std_exceeds_threshold(per_rank, fires):
 # Real multi-rank runs (2 gloo ranks from the shared pool)
 
 
-class ScrapeOwnEndpoint:
-    """A step observer that scrapes its rank's exporter right after step ``at`` was exported."""
+class ScrapeOwnEndpoint(Callback):
+    """A loop callback that scrapes its rank's exporter right after step ``at`` was exported."""
+
+    observes_metrics = True
 
     def __init__(self, ctx: RankContext, at: int) -> None:
         self.ctx, self.at = ctx, at
         self.samples: dict = {}
         self.port = 0
 
-    def before_backward(self, step: int) -> None:
-        pass
-
-    def after_step(self, step, metrics, applied, events=()) -> None:
+    def on_step_metrics(self, step, metrics, applied, events=()) -> None:
         if step == self.at:
             self.port = int(self.ctx.store.get(STORE_PORT_KEY.format(rank=self.ctx.rank)))
             self.samples = scrape(f"http://127.0.0.1:{self.port}/metrics")
-
-    def on_event(self, event) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def train_and_scrape(ctx: RankContext, cfg: TrainConfig, at: int) -> dict:
@@ -211,7 +205,7 @@ def policy_agreement(ctx: RankContext, threshold_ms: float) -> list[bool]:
     armed = []
     for step, local_ms in enumerate([0.5, 9.0 * ctx.rank, 0.5]):
         metrics = {"sync_ms": local_ms}
-        policy.after_step(step, metrics, True)
+        policy.on_step_metrics(step, metrics, True)
         armed.append(metrics["skew_barrier_next"])
         policy.before_backward(step + 1)  # the barrier itself must not hang
     return armed + [policy.barriers]
@@ -226,18 +220,18 @@ def test_skew_policy_uses_in_band_ready_times_without_any_collective():
     # no process group exists in the pytest parent: a collective here would raise
     policy = SkewBarrierPolicy(1.5, world_size=2)
     metrics = dict(HARDENED_LIKE)
-    policy.after_step(0, metrics, True)
+    policy.on_step_metrics(0, metrics, True)
     assert metrics["skew_source"] == "in-band"
     assert metrics["rank_std_ms"] == pytest.approx(1.0)  # bucket 0: std of [1, 3]
     assert metrics["skew_barrier_next"] is False
     metrics = {"buckets": [{"index": 0, "ready_ms": [0.0, 4.0]}]}
-    policy.after_step(1, metrics, True)
+    policy.on_step_metrics(1, metrics, True)
     assert metrics["skew_barrier_next"] is True
 
 
 def test_skew_barrier_refuses_a_strategy_without_sync_times():
     with pytest.raises(BadInput, match="sync_ms"):
-        SkewBarrierPolicy(1.5, 2).after_step(0, {}, True)
+        SkewBarrierPolicy(1.5, 2).on_step_metrics(0, {}, True)
 
 
 def test_p2_bench_statistic_is_the_largest_bucket_ready_time_std():

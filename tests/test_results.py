@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from openclaw_ref.core.jsonio import read_json
-from openclaw_ref.experiments.compare import CompareConfig, Variant, run_compare, write_results
+from openclaw_ref.experiments.compare import CompareConfig, run_compare, write_results
+from openclaw_ref.experiments.sections.strategies import Variant
 from openclaw_ref.reporting.claims import CLAIMS, Verdict, assess_all
 from openclaw_ref.reporting.render import render_all
 from openclaw_ref.sync.base import SyncConfig
@@ -138,7 +139,6 @@ def test_back_to_back_regenerations_give_identical_verdicts_with_five_repeats(tm
     assert found[0] == found[1]
 
 
-
 def test_atomic_writes_get_the_permissions_of_a_plain_open(tmp_path):
     from openclaw_ref.core.jsonio import write_text_atomic
 
@@ -146,3 +146,45 @@ def test_atomic_writes_get_the_permissions_of_a_plain_open(tmp_path):
     plain.write_text("x")
     atomic = write_text_atomic(tmp_path / "atomic.txt", "x")
     assert atomic.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+
+
+# ---------------------------------------------------------------------------------------------
+# The record holds figures only; every caption and table comes from the renderer
+
+
+def test_the_committed_comparison_re_renders_from_figures_alone():
+    from openclaw_ref.reporting.comparison import comparison_markdown
+    from openclaw_ref.reporting.record import load_record
+
+    machine = ROOT / "results" / "cpu2-gloo"
+    rec = load_record(machine / "raw.json")
+    assert rec.upgraded_from is None
+    assert not any("tables" in section for section in rec.doc.values()
+                   if isinstance(section, dict))
+    assert comparison_markdown(rec) == (machine / "comparison.md").read_text()
+
+
+def test_an_old_record_loses_its_tables_and_keeps_the_figures_only_they_held():
+    from openclaw_ref.reporting.record import SCHEMA_VERSION, parse_record
+
+    doc = {"schema_version": 3,
+           "meta": {"environment": {"backend": "gloo", "cpu_count": 2, "gpu_count": 0,
+                                    "torch": "2"}, "compare_config": {}},
+           "raw_allreduce": {"rows_data": [], "tables": [{
+               "caption": "One flat allreduce of all 1234 gradient elements of the tiny preset, "
+                          "median of 20 (slowest rank, after a barrier).",
+               "headers": [], "rows": []}]},
+           "ablations": {"sparsity": {"b": {}, "a": {}}, "tables": [
+               {"caption": "", "headers": ["gating"], "rows": [["b"], ["a"]]}]},
+           "hook_cost": {"jobs": {"mlp": {"summary": {}}}, "tables": [
+               {"caption": "Per-step cost of each comm hook, model mlp (8 buckets)",
+                "headers": [], "rows": [["ddp", "1.0", "1.0", "", ""],
+                                        ["hardened-fp32", "1.1", "1.1", "9 [8, 10]", ""]]}]}}
+    rec = parse_record(doc)
+    assert rec.upgraded_from == 3 and rec.schema_version == SCHEMA_VERSION
+    assert all("tables" not in rec.doc[s] for s in ("raw_allreduce", "ablations", "hook_cost"))
+    assert rec.doc["raw_allreduce"]["elements"] == 1234
+    assert rec.doc["raw_allreduce"]["iterations"] == 20
+    assert rec.doc["ablations"]["sparsity_arms"] == ["b", "a"]
+    assert rec.doc["hook_cost"]["jobs"]["mlp"]["baseline"] == "ddp"
+    assert "tables" in doc["hook_cost"]  # the loaded document itself is left as it was

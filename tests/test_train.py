@@ -10,6 +10,7 @@ import torch
 from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput
+from tests.helpers import record_of, train_cfg
 
 
 def final_parameters(ctx, cfg: TrainConfig) -> dict[str, torch.Tensor] | None:
@@ -19,19 +20,9 @@ def final_parameters(ctx, cfg: TrainConfig) -> dict[str, torch.Tensor] | None:
     return {n: p.detach().clone() for n, p in result.model.named_parameters()}
 
 
-def record_of(ctx, cfg: TrainConfig) -> dict | None:
-    return train_model(ctx, cfg).record
-
-
-def _cfg(world_size: int, **kw) -> TrainConfig:
-    base = TrainConfig(world_size=world_size, steps=10, global_batch=16, progress=False,
-                       eval_every=0)
-    return dataclasses.replace(base, **kw)
-
-
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_ddp_training_lowers_the_loss(pools, world_size):
-    record = pools.get(world_size).run(record_of, _cfg(world_size, steps=30))[0]
+    record = pools.get(world_size).run(record_of, train_cfg(world_size, steps=30))[0]
     losses = [s["loss"] for s in record["steps"]]
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
     assert record["summary"]["replicas_equal"]
@@ -41,22 +32,22 @@ def test_four_ranks_equal_one_process_on_the_same_global_batch(pools):
     """SGD: fp32 round-off differs between a sum over 4 shards and over one batch (~1e-7).
     AdamW divides by sqrt(v) and turns round-off-sized gradients into ±lr steps, so its
     parameters may differ by more; its losses still agree (next test)."""
-    one = pools.get(1).run(final_parameters, _cfg(1, optimizer="sgd"))[0]
-    four = pools.get(4).run(final_parameters, _cfg(4, optimizer="sgd"))[0]
+    one = pools.get(1).run(final_parameters, train_cfg(1, optimizer="sgd"))[0]
+    four = pools.get(4).run(final_parameters, train_cfg(4, optimizer="sgd"))[0]
     worst = max(float((one[n] - four[n]).abs().max()) for n in one)
     assert worst <= 1e-5
 
 
 def test_four_ranks_reach_the_loss_of_one_process_under_adamw(pools):
-    one = pools.get(1).run(record_of, _cfg(1))[0]["steps"]
-    four = pools.get(4).run(record_of, _cfg(4))[0]["steps"]
+    one = pools.get(1).run(record_of, train_cfg(1))[0]["steps"]
+    four = pools.get(4).run(record_of, train_cfg(4))[0]["steps"]
     for a, b in zip(one, four):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
 
 
 def test_the_run_json_has_the_documented_sections(pools, tmp_path):
     out = tmp_path / "run.json"
-    record = pools.get(2).run(record_of, _cfg(2, steps=4, out=str(out)))[0]
+    record = pools.get(2).run(record_of, train_cfg(2, steps=4, out=str(out)))[0]
     from openclaw_ref.core.jsonio import read_json
 
     on_disk = read_json(out)
@@ -70,19 +61,19 @@ def test_the_run_json_has_the_documented_sections(pools, tmp_path):
 
 
 def test_per_rank_gradient_norms_are_recorded_before_sync(pools):
-    record = pools.get(2).run(record_of, _cfg(2, steps=2))[0]
+    record = pools.get(2).run(record_of, train_cfg(2, steps=2))[0]
     norms = record["steps"][0]["grad_norms"]["layer.3.attn.v_proj.weight"]
     assert len(norms) == 2 and norms[0] != norms[1]  # different shards, different local grads
 
 
 def test_idle_experts_show_up_as_missing_gradients(pools):
-    record = pools.get(2).run(record_of, _cfg(2, steps=3, global_batch=2))[0]
+    record = pools.get(2).run(record_of, train_cfg(2, steps=3, global_batch=2))[0]
     assert all(sum(s["missing_grads"]) > 0 for s in record["steps"])
 
 
 def test_ddp_fp16_trains_close_to_fp32(pools):
-    fp32 = pools.get(2).run(record_of, _cfg(2))[0]["summary"]["final_loss"]
-    fp16 = pools.get(2).run(record_of, _cfg(2, sync=SyncConfig(name="ddp-fp16")))[0]
+    fp32 = pools.get(2).run(record_of, train_cfg(2))[0]["summary"]["final_loss"]
+    fp16 = pools.get(2).run(record_of, train_cfg(2, sync=SyncConfig(name="ddp-fp16")))[0]
     assert fp16["summary"]["final_loss"] == pytest.approx(fp32, rel=1e-2)
 
 

@@ -54,7 +54,8 @@ def case_figures(case: Case, settings: BenchSettings, cache: CaseCache) -> dict:
 
 
 def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -> dict:
-    """Cached summary of the interleaved hook-cost job (``openclaw_ref.experiments.hook_cost``) on 2 ranks."""
+    """Cached summary of the interleaved hook-cost job (``experiments/hook_cost.py``) on 2
+    ranks."""
     from openclaw_ref.experiments.hook_cost import HookCostConfig, run
 
     if settings.max_world < 2:

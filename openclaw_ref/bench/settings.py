@@ -62,7 +62,7 @@ class BenchSettings:
     # made 1-rank steps vary 20×); it is also how the shared torch facts were measured.
     threads: int = 1
     timeout_s: float = 900.0  # one job
-    # timed steps per arm of the interleaved hook-cost job (``openclaw_ref.experiments.hook_cost``); the
+    # timed steps per arm of the interleaved hook-cost job (``experiments/hook_cost.py``); the
     # gate figures' stability comes from here (150: ratio intervals about ±3 % on 2 cores)
     hook_steps: int = 150
 

@@ -3,13 +3,13 @@
 CLI syntax: ``--inject NAME[=VALUE][@RANK][:STEP]`` (repeatable). The training loop calls the
 injector at fixed points; a fault acts only on its rank. Defaults: rank = the last rank, step = 2.
 
-Hook points, in the order the training loop calls them:
-  ``on_model_built(model)``   before the model is wrapped for synchronization
-  ``sync_config(cfg)``        may change this rank's SyncConfig (called once, before ``wrap``)
-  ``before_forward(step, model)``
-  ``before_backward(step)``
-  ``after_sync(step, model)`` after the strategy's ``finish_step``, before the optimizer step
-  ``after_step(step, model)`` after the optimizer step
+The injector is a loop callback (``core/callbacks.py``); the hook points it uses:
+  ``setup(model, sync)``      reorders the model's registration and may change this rank's
+                              SyncConfig (before the strategy is built)
+  ``on_wrapped``              overrides this rank's pre-scale on the strategy's scale policy
+  ``before_forward``, ``before_backward``
+  ``after_sync``              after the strategy's ``finish_step``, before the optimizer step
+  ``after_step``              after the optimizer step
 
 The faults (VALUE in brackets, with its default):
 
@@ -21,7 +21,7 @@ The faults (VALUE in brackets, with its default):
                            Construction-time: in effect from step 0.
 ``scale-mismatch[=10]``    the rank pre-scales FP16 gradients by 2^VALUE while the others use the
                            configured scale (2^12, the seed's M4). Strategies with a pre-scale
-                           get it through ``SyncConfig.per_rank_scale`` (from step 0). Stock DDP
+                           get it on their scale policy once wrapped (from step 0). Stock DDP
                            has none, so it is simulated from STEP on: the rank multiplies its local
                            gradients by 2^(VALUE-12) before the allreduce and divides the averaged
                            result by the same factor after it ("unscaling by its own factor"):
@@ -55,7 +55,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.core.callbacks import Callback
+from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput
 
 FAULTS: tuple[str, ...] = ("late-rank", "local-buckets", "scale-mismatch", "missing-grad",
@@ -75,7 +76,7 @@ DEFAULT_VALUES: dict[str, str] = {
 GROUP_KILLING: frozenset[str] = frozenset({"crash", "hang"})
 # Faults applied at construction, in effect from step 0 whatever STEP says.
 CONSTRUCTION_TIME: frozenset[str] = frozenset({"local-buckets", "permuted-params"})
-# Strategies whose FP16 pre-scale reads ``SyncConfig.per_rank_scale``.
+# Strategies whose FP16 pre-scale policy takes the fault (``SyncStrategy.scale_policy``).
 PRESCALING_STRATEGIES: frozenset[str] = frozenset({"hardened", "bucketed"})
 # Strategies built on torch DDP (bucket layout set by ``bucket_cap_mb``).
 DDP_STRATEGIES: frozenset[str] = frozenset({"ddp", "ddp-fp16", "hardened", "seed-f5"})
@@ -203,7 +204,7 @@ def flip_bit_(t: torch.Tensor, index: int = 0, bit: int = BITFLIP_BIT) -> None:
         as_int ^= (1 << bit)
 
 
-class FaultInjector:
+class FaultInjector(Callback):
     """Applies the faults aimed at this rank; a no-op when there are none."""
 
     def __init__(self, specs: tuple[FaultSpec, ...], rank: int, world_size: int) -> None:
@@ -212,7 +213,6 @@ class FaultInjector:
         self.world_size = world_size
         self.mine = [s for s in specs if s.target_rank(world_size) == rank]
         self.strategy = "?"
-        self._model: nn.Module | None = None
         self._handles: list = []  # tensor hooks removed after the step they act on
         self._restore: list[Callable[[], None]] = []
         self._unscale: float | None = None  # stock-DDP scale-mismatch: divide synced grads
@@ -221,13 +221,13 @@ class FaultInjector:
     def _active(self, name: str, step: int | None = None) -> list[FaultSpec]:
         return [s for s in self.mine if s.name == name and (step is None or s.step == step)]
 
-    def on_model_built(self, model: nn.Module) -> None:
-        self._model = model
+    def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
         for s in self._active("permuted-params"):
             first, second = s.resolved_value.split(",")
             swap_submodules(model, first.strip(), second.strip())
+        return self._sync_config(sync)
 
-    def sync_config(self, cfg: SyncConfig) -> SyncConfig:
+    def _sync_config(self, cfg: SyncConfig) -> SyncConfig:
         self.strategy = cfg.name
         self._base_exponent = (DEFAULT_SCALE_EXPONENT if cfg.scale == "auto"
                                else int(cfg.scale).bit_length() - 1)
@@ -236,11 +236,13 @@ class FaultInjector:
                 cfg = dataclasses.replace(cfg, planner="norm-ema")
             else:
                 cfg = dataclasses.replace(cfg, bucket_cap_mb=float(s.resolved_value))
-        for s in self._active("scale-mismatch"):
-            if cfg.name in PRESCALING_STRATEGIES:
-                cfg = dataclasses.replace(
-                    cfg, per_rank_scale={**cfg.per_rank_scale, self.rank: int(s.resolved_value)})
         return cfg
+
+    def on_wrapped(self, strategy: SyncStrategy) -> None:
+        policy = strategy.scale_policy() if strategy.name in PRESCALING_STRATEGIES else None
+        for s in self._active("scale-mismatch"):
+            if policy is not None:
+                policy.override(self.rank, int(s.resolved_value))
 
     def before_forward(self, step: int, model: nn.Module) -> None:
         for s in self._active("missing-grad", step):
@@ -248,14 +250,12 @@ class FaultInjector:
             p.requires_grad_(False)  # autograd leaves it out: no gradient at all on this rank
             self._restore.append(lambda p=p: p.requires_grad_(True))
 
-    def before_backward(self, step: int) -> None:
-        model = self._model
+    def before_backward(self, step: int, model: nn.Module) -> None:
         for s in self._active("nan-grad", step):
-            assert model is not None
             self._handles.append(_named_param(model, s.resolved_value).register_hook(_poison_nan))
         if self.strategy not in PRESCALING_STRATEGIES:
             for s in self.mine:
-                if s.name == "scale-mismatch" and step >= s.step and model is not None:
+                if s.name == "scale-mismatch" and step >= s.step:
                     factor = 2.0 ** (int(s.resolved_value) - self._base_exponent)
                     self._unscale = factor
                     for p in model.parameters():
@@ -270,7 +270,8 @@ class FaultInjector:
         for s in self._active("hang", step):
             time.sleep(parse_duration_s(s.resolved_value))
 
-    def after_sync(self, step: int, model: nn.Module) -> None:
+    def after_sync(self, step: int, model: nn.Module, strategy: SyncStrategy,
+                   applied: bool) -> None:
         if self._unscale is not None:
             with torch.no_grad():
                 for p in model.parameters():

@@ -18,24 +18,34 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from openclaw_ref.core.callbacks import Callback
+from openclaw_ref.sync.base import SyncConfig
+
 # The seed's C2 names `layer.3.attn.v_proj.weight`; we watch every layer's v_proj and ffn.w1.
 DEFAULT_NORM_SUFFIXES = ("attn.v_proj.weight", "ffn.w1.weight")
 
 
-class GradientProbe:
+class GradientProbe(Callback):
     """Which parameters received a gradient on this rank this step, and the local L2 norm of the
     watched ones, read *before* synchronization (a post-accumulate hook fires before DDP's
-    reducer writes the averaged gradient back)."""
+    reducer writes the averaged gradient back). A loop callback: its hooks are registered at
+    ``setup`` (after any fault reordered the model) and its figures cleared before each forward."""
 
-    def __init__(self, model: nn.Module, norm_suffixes: Sequence[str] = DEFAULT_NORM_SUFFIXES):
-        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
-        self.watched = [n for n in self.names if n.endswith(tuple(norm_suffixes))]
+    def __init__(self, norm_suffixes: Sequence[str] = DEFAULT_NORM_SUFFIXES) -> None:
+        self.norm_suffixes = tuple(norm_suffixes)
+        self.names: list[str] = []
+        self.watched: list[str] = []
         self._present: set[str] = set()
         self._norms: dict[str, torch.Tensor] = {}
-        self._handles = []
+        self._handles: list = []
+
+    def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
+        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.watched = [n for n in self.names if n.endswith(self.norm_suffixes)]
         for name, p in model.named_parameters():
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._hook(name)))
+        return sync
 
     def _hook(self, name: str):
         watched = name in set(self.watched)
@@ -46,7 +56,7 @@ class GradientProbe:
                 self._norms[name] = p.grad.detach().norm()
         return hook
 
-    def begin_step(self) -> None:
+    def before_forward(self, step: int, model: nn.Module) -> None:
         self._present.clear()
         self._norms.clear()
 
@@ -62,9 +72,10 @@ class GradientProbe:
         got = dict(zip(self._norms, values))
         return {n: got.get(n) for n in self.watched}
 
-    def remove(self) -> None:
+    def close(self) -> None:
         for h in self._handles:
             h.remove()
+        self._handles.clear()
 
 
 _CLEAR_REFS = "/proc/self/clear_refs"

@@ -1,7 +1,8 @@
 """The training loop every strategy is measured on, and the run JSON it writes.
 
-One loop for all strategies: the strategy owns synchronization, the fault injector owns the
-faults, this file owns the order of events and the records. Per-rank figures are kept locally
+One loop for all strategies: the strategy owns synchronization, callbacks (``core/callbacks.py``:
+faults, the gradient probe, metrics, conformance recorders) observe or perturb it at fixed hook
+points, this file owns the order of events and the records. Per-rank figures are kept locally
 and gathered once at the end of the run, so recording adds no collective to any step.
 
 Run JSON (written by rank 0, atomically, also when a check stops the run):
@@ -15,22 +16,25 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from openclaw_ref.core.callbacks import Callback, CallbackList
+from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.environment import environment
 from openclaw_ref.core.faults import FaultInjector, FaultSpec, validate_faults
 from openclaw_ref.core.jsonio import write_json_atomic
 from openclaw_ref.core.launch import LaunchConfig, RankContext, launch
 from openclaw_ref.core.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
-from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model, preset
-from openclaw_ref.ops.prometheus import MetricsConfig, StepObserver, StepObservers
+from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model
+from openclaw_ref.ops.prometheus import MetricsConfig, metrics_callbacks
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.checks import params_digest
@@ -44,6 +48,10 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """A run of the loop. Its keywords are flat (they are the run JSON's ``config``); the model
+    and training fields are the ``ModelSection`` and ``TrainSection`` of ``core/config.py``,
+    which other run configurations embed and translate through ``from_sections``."""
+
     preset: str = "tiny"
     world_size: int = 1
     steps: int = 50
@@ -63,11 +71,19 @@ class TrainConfig:
     progress: bool = True
     out: str | None = None
 
+    @classmethod
+    def from_sections(cls, model: ModelSection, train: TrainSection, **rest: Any) -> TrainConfig:
+        """The loop configuration of a model and training section; ``rest`` sets the others."""
+        return cls(preset=model.preset, seed=model.seed, sparsity_range=model.sparsity_range,
+                   steps=train.steps, global_batch=train.global_batch, lr=train.lr,
+                   optimizer=train.optimizer, eval_every=train.eval_every, amp=train.amp, **rest)
+
+    @property
+    def model_section(self) -> ModelSection:
+        return ModelSection(self.preset, self.seed, self.sparsity_range)
+
     def model_config(self) -> OpenClawConfig:
-        overrides: dict = {"seed": self.seed}
-        if self.sparsity_range is not None:
-            overrides["sparsity_range"] = tuple(self.sparsity_range)
-        return preset(self.preset, **overrides)
+        return self.model_section.model_config()
 
     def validate(self) -> None:
         """Every check that can run before a process is spawned; raises BadInput."""
@@ -135,133 +151,145 @@ class RankLog:
     param_digest: str = ""
 
 
-@dataclass(frozen=True)
-class LoopHooks:
-    """Observation points the training loop offers to conformance checks (``conform.py``), so
-    the checks run this very loop instead of a copy of it.
-
-    ``wrap`` replaces ``strategy.wrap`` (e.g. to record bucket layouts); ``grad_hook(step,
-    model)`` registers gradient hooks for one backward and returns their handles;
-    ``before_sync``/``after_sync`` see the local and the synchronized gradients of a step;
-    ``apply_updates=False`` keeps the weights fixed (rates measured over many batches)."""
-
-    wrap: Callable[[nn.Module, RankContext, SyncStrategy], nn.Module] | None = None
-    grad_hook: Callable[[int, nn.Module], list] | None = None
-    before_sync: Callable[[int, nn.Module, SyncStrategy], None] | None = None
-    after_sync: Callable[[int, nn.Module, SyncStrategy, bool], None] | None = None
-    after_step: Callable[[int, nn.Module], None] | None = None
-    apply_updates: bool = True
-
-
-NO_HOOKS = LoopHooks()
-
-
 @dataclass
 class TrainResult:
     model: nn.Module  # this rank's trained replica (unwrapped)
     record: dict | None  # the run record on rank 0, None elsewhere
 
 
+@dataclass
+class Run:
+    """One rank's run in progress: what the step functions share."""
+
+    ctx: RankContext
+    cfg: TrainConfig
+    ds: SkillDataset
+    model: nn.Module
+    strategy: SyncStrategy
+    module: nn.Module  # what the forward runs on (the strategy's wrapper)
+    opt: torch.optim.Optimizer
+    probe: GradientProbe
+    callbacks: CallbackList
+    apply_updates: bool
+    timer: StepTimer
+    log: RankLog
+    val_curve: list[tuple[int, float]] = field(default_factory=list)
+
+
 def train_rank(ctx: RankContext, cfg: TrainConfig,
-               extra_observers: tuple[StepObserver, ...] = ()) -> dict | None:
+               callbacks: Sequence[Callback] = ()) -> dict | None:
     """One rank's run. Returns the run record on rank 0 and None elsewhere.
 
-    ``extra_observers`` see every step like the exporter does (tests scrape from one)."""
-    return train_model(ctx, cfg, extra_observers).record
+    ``callbacks`` see every step after the built-in ones (tests scrape the exporter from one)."""
+    return train_model(ctx, cfg, callbacks).record
 
 
-def train_model(ctx: RankContext, cfg: TrainConfig,
-                extra_observers: tuple[StepObserver, ...] = (),
-                hooks: LoopHooks = NO_HOOKS) -> TrainResult:
-    """The training loop on one rank; also hands back the replica for equivalence checks."""
+def train_model(ctx: RankContext, cfg: TrainConfig, callbacks: Sequence[Callback] = (), *,
+                apply_updates: bool = True) -> TrainResult:
+    """The training loop on one rank; also hands back the replica for equivalence checks.
+
+    The loop's callbacks run in this order: the fault injector, the gradient probe, the metrics
+    callbacks (P2 barrier, exporter), then ``callbacks``. ``apply_updates=False`` keeps the
+    weights fixed (conformance rates measured over many batches)."""
     memory_scope = reset_peak_memory(ctx.device)  # per run, not per (reused) worker process
     model_cfg = cfg.model_config()
     ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
-    faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size)
     model = build_model(model_cfg).to(ctx.device)
-    faults.on_model_built(model)
-    strategy = make_strategy(faults.sync_config(cfg.sync))
-    probe = GradientProbe(model)
-    module = hooks.wrap(model, ctx, strategy) if hooks.wrap else strategy.wrap(model, ctx)
-    observers = StepObservers.from_config(cfg.metrics, ctx.rank, ctx.world_size, ctx.device,
-                                          ctx.store, extra_observers)
-    opt = make_optimizer(cfg, model)
-    timer = StepTimer(ctx.device)
-    log = RankLog(ctx.rank)
-    val_curve: list[tuple[int, float]] = []
-    t_start = time.perf_counter()
+    probe = GradientProbe()
+    loop_callbacks = CallbackList([FaultInjector(cfg.faults, ctx.rank, ctx.world_size), probe,
+                                   *metrics_callbacks(cfg.metrics, ctx), *callbacks])
+    try:
+        strategy = make_strategy(loop_callbacks.setup(model, cfg.sync))
+        module = loop_callbacks.wrap(model, ctx, strategy)
+        run = Run(ctx, cfg, ds, model, strategy, module, make_optimizer(cfg, model), probe,
+                  loop_callbacks, apply_updates, StepTimer(ctx.device), RankLog(ctx.rank))
+        t_start = time.perf_counter()
+        _run_steps(run)
+    finally:
+        loop_callbacks.close()
+    return _finish(run, memory_scope, t_start)
+
+
+def _run_steps(run: Run) -> None:
+    """Every step and the final validation; a check that stops the run is reported to the
+    callbacks and recorded (rank 0) before it propagates."""
+    ctx, cfg = run.ctx, run.cfg
     bar = _progress(ctx, cfg)
     try:
         for step in range(cfg.steps):
-            batch = rank_batch(ds, step, cfg.global_batch, ctx.rank, ctx.world_size).to(ctx.device)
-            timer.start()
-            probe.begin_step()
-            strategy.begin_step(step)
-            faults.before_forward(step, model)
-            with torch.autocast(ctx.device.type, dtype=AMP_DTYPES.get(cfg.amp or ""),
-                                enabled=cfg.amp is not None):
-                logits = module(batch.tokens, batch.sample_ids, step)
-                loss = F.cross_entropy(logits, batch.labels)
-            handles = hooks.grad_hook(step, model) if hooks.grad_hook else []
-            faults.before_backward(step)
-            observers.before_backward(step)
-            loss.backward()
-            for handle in handles:
-                handle.remove()
-            if hooks.before_sync:
-                hooks.before_sync(step, model, strategy)
-            applied = strategy.finish_step(step)
-            faults.after_sync(step, model)
-            if hooks.after_sync:
-                hooks.after_sync(step, model, strategy, applied)
-            if applied and hooks.apply_updates:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            faults.after_step(step, model)
-            if hooks.after_step:
-                hooks.after_step(step, model)
-            log.step_ms.append(timer.stop_ms())
-            log.loss.append(float(loss.detach()))
-            log.applied.append(applied)
-            log.grad_norms.append(probe.norms())
-            log.missing_grads.append(probe.missing())
-            log.realized_sparsity.append(model.realized_sparsity())
-            log.mask_entropy.append(model.sparse_mask_entropy())
-            log.sync.append(observers.after_step(step, strategy.step_metrics(), applied,
-                                                 strategy.events))
+            _train_step(run, step)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                val_curve.append((step, validation_loss(model, ds, ctx.device)))
+                run.val_curve.append((step, validation_loss(run.model, run.ds, ctx.device)))
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{log.loss[-1]:.3f}")
-        val_curve.append((cfg.steps - 1, validation_loss(model, ds, ctx.device)))
+                bar.set_postfix(loss=f"{run.log.loss[-1]:.3f}")
+        run.val_curve.append((cfg.steps - 1, validation_loss(run.model, run.ds, ctx.device)))
     except (ConsistencyError, SyncTimeout) as exc:
-        observers.on_event(exc.event())
+        run.callbacks.on_event(exc.event())
         if ctx.is_main and cfg.out:
-            record = _partial_record(ctx, cfg, log, strategy.events + [exc.event()])
+            record = _partial_record(ctx, cfg, run.log, run.strategy.events + [exc.event()])
             write_json_atomic(cfg.out, record)
         raise
     finally:
         if bar is not None:
             bar.close()
-        probe.remove()
-        strategy.close()
-        observers.close()
+        run.strategy.close()
+
+
+def _train_step(run: Run, step: int) -> None:
+    """One step, in the order every strategy and callback relies on."""
+    ctx, cfg, model, strategy, callbacks = run.ctx, run.cfg, run.model, run.strategy, run.callbacks
+    batch = rank_batch(run.ds, step, cfg.global_batch, ctx.rank, ctx.world_size).to(ctx.device)
+    run.timer.start()
+    strategy.begin_step(step)
+    callbacks.before_forward(step, model)
+    with torch.autocast(ctx.device.type, dtype=AMP_DTYPES.get(cfg.amp or ""),
+                        enabled=cfg.amp is not None):
+        logits = run.module(batch.tokens, batch.sample_ids, step)
+        loss = F.cross_entropy(logits, batch.labels)
+    callbacks.before_backward(step, model)
+    loss.backward()
+    callbacks.before_sync(step, model, strategy)
+    applied = strategy.finish_step(step)
+    callbacks.after_sync(step, model, strategy, applied)
+    if applied and run.apply_updates:
+        run.opt.step()
+    run.opt.zero_grad(set_to_none=True)
+    callbacks.after_step(step, model)
+    _log_step(run, step, float(loss.detach()), applied)
+
+
+def _log_step(run: Run, step: int, loss: float, applied: bool) -> None:
+    log, model = run.log, run.model
+    log.step_ms.append(run.timer.stop_ms())
+    log.loss.append(loss)
+    log.applied.append(applied)
+    log.grad_norms.append(run.probe.norms())
+    log.missing_grads.append(run.probe.missing())
+    log.realized_sparsity.append(model.realized_sparsity())
+    log.mask_entropy.append(model.sparse_mask_entropy())
+    log.sync.append(run.callbacks.on_step_metrics(step, run.strategy.step_metrics(), applied,
+                                                  run.strategy.events))
+
+
+def _finish(run: Run, memory_scope: str, t_start: float) -> TrainResult:
+    """Gather every rank's log (one collective, after the last step); rank 0 writes the record."""
+    ctx, log = run.ctx, run.log
     log.peak_memory_mb = peak_memory_mb(ctx.device, memory_scope)
     log.peak_memory_scope = memory_scope
-    log.param_digest = params_digest(model.named_parameters())
+    log.param_digest = params_digest(run.model.named_parameters())
     logs: list[RankLog] = [log]
     if ctx.world_size > 1:  # a one-rank context (e.g. a reference run inside rank 0) never talks
         logs = [None] * ctx.world_size  # type: ignore[list-item]
         dist.all_gather_object(logs, log)
-    events = [e.to_json() for e in strategy.events]
+    events = [e.to_json() for e in run.strategy.events]
     if not ctx.is_main:
-        return TrainResult(model, None)
-    record = _record(ctx, cfg, logs, val_curve, events, strategy.summary(),
+        return TrainResult(run.model, None)
+    record = _record(ctx, run.cfg, logs, run.val_curve, events, run.strategy.summary(),
                      wall_s=time.perf_counter() - t_start)
-    if cfg.out:
-        write_json_atomic(cfg.out, record)
-    return TrainResult(model, record)
+    if run.cfg.out:
+        write_json_atomic(run.cfg.out, record)
+    return TrainResult(run.model, record)
 
 
 def _progress(ctx: RankContext, cfg: TrainConfig):

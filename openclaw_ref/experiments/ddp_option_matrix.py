@@ -225,10 +225,11 @@ def _fault_run(ctx, case: DDPCase, group) -> ConsistencyError | None:
     check must name it. Singleton groups have no one to disagree with: not run."""
     if group is not None and dist.get_world_size(group) < 2:
         return None
-    sync = SyncConfig(name="hardened", wire="fp16", scale="4096", per_rank_scale={1: 10},
+    sync = SyncConfig(name="hardened", wire="fp16", scale="4096",
                       bucket_cap_mb=case.ddp.get("bucket_cap_mb", 25.0))
     ddp = _build(dataclasses.replace(case, scaler=False), group)
     state = harden(ddp, sync, ctx)
+    state.policy.override(1, 10)
     try:
         _train(ddp, dataclasses.replace(case, scaler=False, steps=2, join=False), ctx.rank)
     except ConsistencyError as exc:

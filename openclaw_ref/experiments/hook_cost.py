@@ -18,20 +18,17 @@ Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB buc
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
 buckets). The per-bucket host cost of a hook is (its median step − ddp's) ÷ buckets.
 
-Run: ``python -m openclaw_ref.experiments.hook_cost --world-size 2 --steps 150``.
+Run alone: ``openclaw-bench hook-cost --world-size 2 --steps 150``.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
-import json
 import os
 import statistics
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -247,25 +244,6 @@ def run_memory(world_size: int = 2) -> list[dict]:
         return pool.run(hook_memory_rank)[0]
 
 
-def memory_table(rows: list[dict]) -> dict:
-    by = {(r["arm"], r["gradient_as_bucket_view"]): r for r in rows}
-    out = []
-    for r in rows:
-        base = by[("ddp", r["gradient_as_bucket_view"])]["step_peak_growth_mb"]
-        out.append([r["arm"], "on" if r["gradient_as_bucket_view"] else "off",
-                    f"{r['hook_held_mb']:.2f}", f"{r['step_peak_growth_mb']:.1f}",
-                    f"{r['step_peak_growth_mb'] - base:+.1f}"])
-    return {"caption": f"Memory of one rank, the MLP ({rows[0]['gradient_mb']:.1f} MiB of fp32 "
-                       "gradients), one arm at a time: what the hook holds between steps "
-                       "(counted from its live buffers), and the peak growth within "
-                       "steady-state steps after DDP's bucket rebuild (scope: "
-                       f"{rows[0]['scope']}; ranks run with MALLOC_MMAP_THRESHOLD_=65536 so "
-                       "the resident peak counts live tensors).",
-            "headers": ["arm", "gradient_as_bucket_view", "held by the hook MiB",
-                        "step peak growth MiB", "vs ddp MiB"],
-            "rows": out}
-
-
 def summarize(raw: dict) -> dict:
     """Per arm: median step, ratio to ddp with its paired 95 % interval, the host cost per
     bucket beyond ddp's (µs, from the ratio and its interval), and for the hardened arms the
@@ -292,34 +270,6 @@ def summarize(raw: dict) -> dict:
     return out
 
 
-def table(model: str, world_size: int, summary: dict, steps: int) -> dict:
-    """The comparison's table of one hook-cost job (caption, headers, formatted rows)."""
-    def interval(p: float, lo: float, hi: float, digits: int = 3) -> str:
-        return f"{p:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-    rows = []
-    for arm, s in summary.items():
-        vs = (interval(s["vs_python_hook_ratio"], s["vs_python_hook_low"],
-                       s["vs_python_hook_high"]) + f" ({s['vs_python_hook']})"
-              if "vs_python_hook" in s else "")
-        rows.append([arm, f"{s['median_step_ms']:.2f}", interval(s["ratio"], s["ratio_low"],
-                                                                  s["ratio_high"]),
-                     "" if arm == BASELINE else interval(s["per_bucket_us"],
-                                                         s["per_bucket_us_low"],
-                                                         s["per_bucket_us_high"], 0), vs])
-    buckets = next(iter(summary.values()))["buckets"]
-    return {
-        "caption": f"Per-step cost of each comm hook, model {model} ({buckets} buckets), "
-                   f"{world_size} gloo ranks × 1 thread, {steps} steps per arm, arms "
-                   "interleaved step by step in one job (order rotating). Ratio = median ÷ "
-                   "ddp's median with a paired 95 % bootstrap interval; µs/bucket = the extra "
-                   "over ddp spread over the buckets.",
-        "headers": ["arm", "median step ms", "÷ ddp [95 %]", "extra µs/bucket [95 %]",
-                    "÷ PyTorch's Python hook [95 %]"],
-        "rows": rows,
-    }
-
-
 def run(cfg: HookCostConfig, threads_per_rank: int = 1) -> dict:
     """One job: every arm interleaved on ``cfg.world_size`` fresh ranks; raw times + summary."""
     launch = LaunchConfig(world_size=cfg.world_size, backend="gloo",
@@ -327,36 +277,3 @@ def run(cfg: HookCostConfig, threads_per_rank: int = 1) -> dict:
     with RankPool(launch) as pool:
         raw = pool.run(hook_cost_rank, cfg)[0]
     return {"config": dataclasses.asdict(cfg), "raw": raw, "summary": summarize(raw)}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m openclaw_ref.experiments.hook_cost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="mlp")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--out", help="write the result JSON here")
-    a = p.parse_args(argv)
-    try:
-        cfg = HookCostConfig(model=a.model, world_size=a.world_size, steps=a.steps,
-                             warmup=a.warmup, arms=tuple(a.arms.split(",")))
-    except BadInput as exc:
-        p.error(str(exc))
-    result = run(cfg)
-    for arm, s in result["summary"].items():
-        print(f"{arm:20s} {s['median_step_ms']:8.2f} ms  ×{s['ratio']:.3f} "
-              f"[{s['ratio_low']:.3f}, {s['ratio_high']:.3f}]  {s['per_bucket_us']:7.1f} µs/bucket "
-              f"({s['buckets']} buckets)")
-    if a.out:
-        from openclaw_ref.core.jsonio import write_json_atomic
-
-        write_json_atomic(a.out, result)
-    else:
-        json.dump(result["summary"], sys.stdout, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -9,18 +9,19 @@ Skew source: ``jitter_ms`` makes each rank sleep a seeded uniform Δt before eve
 the seed's M1 ("per-rank sparse-mask compute delay Δt in [0.3, 5.7] ms"); 0 = only the
 machine's own noise. Benchmarks (asv) can call ``measure_skew_barrier`` directly.
 
-    python -m openclaw_ref.experiments.p2bench --world-size 2 --steps 40 --repeats 3
+    openclaw-bench p2 --world-size 2 --steps 40 --repeats 3
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import random
 import statistics
 import time
-from collections.abc import Sequence
 
+from torch import nn
+
+from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.launch import RankContext, RankPool
 from openclaw_ref.core.train import TrainConfig, train_rank
 from openclaw_ref.ops.prometheus import MetricsConfig
@@ -29,24 +30,18 @@ from openclaw_ref.sync.base import SyncConfig
 SEED_JITTER_MS = (0.3, 5.7)  # the seed's M1 range
 
 
-class Jitter:
-    """Step observer that sleeps a seeded, rank-dependent Δt before each backward (M1)."""
+class Jitter(Callback):
+    """Sleeps a seeded, rank-dependent Δt before each backward (the seed's M1). It observes
+    the step metrics only so that its runs record ``skew_barrier: false`` like the barrier's."""
+
+    observes_metrics = True
 
     def __init__(self, rank: int, lo_ms: float, hi_ms: float, seed: int = 0) -> None:
         self.rng = random.Random(seed * 1009 + rank)
         self.lo_ms, self.hi_ms = lo_ms, hi_ms
 
-    def before_backward(self, step: int) -> None:
+    def before_backward(self, step: int, model: nn.Module) -> None:
         time.sleep(self.rng.uniform(self.lo_ms, self.hi_ms) / 1e3)
-
-    def after_step(self, step, metrics, applied, events=()) -> None:
-        pass
-
-    def on_event(self, event) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _task(ctx: RankContext, cfg: TrainConfig, jitter: tuple[float, float] | None) -> dict | None:
@@ -108,26 +103,3 @@ def summarize(result: dict[str, list[dict]]) -> list[list]:
                               "median_skew_ms", "median_sync_ms")]
                     + [sum(r["barriers"] for r in runs), sum(r["steps"] for r in runs)])
     return rows
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from openclaw_ref.reporting.render import p2_table
-
-    p = argparse.ArgumentParser(prog="python -m openclaw_ref.experiments.p2bench", description=__doc__)
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threshold-ms", type=float, default=1.5)
-    p.add_argument("--jitter-ms", default="0.3,5.7", help="LOW,HIGH per-rank sleep; 0 = none")
-    a = p.parse_args(argv)
-    jitter = None if a.jitter_ms in ("0", "") else tuple(float(x) for x in a.jitter_ms.split(","))
-    result = measure_skew_barrier(a.world_size, a.steps, a.repeats, a.threshold_ms, jitter)
-    print(f"P2 skew barrier, hardened fp32, tiny, W={a.world_size}, {a.steps} steps × "
-          f"{a.repeats} repeats (interleaved), jitter {jitter or 'none'} ms, threshold "
-          f"{a.threshold_ms} ms; medians over repeats of per-run medians (2 warm-up steps out)")
-    print(p2_table(summarize(result)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -21,7 +21,7 @@ import time
 import torch
 
 from openclaw_ref.sync.control import check_blocks, verify
-from openclaw_ref.sync.control_layout import SLOT_FIELDS, block_size, decode_block, encode_slot
+from openclaw_ref.sync.control_layout import block_size, decode_block, encode_slot
 
 WORLD_SIZES = (8, 64, 1024, 8192)
 BUCKETS = 16
@@ -101,22 +101,3 @@ def check_over_pass(world_size: int, buckets: int = BUCKETS, repeats: int = 21) 
         t2 = time.perf_counter()
         ratios.append((t1 - t0) / (t2 - t1))
     return statistics.median(ratios)
-
-
-def table(rows: list[dict]) -> dict:
-    """The comparison's table (caption, headers, formatted rows)."""
-    return {
-        "caption": f"Verifying a step's control blocks, one process, {rows[0]['buckets']} "
-                   f"synthesized buckets (median of 9). Block = {SLOT_FIELDS} elements × W; "
-                   "share = fp32 block ÷ a 25 MB bucket.",
-        "headers": ["ranks", "check_blocks µs/bucket", "decode+verify µs/bucket",
-                    "block bytes fp32", "share of 25 MB"],
-        "rows": [[r["world_size"], f"{r['check_blocks_us_per_bucket']:.1f}",
-                  f"{r['decode_verify_us_per_bucket']:.0f}", r["block_bytes_fp32"],
-                  f"{100 * r['share_of_25mb_fp32']:.2f} %"] for r in rows],
-    }
-
-
-if __name__ == "__main__":
-    for row in measure():
-        print(row)

@@ -1,9 +1,9 @@
-"""Per-rank Prometheus exporter and the seed's skew-barrier policy (P2), as step observers.
+"""Per-rank Prometheus exporter and the seed's skew-barrier policy (P2), as loop callbacks.
 
-Why observers: the training loop (``train.py``) and the Lightning callback both call the same two
-hooks, ``before_backward(step)`` and ``after_step(step, metrics, applied, events)``, with
-``metrics`` = the strategy's ``step_metrics()``. Nothing here knows which strategy produced them;
-keys a strategy does not report are simply not exported.
+Why callbacks (``core/callbacks.py``): the training loop (``core/train.py``) and the Lightning
+strategy call the same hooks, ``before_backward`` and ``on_step_metrics(step, metrics, applied,
+events)``, with ``metrics`` = the strategy's ``step_metrics()``. Nothing here knows which
+strategy produced them; keys a strategy does not report are simply not exported.
 
 Exporter (``PrometheusExporter``, needs the ``metrics`` extra = prometheus_client):
   * one HTTP endpoint per rank, bound to 127.0.0.1 unless ``MetricsConfig.host`` says otherwise,
@@ -38,11 +38,13 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from openclaw_ref.core.callbacks import Callback
+from openclaw_ref.sync.base import RankInfo
 from openclaw_ref.sync.errors import BadInput, Event
 
 P2_THRESHOLD_MS = 1.5  # the seed's threshold
@@ -80,18 +82,7 @@ def exporter_port(base: int, rank: int) -> int:
     return port
 
 
-class StepObserver(Protocol):
-    def before_backward(self, step: int) -> None: ...
-
-    def after_step(self, step: int, metrics: dict, applied: bool, events: Sequence[Event]) -> None:
-        ...
-
-    def on_event(self, event: Event) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class PrometheusExporter:
+class PrometheusExporter(Callback):
     """One rank's ``/metrics`` endpoint fed from the strategy's per-step metrics."""
 
     def __init__(self, rank: int, port: int = 0, host: str = "127.0.0.1",
@@ -163,11 +154,10 @@ class PrometheusExporter:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/metrics"
 
-    def before_backward(self, step: int) -> None:
-        pass
+    observes_metrics = True
 
-    def after_step(self, step: int, metrics: dict, applied: bool,
-                   events: Sequence[Event] = ()) -> None:
+    def on_step_metrics(self, step: int, metrics: dict, applied: bool,
+                        events: Sequence[Event] = ()) -> None:
         rk = str(self.rank)
         self.steps.labels(rk).inc()
         if not applied:
@@ -214,10 +204,13 @@ class PrometheusExporter:
             self._server = None
 
 
-class SkewBarrierPolicy:
+class SkewBarrierPolicy(Callback):
     """Seed P2: a barrier before the next backward when the across-rank std of the sync time
     exceeds ``threshold_ms``. Adds one small all-gather per step; see the module docstring for
-    why every rank takes the same branch."""
+    why every rank takes the same branch. Marks ``metrics["skew_barrier"]``: whether a barrier
+    ran in the step those metrics describe."""
+
+    observes_metrics = True
 
     def __init__(self, threshold_ms: float, world_size: int,
                  device: torch.device | str = "cpu") -> None:
@@ -225,10 +218,12 @@ class SkewBarrierPolicy:
         self.world_size = world_size
         self.device = torch.device(device)
         self._armed = False
+        self._ran = False  # a barrier ran in the current step
         self.barriers = 0
         self.last_std_ms: float | None = None
 
-    def before_backward(self, step: int) -> None:
+    def before_backward(self, step: int, model: nn.Module | None = None) -> None:
+        self._ran = self._armed
         if self._armed:
             dist.barrier()
             self.barriers += 1
@@ -249,8 +244,9 @@ class SkewBarrierPolicy:
             return None
         return max(statistics.pstdev(map(float, v)) for v in vectors)
 
-    def after_step(self, step: int, metrics: dict, applied: bool,
-                   events: Sequence[Event] = ()) -> None:
+    def on_step_metrics(self, step: int, metrics: dict, applied: bool,
+                        events: Sequence[Event] = ()) -> None:
+        metrics["skew_barrier"] = self._ran
         agreed = self.agreed_ready_std_ms(metrics)
         if agreed is not None:
             self.last_std_ms = agreed
@@ -270,63 +266,14 @@ class SkewBarrierPolicy:
         metrics["rank_std_ms"] = self.last_std_ms
         metrics["skew_barrier_next"] = self._armed
 
-    def on_event(self, event: Event) -> None:
-        pass
 
-    def close(self) -> None:
-        pass
-
-
-class StepObservers:
-    """The observers of one rank, called in order; built from a ``MetricsConfig``.
-
-    The policy runs before the exporter so the exported step carries the P2 statistic."""
-
-    def __init__(self, observers: Sequence[StepObserver] = ()) -> None:
-        self.observers = list(observers)
-        self._barrier_pending = False
-
-    @classmethod
-    def from_config(cls, cfg: MetricsConfig, rank: int, world_size: int,
-                    device: torch.device | str = "cpu", store: dist.Store | None = None,
-                    extra: Sequence[StepObserver] = ()) -> StepObservers:
-        observers: list[StepObserver] = []
-        if cfg.skew_barrier_ms is not None and world_size > 1:
-            observers.append(SkewBarrierPolicy(cfg.skew_barrier_ms, world_size, device))
-        if cfg.port is not None:
-            observers.append(PrometheusExporter(rank, exporter_port(cfg.port, rank), cfg.host,
-                                                store))
-        return cls(observers + list(extra))
-
-    @property
-    def exporter(self) -> PrometheusExporter | None:
-        return next((o for o in self.observers if isinstance(o, PrometheusExporter)), None)
-
-    @property
-    def policy(self) -> SkewBarrierPolicy | None:
-        return next((o for o in self.observers if isinstance(o, SkewBarrierPolicy)), None)
-
-    def before_backward(self, step: int) -> None:
-        policy = self.policy
-        self._barrier_pending = bool(policy is not None and policy._armed)
-        for o in self.observers:
-            o.before_backward(step)
-
-    def after_step(self, step: int, metrics: dict, applied: bool,
-                   events: Sequence[Event] = ()) -> dict:
-        """Feed every observer; returns a copy of ``metrics`` annotated for the run JSON
-        (``skew_barrier``: a barrier ran in this step; ``rank_std_ms``: the P2 statistic)."""
-        if not self.observers:
-            return metrics
-        metrics = dict(metrics, skew_barrier=self._barrier_pending)
-        for o in self.observers:
-            o.after_step(step, metrics, applied, events)
-        return metrics
-
-    def on_event(self, event: Event) -> None:
-        for o in self.observers:
-            o.on_event(event)
-
-    def close(self) -> None:
-        for o in self.observers:
-            o.close()
+def metrics_callbacks(cfg: MetricsConfig, ctx: RankInfo) -> list[Callback]:
+    """The callbacks a ``MetricsConfig`` asks for on this rank, in the order they must run: the
+    policy before the exporter, so the exported step carries the P2 statistic."""
+    callbacks: list[Callback] = []
+    if cfg.skew_barrier_ms is not None and ctx.world_size > 1:
+        callbacks.append(SkewBarrierPolicy(cfg.skew_barrier_ms, ctx.world_size, ctx.device))
+    if cfg.port is not None:
+        callbacks.append(PrometheusExporter(ctx.rank, exporter_port(cfg.port, ctx.rank),
+                                            cfg.host, ctx.store))
+    return callbacks

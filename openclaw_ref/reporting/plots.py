@@ -1,4 +1,5 @@
-"""PNG plots of a comparison (matplotlib, Agg backend, no timestamps: re-rendering is byte-stable)."""
+"""PNG plots of a comparison (matplotlib, Agg backend, no timestamps: re-rendering is
+byte-stable)."""
 
 from __future__ import annotations
 

@@ -21,12 +21,20 @@ Versions:
   both seed-named parameters). Versions 1 and 2 are read unchanged: every field 3 adds is
   optional, and the rules read the dropped ones only where 3 keeps them (C3 falls back to
   ``skew_ms`` in older records).
+- 4: figures only. No section carries ``tables`` (captions and formatted rows); every table
+  is built by ``reporting.section_tables`` from figures. Adds ``raw_allreduce.elements`` and
+  ``raw_allreduce.iterations``, ``hook_cost.jobs.<model>.baseline`` and
+  ``ablations.sparsity_arms`` (the arms' run order; the record's keys are sorted), the
+  figures that only the old tables held. Versions 1 to 3 are upgraded on load by
+  :func:`upgrade`, which drops the tables and recovers those figures from them; no figure
+  changes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +42,9 @@ from typing import Any
 
 from openclaw_ref.sync.errors import BadInput
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+RAW_NAME = "raw.json"  # the record's file name in every results/<machine>/ directory
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 REGENERATE = "regenerate it with `openclaw-bench compare`"
 
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
@@ -159,6 +168,59 @@ def _check_counts(doc: Mapping[str, Any], where: str) -> None:
                      "overflowed, corrupted")
 
 
+def _raw_allreduce_figures(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The element count and iterations of a version ≤ 3 ``raw_allreduce`` section: read from
+    its table's caption ("all N gradient elements …, median of K"), else the element count from
+    an fp32 row's bytes and the 20 iterations every such record ran."""
+    caption = " ".join(t.get("caption", "") for t in section.get("tables", []))
+    elements = re.search(r"all (\d+) gradient elements", caption)
+    iterations = re.search(r"median of (\d+)", caption)
+    fp32 = [r["bytes"] // 4 for r in section.get("rows_data", []) if r.get("wire") == "fp32"]
+    return {"elements": int(elements.group(1)) if elements else (fp32[0] if fp32 else None),
+            "iterations": int(iterations.group(1)) if iterations else 20}
+
+
+def _baseline(job: Mapping[str, Any], tables: list[Mapping[str, Any]], model: str) -> str:
+    """The baseline arm of a version ≤ 3 hook-cost job: the row of its table with no extra
+    cost per bucket (the table whose caption names the model), else stock ``ddp``."""
+    for t in tables:
+        if f"model {model} (" in t.get("caption", ""):
+            return next((row[0] for row in t["rows"] if row[3] == ""), "ddp")
+    return "ddp"
+
+
+def _sparsity_arms(section: Mapping[str, Any]) -> list[str]:
+    """The order a version ≤ 3 ablation ran its sparsity arms in: its skew table's first
+    column (the record's keys are sorted), else the keys as stored."""
+    for t in section.get("tables", []):
+        if t.get("headers", [None])[0] == "gating":
+            return [row[0] for row in t["rows"]]
+    return list(section.get("sparsity", {}))
+
+
+def upgrade(doc: Mapping[str, Any], version: int) -> dict[str, Any]:
+    """A version-``version`` document as version :data:`SCHEMA_VERSION` (a new document; the
+    given one is not changed): every section's ``tables`` dropped, the figures only they held
+    recovered (``raw_allreduce.elements``/``iterations``, ``hook_cost.jobs.*.baseline``,
+    ``ablations.sparsity_arms``)."""
+    out = dict(doc)
+    for name in SECTIONS:
+        if isinstance(out.get(name), dict):
+            out[name] = {k: v for k, v in out[name].items() if k != "tables"}
+    if version < 4 and isinstance(doc.get("raw_allreduce"), dict):
+        out["raw_allreduce"].update(_raw_allreduce_figures(doc["raw_allreduce"]))
+    if version < 4 and isinstance(doc.get("ablations"), dict):
+        out["ablations"]["sparsity_arms"] = _sparsity_arms(doc["ablations"])
+    if version < 4 and isinstance(doc.get("hook_cost"), dict):
+        tables = doc["hook_cost"].get("tables", [])
+        out["hook_cost"]["jobs"] = {
+            model: {**job, "baseline": _baseline(job, tables, model)}
+            for model, job in doc["hook_cost"].get("jobs", {}).items()}
+    if "schema_version" in out:
+        out["schema_version"] = SCHEMA_VERSION
+    return out
+
+
 def parse_record(doc: Any, source: str = "<memory>") -> RunRecord:
     """Validate a loaded document; raises :class:`RecordError` naming what is wrong."""
     _need(isinstance(doc, dict), source, "not a JSON object")
@@ -173,6 +235,8 @@ def parse_record(doc: Any, source: str = "<memory>") -> RunRecord:
               f"section {name} must be an object")
     _check_runs(doc, source)
     _check_counts(doc, source)
+    if version < SCHEMA_VERSION:
+        doc = upgrade(doc, version)
     return RunRecord(SCHEMA_VERSION, _environment(meta, source), doc, source,
                      None if version == SCHEMA_VERSION else version)
 

@@ -11,7 +11,7 @@ import abc
 import enum
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -71,6 +71,10 @@ def parse_scale(scale: str) -> int | None:
     return value.bit_length() - 1
 
 
+if TYPE_CHECKING:
+    from openclaw_ref.sync.precision import ScalePolicy
+
+
 class RankInfo(Protocol):
     """What a strategy needs to know about the rank it runs on. The launcher's ``RankContext``
     implements it; so can any user's object (the hook library never imports the launcher)."""
@@ -100,7 +104,6 @@ class SyncConfig:
     bucket_cap_mb: float = 25.0  # torch DDP's default
     replica_check_every: int = 0  # steps between parameter-digest comparisons; 0 = off
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
-    per_rank_scale: dict[int, int] = field(default_factory=dict)  # fault hook: rank -> exponent
     nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
     # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
     # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
@@ -155,6 +158,11 @@ class SyncStrategy(abc.ABC):
 
     def summary(self) -> dict:
         return {}
+
+    def scale_policy(self) -> ScalePolicy | None:
+        """The wire's pre-scale policy once wrapped, for strategies that pre-scale their
+        gradients (the fault injector overrides one rank's exponent through it); else None."""
+        return None
 
     def close(self) -> None:
         """Release hooks and threads; must not block on other ranks."""

@@ -239,6 +239,9 @@ class Bucketed(SyncStrategy):
                 "planner": self.cfg.planner.value,
                 "frames_per_step": len(self.engine.wire_sizes())}
 
+    def scale_policy(self) -> ScalePolicy | None:
+        return self.engine.policy if hasattr(self, "engine") else None
+
     def close(self) -> None:
         if hasattr(self, "engine"):
             self.engine.close()

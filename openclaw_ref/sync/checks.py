@@ -24,6 +24,7 @@ from openclaw_ref.sync.errors import (
     ShapeMismatch,
 )
 from openclaw_ref.sync.replica_digest import ReplicaDigest
+from openclaw_ref.sync.vote import plurality
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -61,15 +62,6 @@ def manifest_digest(manifest: Manifest) -> str:
     return h.hexdigest()
 
 
-def _reference(values: list) -> tuple[object, list[int]]:
-    from collections import Counter
-
-    counts = Counter(values)
-    top = max(counts.values())
-    ref = next(v for v in values if counts[v] == top)
-    return ref, [r for r, v in enumerate(values) if v != ref]
-
-
 def _first_difference(a: list, b: list) -> int:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -83,7 +75,7 @@ def compare_manifests(manifests: list[Manifest], *, step: int | None = None,
     manifest differs from the reference, and every rank that differs anywhere."""
     error = error or ParameterMismatch
     digests = [manifest_digest(m) for m in manifests]
-    ref_digest, off = _reference(digests)
+    ref_digest, off = plurality(digests)
     if not off:
         return
     ref_rank = digests.index(ref_digest)
@@ -118,7 +110,7 @@ def construction_check(named: Iterable[tuple[str, torch.Tensor]], group=None,
     dist.all_gather_object(gathered, (manifest_digest(mine), mine, layout), group=group)
     if len({d for d, _, _ in gathered}) > 1:
         compare_manifests([m for _, m, _ in gathered])
-    ref, off = _reference([tuple(lay) if lay is not None else None for _, _, lay in gathered])
+    ref, off = plurality([tuple(lay) if lay is not None else None for _, _, lay in gathered])
     if off:
         raise BucketMisalignment(
             f"bucket layouts differ at construction: {len(ref or ())} buckets "
@@ -226,19 +218,19 @@ def replica_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int, group
     local = digests.to(_collective_device(group, digests.device))
     count = torch.tensor([len(names)], dtype=torch.int64, device=local.device)
     heads = _all_gather(torch.cat([ReplicaDigest.combine(local).reshape(1), count]), group)
-    ref_count, off = _reference([c for _, c in heads])
+    ref_count, off = plurality([c for _, c in heads])
     if off:
         raise ParameterMismatch(
             f"replica check over {ref_count} parameters on most ranks; "
             f"{ {r: heads[r][1] for r in off} } on the others", step=step, ranks=off)
-    _, off = _reference([c for c, _ in heads])
+    _, off = plurality([c for c, _ in heads])
     if not off:
         return
     table = _all_gather(local, group)
     diverged: list[str] = []
     ranks: set[int] = set()
     for i, name in enumerate(names):
-        _, odd = _reference([row[i] for row in table])
+        _, odd = plurality([row[i] for row in table])
         if odd:
             diverged.append(name)
             ranks.update(odd)

@@ -4,7 +4,8 @@
 Decision rule (``verify``). The verdict is a pure function of the reduced block, which is
 bitwise identical on every rank, so every rank raises the same error at the same step and bucket
 or none does. For each field the reference value is the one most ranks report (ties: the value
-of the lowest such rank); the ranks reporting anything else are the disagreeing ranks.
+of the lowest such rank; ``vote.plurality``); the ranks reporting anything else are the
+disagreeing ranks.
 Checks run in cause order: missing slot → clock → bucket index/membership → scale → absent
 required gradient; a local non-finite gradient is reported with its ranks (what to do about it
 is the ledger's policy). ``verify`` states the rule and names the ranks; ``check_blocks`` passes
@@ -14,7 +15,6 @@ only a bucket it cannot pass is decoded on the host for ``verify`` to judge and 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,14 +37,7 @@ from openclaw_ref.sync.errors import (
     MissingGradient,
     ScaleMismatch,
 )
-
-
-def disagreeing(values: Sequence[object]) -> tuple[object, list[int]]:
-    """The reference value (most frequent; ties → the lowest rank's) and the ranks that differ."""
-    counts = Counter(values)
-    top = max(counts.values())
-    ref = next(v for v in values if counts[v] == top)
-    return ref, [r for r, v in enumerate(values) if v != ref]
+from openclaw_ref.sync.vote import plurality
 
 
 @dataclass(frozen=True)
@@ -76,14 +69,14 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
         clocks = [slots[r].clock for r in active]
         raise BucketMisalignment(
             "no readable control block from these ranks (different bucket sizes or slot "
-            "collision)", step=int(disagreeing(clocks)[0]) if clocks else None, ranks=missing,
+            "collision)", step=int(plurality(clocks)[0]) if clocks else None, ranks=missing,
             bucket=bucket, params=params)
     joined = len(active) < len(slots)
     if not active:
         return BucketVerdict(bucket, [], 0.0, 0, joined)
 
     def odd(name: str) -> tuple[object, list[int]]:
-        ref, off = disagreeing([getattr(slots[r], name) for r in active])
+        ref, off = plurality([getattr(slots[r], name) for r in active])
         return ref, [active[i] for i in off]
 
     clock, late = odd("clock")

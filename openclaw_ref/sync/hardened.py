@@ -70,7 +70,7 @@ from openclaw_ref.sync.control_layout import block_size, joined_slot
 from openclaw_ref.sync.ddp import wrap_ddp
 from openclaw_ref.sync.harden_state import HardenState
 from openclaw_ref.sync.ledger import BucketRecord
-from openclaw_ref.sync.precision import finite_sum, from_wire, to_wire
+from openclaw_ref.sync.precision import ScalePolicy, finite_sum, from_wire, to_wire
 from openclaw_ref.sync.target import bucket_sizes, validate_target
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
@@ -255,6 +255,9 @@ class Hardened(SyncStrategy):
 
     def summary(self) -> dict:
         return self.state.summary()
+
+    def scale_policy(self) -> ScalePolicy | None:
+        return self.state.policy if hasattr(self, "state") else None
 
     def close(self) -> None:
         if hasattr(self, "state"):

@@ -18,8 +18,9 @@ The exponent ``e`` is the same on every rank: fixed (``--scale 4096`` → e = 12
 identical on every rank, so the exponent sequence is identical everywhere by construction (and
 the control block checks it every bucket anyway). fp32 and bf16 wires go through the same path
 with e = 0: bf16 has fp32's exponent range, so it needs no scale, only the per-element rounding.
-``SyncConfig.per_rank_scale`` overrides the exponent on named ranks: the fault hook for the seed's
-M4 (ranks pre-scaling differently), which the control block must catch.
+``ScalePolicy.override`` replaces the exponent on one rank: the fault hook for the seed's M4
+(ranks pre-scaling differently), which the control block must catch. It is set on a built
+policy only, never through ``SyncConfig``.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ class ScalePolicy:
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ScalePolicy:
         if cfg.wire is not Wire.FP16:
-            return cls(cfg.wire, False, 0, dict(cfg.per_rank_scale))
+            return cls(cfg.wire, False, 0)
         if cfg.scale_exp is None:
-            return cls(cfg.wire, True, DEFAULT_AUTO_EXP, dict(cfg.per_rank_scale))
-        return cls(cfg.wire, False, cfg.scale_exp, dict(cfg.per_rank_scale))
+            return cls(cfg.wire, True, DEFAULT_AUTO_EXP)
+        return cls(cfg.wire, False, cfg.scale_exp)
 
     def __post_init__(self) -> None:
         # resolved once: dtype_for runs for every bucket, and an enum member lookup is slow
@@ -67,6 +68,10 @@ class ScalePolicy:
     def dtype_for(self, grad_dtype: torch.dtype) -> torch.dtype:
         """The wire dtype of a bucket whose gradients are ``grad_dtype``."""
         return grad_dtype if self._cast is None else self._cast
+
+    def override(self, rank: int, exponent: int) -> None:
+        """Fault hook: ``rank`` pre-scales by 2^``exponent`` instead of the shared exponent."""
+        self.per_rank[rank] = exponent
 
     def exponent_for(self, rank: int) -> int:
         """This rank's exponent: the shared one, unless the fault hook overrides it."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
@@ -37,10 +38,12 @@ MATRIX_STRATEGIES = ("ddp", "ddp-fp16", "hardened", "bucketed")
 
 @dataclass(frozen=True)
 class MatrixSettings:
+    """One short run per cell: the tiny preset on 2 ranks, 5 steps, the fault at step 2."""
+
     world_size: int = 2
-    steps: int = 5
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection(steps=5, global_batch=8, eval_every=0)
     fault_step: int = 2
-    global_batch: int = 8
     replica_check_every: int = 2
     watchdog_s: float = 2.0
     pg_timeout_s: float = 5.0  # gloo's own deadline in the fresh pools of group-killing faults
@@ -67,10 +70,9 @@ class MatrixSettings:
         from openclaw_ref.core.train import TrainConfig
 
         faults = (parse_fault(self.fault_text(fault)),) if fault else ()
-        return TrainConfig(preset="tiny", world_size=self.world_size, steps=self.steps,
-                           global_batch=self.global_batch, seed=1, eval_every=0,
-                           sync=self.sync_config(strategy), faults=faults, backend="gloo",
-                           progress=False)
+        return TrainConfig.from_sections(self.model, self.train, world_size=self.world_size,
+                                         sync=self.sync_config(strategy), faults=faults,
+                                         backend="gloo", progress=False)
 
 
 @dataclass
@@ -147,63 +149,87 @@ def classify(strategy: str, spec: FaultSpec, world_size: int, *, reply: tuple | 
     out = CaseOutcome(strategy, _fault_label(spec), "no-effect",
                       expected_ranks=[spec.target_rank(world_size)],
                       expected_params=spec.target_params())
-    window = max(1, replica_check_every) if spec.name == "bitflip" else 1
     detection: Any = None
     if failure is not None:
-        cause = getattr(failure, "cause", None)
-        if isinstance(cause, (ConsistencyError, SyncTimeout)):
-            detection = cause
-        elif isinstance(failure, LaunchTimeout):
-            out.outcome, out.kind, out.ranks = "hang-timeout", "LaunchTimeout", failure.ranks
-            out.detail = str(failure)
-        elif isinstance(failure, RankFailed):
-            text = failure.summary
-            timed_out = "timed out" in text.lower() or "timeout" in text.lower()
-            out.outcome = "hang-timeout" if timed_out else "crash"
-            out.kind, out.ranks, out.detail = text.split(":")[0], [failure.rank], text[:300]
-            others = sorted(set(died) - {failure.rank})
-            if others and "by peer" in text:  # the reporter only saw its peer vanish
-                out.kind, out.ranks = "peer died", others
-                out.detail = f"rank {failure.rank}: {text[:200]}; ranks {others} exited first"
-        else:
-            out.outcome, out.kind, out.detail = "crash", type(failure).__name__, str(failure)
+        detection = _from_failure(out, failure, died)
     elif reply is not None and reply[0] == "detected":
         detection = reply[1]
     elif reply is not None:
-        record = reply[1] or {}
-        events = record.get("events") or []
-        relevant = [e for e in events if spec.target_rank(world_size) in (e.get("ranks") or [])]
-        late, late_bucket = ([], None)
-        if spec.name == "late-rank":
-            late, late_bucket = _late_rank_from_metrics(
-                record, spec.step, parse_duration_s(spec.resolved_value) * 1e3)
-        if relevant:
-            e = relevant[0]
-            out.outcome, out.kind, out.step = "detected", e["kind"], e.get("step")
-            out.ranks, out.bucket, out.params = e.get("ranks") or [], e.get("bucket"), \
-                e.get("params") or []
-            out.detail = e.get("detail", "")
-        elif late:
-            out.outcome, out.kind, out.step, out.ranks, out.bucket = \
-                "detected", "late rank in step metrics", spec.step, late, late_bucket
-        else:
-            summary = record.get("summary", {})
-            diverged = not summary.get("replicas_equal", True)
-            differs = (reference_digest is not None
-                       and summary.get("param_digest") != reference_digest)
-            if diverged or differs:
-                out.outcome = "silent-corruption"
-                out.detail = ("replicas diverged" if diverged else "replicas equal") + \
-                    ("; result differs from the fault-free run" if differs else "")
-            elif events:
-                out.detail = f"{len(events)} event(s), none naming rank {out.expected_ranks}"
+        _from_record(out, spec, world_size, reply[1] or {}, reference_digest)
     if detection is not None:
-        out.outcome, out.kind = "detected", type(detection).__name__
-        out.step = getattr(detection, "step", None)
-        out.ranks = list(getattr(detection, "ranks", []) or [])
-        out.bucket = getattr(detection, "bucket", None)
-        out.params = list(getattr(detection, "params", []) or [])
-        out.detail = str(detection)[:300]
+        _from_detection(out, detection)
+    window = max(1, replica_check_every) if spec.name == "bitflip" else 1
+    _judge_attribution(out, spec, window)
+    return out
+
+
+def _from_failure(out: CaseOutcome, failure: BaseException, died: Sequence[int]) -> Any:
+    """Fill ``out`` from a failed task; returns the check's own error when that is the cause."""
+    cause = getattr(failure, "cause", None)
+    if isinstance(cause, (ConsistencyError, SyncTimeout)):
+        return cause
+    if isinstance(failure, LaunchTimeout):
+        out.outcome, out.kind, out.ranks = "hang-timeout", "LaunchTimeout", failure.ranks
+        out.detail = str(failure)
+    elif isinstance(failure, RankFailed):
+        text = failure.summary
+        timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+        out.outcome = "hang-timeout" if timed_out else "crash"
+        out.kind, out.ranks, out.detail = text.split(":")[0], [failure.rank], text[:300]
+        others = sorted(set(died) - {failure.rank})
+        if others and "by peer" in text:  # the reporter only saw its peer vanish
+            out.kind, out.ranks = "peer died", others
+            out.detail = f"rank {failure.rank}: {text[:200]}; ranks {others} exited first"
+    else:
+        out.outcome, out.kind, out.detail = "crash", type(failure).__name__, str(failure)
+    return None
+
+
+def _from_record(out: CaseOutcome, spec: FaultSpec, world_size: int, record: dict,
+                 reference_digest: str | None) -> None:
+    """Fill ``out`` from a finished run's record: an event naming the faulty rank, a late rank
+    in the step metrics, or replicas that silently diverged."""
+    events = record.get("events") or []
+    relevant = [e for e in events if spec.target_rank(world_size) in (e.get("ranks") or [])]
+    late, late_bucket = ([], None)
+    if spec.name == "late-rank":
+        late, late_bucket = _late_rank_from_metrics(
+            record, spec.step, parse_duration_s(spec.resolved_value) * 1e3)
+    if relevant:
+        e = relevant[0]
+        out.outcome, out.kind, out.step = "detected", e["kind"], e.get("step")
+        out.ranks, out.bucket, out.params = e.get("ranks") or [], e.get("bucket"), \
+            e.get("params") or []
+        out.detail = e.get("detail", "")
+    elif late:
+        out.outcome, out.kind, out.step, out.ranks, out.bucket = \
+            "detected", "late rank in step metrics", spec.step, late, late_bucket
+    else:
+        summary = record.get("summary", {})
+        diverged = not summary.get("replicas_equal", True)
+        differs = (reference_digest is not None
+                   and summary.get("param_digest") != reference_digest)
+        if diverged or differs:
+            out.outcome = "silent-corruption"
+            out.detail = ("replicas diverged" if diverged else "replicas equal") + \
+                ("; result differs from the fault-free run" if differs else "")
+        elif events:
+            out.detail = f"{len(events)} event(s), none naming rank {out.expected_ranks}"
+
+
+def _from_detection(out: CaseOutcome, detection: Any) -> None:
+    out.outcome, out.kind = "detected", type(detection).__name__
+    out.step = getattr(detection, "step", None)
+    out.ranks = list(getattr(detection, "ranks", []) or [])
+    out.bucket = getattr(detection, "bucket", None)
+    out.params = list(getattr(detection, "params", []) or [])
+    out.detail = str(detection)[:300]
+
+
+def _judge_attribution(out: CaseOutcome, spec: FaultSpec, window: int) -> None:
+    """A detection is attributed when it names the faulty rank and its parameter or bucket,
+    and in time when it fired within ``window`` steps of the fault; a crash or hang is
+    attributed when it names the faulty rank."""
     if out.outcome == "detected":
         rank_ok = set(out.expected_ranks) <= set(out.ranks)
         where_ok = (not out.expected_params or bool(set(out.params) & set(out.expected_params))
@@ -212,7 +238,6 @@ def classify(strategy: str, spec: FaultSpec, world_size: int, *, reply: tuple | 
         out.in_time = out.step is None or out.step <= spec.effective_step() + window
     elif out.outcome in ("crash", "hang-timeout"):
         out.attributed = set(out.expected_ranks) <= set(out.ranks)
-    return out
 
 
 def _fault_label(spec: FaultSpec) -> str:

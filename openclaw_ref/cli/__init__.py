@@ -1,0 +1,69 @@
+"""``openclaw-bench`` / ``python -m openclaw_ref``: one entry point, one subcommand per job.
+
+Exit codes (the whole project): 0 ok, 2 bad input, 3 a consistency check fired, 4 timeout or
+hang, 1 anything else (a crashed rank, named). Bad input is rejected before any process starts.
+
+Each subcommand lives beside its siblings by what it does: ``train`` (``cli/train.py``),
+``compare``/``report`` (``cli/results.py``), ``doctor``/``conform`` (``cli/checks.py``) and the
+stand-alone experiments ``hook-cost``/``verify-scale``/``p2`` (``cli/experiments.py``). A
+subcommand imports torch only when it runs, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from openclaw_ref.core.errors import RankFailed, exit_code_for
+from openclaw_ref.sync.errors import EXIT_BAD_INPUT, BadInput, OpenClawError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input in one line with exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
+    from openclaw_ref.cli.checks import add_conform, add_doctor
+    from openclaw_ref.cli.experiments import add_hook_cost, add_p2, add_verify_scale
+    from openclaw_ref.cli.results import add_compare, add_report
+    from openclaw_ref.cli.train import add_train
+
+    return [add_train, add_compare, add_report, add_doctor, add_conform, add_hook_cost,
+            add_verify_scale, add_p2]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="openclaw-bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in _commands():
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BadInput as exc:
+        sys.stderr.write(f"openclaw-bench: error: {exc}\n")
+        return EXIT_BAD_INPUT
+    except RankFailed as exc:
+        sys.stderr.write(f"openclaw-bench: {exc}\n")
+        if exc.traceback_text:
+            sys.stderr.write(exc.traceback_text)
+        return exc.exit_code
+    except OpenClawError as exc:
+        sys.stderr.write(f"openclaw-bench: {exc}\n")
+        return exit_code_for(exc)
+
+
+def console_main() -> None:
+    from openclaw_ref.core.launch import exit_process
+
+    exit_process(main())
+

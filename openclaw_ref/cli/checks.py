@@ -1,0 +1,94 @@
+"""``openclaw-bench doctor`` (the environment and NCCL variables) and ``openclaw-bench conform``
+(the conformance checks on a live process group)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from openclaw_ref.sync.errors import BadInput
+
+
+def add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="print torch/CUDA/NCCL/gloo facts and lint NCCL variables "
+                                      "(exit 2 on an error, or on a warning with --strict)")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                   help="the backend you intend to run (nccl is refused below NCCL 2.13.4)")
+    p.add_argument("--strict", action="store_true", help="warnings fail too (exit 2)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_doctor)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from openclaw_ref.ops.doctor import run_doctor
+
+    text, code = run_doctor(backend=args.backend, strict=args.strict, as_json=args.json)
+    print(text)
+    return code
+
+
+def add_conform(sub: argparse._SubParsersAction) -> None:
+    from openclaw_ref.conformance.cluster import CHECKS
+    from openclaw_ref.conformance.settings import ConformSettings
+    from openclaw_ref.sync import STRATEGIES
+    from openclaw_ref.sync.base import Planner, Wire
+
+    p = sub.add_parser("conform", help="run the conformance checks on a live process group "
+                                       "(under torchrun: this job's; else --world-size ranks)")
+    p.add_argument("--sync", default="hardened", choices=sorted(STRATEGIES))
+    p.add_argument("--wire", default="native", choices=[w.value for w in Wire])
+    p.add_argument("--scale", default="4096")
+    p.add_argument("--planner", default="static", choices=[k.value for k in Planner])
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--replica-check-every", type=int, default=2, metavar="K")
+    p.add_argument("--watchdog-s", type=float, default=60.0)
+    p.add_argument("--checks", default=",".join(CHECKS),
+                   help=f"comma-separated subset of {','.join(CHECKS)}")
+    p.add_argument("--faults", default=",".join(ConformSettings().faults),
+                   help="faults the fault-detection check injects (NAME[=VALUE][@RANK][:STEP])")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn outside torchrun")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--out", default=None, help="write the results JSON here (rank 0)")
+    p.set_defaults(func=_cmd_conform)
+
+
+def _cmd_conform(args: argparse.Namespace) -> int:
+    from openclaw_ref.conformance.cluster import CHECKS, conform_rank
+    from openclaw_ref.conformance.report import ConformanceReport
+    from openclaw_ref.conformance.settings import CheckResult, ConformSettings
+    from openclaw_ref.core.config import TRAIN_PRESETS
+    from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.core.launch import LaunchConfig, launch
+    from openclaw_ref.reporting.render import conformance_results_table
+    from openclaw_ref.sync.base import SyncConfig
+    from openclaw_ref.sync.errors import EXIT_CHECK_FIRED
+
+    checks = [c.strip() for c in args.checks.split(",") if c.strip()]
+    unknown = sorted(set(checks) - set(CHECKS))
+    if unknown or not checks:
+        raise BadInput(f"unknown check(s) {unknown}; choose from {', '.join(CHECKS)}")
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    for f in faults:
+        parse_fault(f)
+    if args.steps < 3:
+        raise BadInput("conform needs --steps >= 3 (faults act at step 1 or 2)")
+    sync = SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
+                      bucket_cap_mb=args.bucket_cap_mb,
+                      replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s)
+    train = dataclasses.replace(TRAIN_PRESETS["conformance"], steps=args.steps)
+    settings = ConformSettings(sync=sync, train=train, faults=faults)
+    cfg = LaunchConfig(args.world_size, backend=args.backend, timeout_s=args.timeout_s,
+                       pg_timeout_s=max(30.0, args.watchdog_s * 2))
+    replies = launch(conform_rank, cfg, settings, checks)
+    results = [CheckResult(**r) for r in replies[0]]
+    import os
+
+    if os.environ.get("RANK", "0") == "0":
+        print(conformance_results_table(results))
+        if args.out:
+            ConformanceReport(checks=results).write(args.out)
+            print(f"results JSON: {args.out}")
+    return 0 if all(r.passed for r in results) else EXIT_CHECK_FIRED
+

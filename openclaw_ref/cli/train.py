@@ -1,0 +1,110 @@
+"""``openclaw-bench train``: one configuration on N ranks (spawned, or this torchrun job)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from openclaw_ref.sync.errors import BadInput
+
+
+def _ratio_range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH in [0, 1); got {text!r}") from None
+    return lo, hi
+
+
+def add_train(sub: argparse._SubParsersAction) -> None:
+    from openclaw_ref.core.model import PRESETS
+    from openclaw_ref.sync import STRATEGIES
+    from openclaw_ref.sync.base import NonFinitePolicy, Planner, Wire
+
+    p = sub.add_parser("train", help="train the openclaw model on N ranks and print a summary")
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks to spawn (default 2; under torchrun: its WORLD_SIZE)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
+    p.add_argument("--sparsity", type=_ratio_range, default=None, metavar="LOW,HIGH",
+                   help="range of the masked fraction per step (default: the seed's 0.12,0.68)")
+    p.add_argument("--sync", default="ddp", choices=sorted(STRATEGIES))
+    p.add_argument("--wire", default="native", choices=[w.value for w in Wire])
+    p.add_argument("--scale", default="4096", help="FP16 pre-scale: a power of two, or auto")
+    p.add_argument("--nonfinite", default="skip", choices=[n.value for n in NonFinitePolicy],
+                   help="a rank's NaN/inf gradient: skip the step on every rank, or raise")
+    p.add_argument("--planner", default="static", choices=[k.value for k in Planner])
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--replica-check-every", type=int, default=0, metavar="K")
+    p.add_argument("--watchdog-s", type=float, default=60.0)
+    p.add_argument("--inject", action="append", default=[], metavar="NAME[=VALUE][@RANK][:STEP]")
+    p.add_argument("--imbalance", type=float, default=1.0,
+                   help="most ÷ least frequent skill label (1 = balanced)")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", default=None, help="write the run JSON here (rank 0)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on 127.0.0.1:PORT+rank (0: a free port per "
+                        "rank, logged); needs the metrics extra")
+    p.add_argument("--skew-barrier-ms", type=float, default=None, metavar="MS",
+                   help="seed P2: barrier before the next backward when the across-rank std of "
+                        "the sync time exceeds MS (the seed used 1.5); off by default")
+    p.set_defaults(func=_cmd_train)
+
+
+def train_config_from_args(args: argparse.Namespace):
+    """Build and validate a TrainConfig from parsed arguments (raises BadInput)."""
+    from openclaw_ref.core.data import DataConfig
+    from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.core.launch import under_torchrun
+    from openclaw_ref.core.train import TrainConfig
+    from openclaw_ref.ops.prometheus import MetricsConfig
+    from openclaw_ref.sync.base import SyncConfig
+
+    world_size = args.world_size if args.world_size is not None else 2
+    if under_torchrun():
+        world_size = int(os.environ["WORLD_SIZE"])
+        if args.world_size not in (None, world_size):
+            raise BadInput(f"--world-size {args.world_size} disagrees with torchrun's "
+                           f"WORLD_SIZE {world_size}")
+    try:
+        data = DataConfig(imbalance=args.imbalance)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    cfg = TrainConfig(
+        preset=args.preset, world_size=world_size, steps=args.steps,
+        global_batch=args.global_batch, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
+        sparsity_range=args.sparsity, eval_every=args.eval_every,
+        sync=SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
+                        nonfinite=args.nonfinite,
+                        bucket_cap_mb=args.bucket_cap_mb,
+                        replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s),
+        data=data, faults=tuple(parse_fault(f) for f in args.inject), backend=args.backend,
+        metrics=MetricsConfig(port=args.metrics_port, skew_barrier_ms=args.skew_barrier_ms),
+        timeout_s=args.timeout_s, progress=not args.no_progress, out=args.out,
+    )
+    cfg.validate()
+    return cfg
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from openclaw_ref.core.launch import LaunchConfig
+    from openclaw_ref.core.train import run_training
+    from openclaw_ref.reporting.render import train_summary_table
+
+    cfg = train_config_from_args(args)
+    LaunchConfig(cfg.world_size, backend=cfg.backend)  # backend and size checked before spawning
+    record = run_training(cfg)
+    if record is not None:
+        print(train_summary_table(record))
+        if args.out:
+            print(f"run JSON: {args.out}")
+        return 3 if record["events"] else 0
+    return 0
+

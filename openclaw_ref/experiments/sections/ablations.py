@@ -1,0 +1,97 @@
+"""Section ``ablations``: two controls the seed never ran. (1) Is the skew caused by the sparse
+path? The same hardened runs with the gating unit's masking off (sparsity 0). (2) The seed's P2
+barrier (std of bucket-ready times > 1.5 ms → barrier before the next backward), on vs off,
+with the seed's Δt ∈ [0.3, 5.7] ms per-rank jitter injected. Both pairs of arms run
+interleaved (order rotated per repeat)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import TYPE_CHECKING
+
+from openclaw_ref.core.launch import RankContext, RankPool
+from openclaw_ref.core.metrics import percentile
+from openclaw_ref.core.pools import PoolCache
+from openclaw_ref.core.train import TrainConfig
+from openclaw_ref.experiments.runs import bucket_skews, rotated, run_and_return_params
+from openclaw_ref.sync.base import SyncConfig
+
+if TYPE_CHECKING:
+    from openclaw_ref.experiments.compare import CompareConfig, Progress
+
+BARRIER_MS = 1.5  # the seed's P2 threshold on the std of bucket-ready times
+
+
+def jobs(cfg: CompareConfig) -> int:
+    return 2 * cfg.repeats
+
+
+def p2_arm_rank(ctx: RankContext, tcfg: TrainConfig,
+                jitter: tuple[float, float] | None) -> dict | None:
+    """One P2 arm on one rank: the training loop with the seed's per-rank Δt before backward."""
+    from openclaw_ref.core.train import train_rank
+    from openclaw_ref.experiments.p2bench import Jitter
+
+    return train_rank(ctx, tcfg, (Jitter(ctx.rank, *jitter, seed=tcfg.seed),) if jitter else ())
+
+
+def skew_barrier_interleaved(cfg: CompareConfig, pool: RankPool, w: int,
+                             progress: Progress) -> dict[str, list[dict]]:
+    """``p2bench.measure_skew_barrier``'s arms (hardened, threshold 1.5 ms, the seed's jitter),
+    with the arm order rotated per repeat: {"off": [stats per repeat], "on": [...]}."""
+    from openclaw_ref.experiments.p2bench import SEED_JITTER_MS, step_stats
+    from openclaw_ref.ops.prometheus import MetricsConfig
+
+    base = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.steps, global_batch=8 * w,
+                       eval_every=0, progress=False, sync=SyncConfig(name="hardened"),
+                       backend=cfg.backend)
+    arms = [("off", base),
+            ("on", dataclasses.replace(base, metrics=MetricsConfig(skew_barrier_ms=BARRIER_MS)))]
+    out: dict[str, list[dict]] = {name: [] for name, _ in arms}
+    for repeat in range(cfg.repeats):
+        for name, tcfg in rotated(arms, repeat):
+            out[name].append(step_stats(pool.run(p2_arm_rank, tcfg, SEED_JITTER_MS)[0]))
+        progress.tick(f"P2 barrier on/off r{repeat}")
+    return out
+
+
+def _sparsity(cfg: CompareConfig, w: int, pools: PoolCache, progress: Progress) -> dict:
+    """Bucket skews of hardened fp32 with the seed's masking vs masking off, per arm."""
+    arms = [("sparse (seed range)", None), ("masking off (s = 0)", (0.0, 0.0))]
+    skews: dict[str, list[float]] = {label: [] for label, _ in arms}
+    for repeat in range(cfg.repeats):
+        for label, rng in rotated(arms, repeat):
+            tcfg = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.steps,
+                               global_batch=cfg.global_batch, seed=cfg.seed, eval_every=0,
+                               progress=False, backend=cfg.backend, sparsity_range=rng,
+                               sync=SyncConfig(name="hardened", bucket_cap_mb=cfg.bucket_cap_mb))
+            record = pools.get(w).run(run_and_return_params, tcfg)[0]["record"]
+            skews[label] += bucket_skews(record)
+        progress.tick(f"ablation sparse/masking-off r{repeat}")
+    return {label: {"world_size": w, "bucket_steps": len(x),
+                    "share_over_3ms": sum(v > 3.0 for v in x) / max(1, len(x)),
+                    "skew_p50_ms": percentile(x, 50) if x else None,
+                    "skew_p99_ms": percentile(x, 99) if x else None}
+            for label, x in skews.items()}
+
+
+def _barrier_rows(barrier: dict[str, list[dict]], w: int) -> list[dict]:
+    """Per arm: medians over repeats, barrier and step counts summed."""
+    return [{"arm": arm, "world_size": w,
+             **{k: statistics.median(r[k] for r in runs)
+                for k in ("median_step_ms", "median_ready_std_ms", "p90_ready_std_ms",
+                          "median_skew_ms")},
+             "barriers": sum(r["barriers"] for r in runs), "steps": sum(r["steps"] for r in runs)}
+            for arm, runs in barrier.items()]
+
+
+def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
+    """The sparsity control at the largest size, the P2 arms at 2 ranks (else the largest)."""
+    w = max(cfg.world_sizes)
+    sparsity = _sparsity(cfg, w, pools, progress)
+    pw = 2 if 2 in cfg.world_sizes else w
+    barrier = skew_barrier_interleaved(cfg, pools.get(pw), pw, progress)
+    barrier_rows = _barrier_rows(barrier, pw)
+    return {"sparsity": sparsity, "sparsity_arms": list(sparsity),
+            "skew_barrier": barrier_rows, "skew_barrier_repeats": barrier}

@@ -1,0 +1,40 @@
+"""Section ``hook_cost`` (issue 12's figures): each hook's per-step cost beside stock DDP and
+PyTorch's Python hooks, arms interleaved in one 2-rank job per model
+(``experiments.hook_cost``), the memory each hook holds, and the cost of verifying a step's
+control blocks at 8 to 8,192 ranks (``experiments.verify_scale``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from openclaw_ref.core.pools import PoolCache
+from openclaw_ref.experiments import hook_cost, verify_scale
+
+if TYPE_CHECKING:
+    from openclaw_ref.experiments.compare import CompareConfig, Progress
+
+MODELS = ("mlp", "tiny")  # a plain 8-bucket MLP and the openclaw preset at 15 buckets
+WORLD_SIZE = 2
+
+
+def jobs(cfg: CompareConfig) -> int:
+    return len(MODELS) + 2
+
+
+def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
+    """One interleaved job per model, the memory job, the verification timings."""
+    out: dict[str, Any] = {"jobs": {}}
+    for model in MODELS:
+        hcfg = hook_cost.HookCostConfig(model=model, world_size=WORLD_SIZE, steps=cfg.hook_steps,
+                                        seed=cfg.seed)
+        raw = pools.get(WORLD_SIZE).run(hook_cost.hook_cost_rank, hcfg)[0]
+        summary = hook_cost.summarize(raw)
+        out["jobs"][model] = {"config": dataclasses.asdict(hcfg), "summary": summary,
+                              "baseline": hook_cost.BASELINE, "hardened_events": raw["events"]}
+        progress.tick(f"hook cost {model}")
+    out["memory"] = hook_cost.run_memory(WORLD_SIZE)
+    progress.tick("hook memory")
+    out["verify"] = verify_scale.measure()
+    progress.tick("verification at scale")
+    return out

@@ -1,0 +1,256 @@
+"""The captioned tables of every comparison section but ``strategies``, built from the figures
+a section stored in the record (``raw.json`` holds no caption and no formatted cell).
+
+One function per section, ``(section figures, compare config) -> list[Table]``; the caption
+of each table says exactly what ran, from the record alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from tabulate import tabulate
+
+Figures = Mapping[str, Any]
+
+
+class Table(NamedTuple):
+    caption: str
+    headers: list[str]
+    rows: list[list[Any]]
+
+    def markdown(self) -> str:
+        return (f"**{self.caption}**\n\n"
+                + tabulate(self.rows, headers=self.headers, tablefmt="github",
+                           disable_numparse=True))
+
+
+def fixed(x: float, digits: int, sign: bool = False) -> str:
+    """``x`` to ``digits`` decimals (with its sign when ``sign``), as Python formats a float."""
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _yes(flag: Any, no: str = "no") -> str:
+    return "yes" if flag else no
+
+
+def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    st, cases, alignment = sec["settings"], sec["cases"], sec["bucket_alignment"]
+    strategies = list(dict.fromkeys(c["strategy"] for c in cases))
+    faults = list(dict.fromkeys(c["fault"] for c in cases))
+    cell = {(c["fault"], c["strategy"]): c["cell"] for c in cases}
+    matrix = Table(
+        f"Each cell: a {st['steps']}-step run of the tiny preset on {st['world_size']} gloo "
+        f"ranks with the fault injected on the last rank at step {st['fault_step']}; "
+        "hardened/bucketed use an fp16 wire at 2^12, replica check every "
+        f"{st['replica_check_every']} steps, {fixed(st['watchdog_s'], 0)} s watchdog. Outcome: "
+        "detected (with the attribution it gave) / silent-corruption (replicas diverge or the "
+        "result differs from the fault-free run) / hang-timeout / crash / no-effect. seed-f5: "
+        "the seed's F5 hook as written (forward hook before wrapping, ×2^12 never undone, "
+        "rank-0 assertion over its own shapes) on stock DDP; fault 'none': its fault-free run "
+        "against stock ddp's.",
+        ["fault"] + strategies,
+        [[f] + [cell.get((f, s), "") for s in strategies] for f in faults])
+    layouts = Table(
+        f"Bucket layouts recorded on every rank ({max(cfg['world_sizes'])} ranks) at every step "
+        f"of a 6-step run with a {cfg['bucket_cap_mb']} MB bucket cap (stock DDP via a "
+        "recording comm hook): the seed's M3.",
+        ["strategy", "ranks", "identical on all ranks", "buckets", "detail"],
+        [[a["strategy"], a["world_size"], _yes(a["aligned"], "NO"), a["buckets"], a["detail"]]
+         for a in alignment])
+    return [matrix, layouts]
+
+
+def overflow_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    rates, mismatch = sec["rates"], sec["scale_mismatch"]
+    sizes = sorted({r["world_size"] for r in rates})
+    overflow = Table(
+        f"Overflowed (inf/NaN) gradient elements after the sync at {sizes} ranks, "
+        f"{cfg['overflow_steps']} batches with the weights held fixed. Workload 'real': the "
+        "model's own gradients (max/min nonzero |g| per step shown); 'harsh': each element "
+        "also × 10^U(-2, 2). hardened-fp16 is the seed's F3 (one uniform 2^12 on every rank, "
+        "removed after the sum); -auto is this suite's agreed dynamic scale. The seed's F3 "
+        "figure is 0.017%.",
+        ["strategy", "workload", "ranks", "overflow (elements)", "overflowed / elements",
+         "skipped steps", "min max/min |g|"],
+        [[r["strategy"], r["workload"], r["world_size"], f"{fixed(100 * r['overflow_rate'], 4)}%",
+          f"{r['overflow_elements']} / {r['elements']}", r["skipped_steps"],
+          f"{r['min_dynamic_range']:.2e}"] for r in rates])
+    m4 = Table(
+        f"The seed's M4: stock DDP buckets ({cfg['bucket_cap_mb']} MB cap) through PyTorch's "
+        "fp16_compress_hook (cast to fp16, ÷W, fp16 sum) after each rank pre-scales by its own "
+        "2^e (2^12 on every rank but the last, 2^10 on the last), each rank then dividing by "
+        f"its own 2^e; {cfg['mismatch_steps']} batches per row, weights fixed. Overflowed: the "
+        "fp16 sum holds an inf; corrupted: some rank's average is off the fp32 average by more "
+        "than fp16 rounding allows. Uniform: the same gradients with one 2^12 on every rank. "
+        "Accumulator: the seed's picture, the fp16 wires summed without ÷W.",
+        ["ranks", "workload", "allreduces", "overflowed", "corrupted", "replicas disagree",
+         "uniform: overflowed", "uniform: corrupted", "accumulator: overflowed",
+         "accumulator uniform: overflowed"],
+        [[m["world_size"], m["workload"], m["allreduces"], m["overflowed"], m["corrupted"],
+          m["replicas_disagree"], m["overflowed_uniform"], m["corrupted_uniform"],
+          m["overflowed_accumulator"], m["overflowed_accumulator_uniform"]] for m in mismatch])
+    return [overflow, m4]
+
+
+def precision_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    return [Table(
+        f"Seed 004's table on this machine: the {cfg['preset']} preset, global batch "
+        f"{cfg['global_batch']} (so per-rank batch shrinks with ranks), median over "
+        f"{cfg['repeats']} interleaved repeats of the median step of the slowest rank; peak "
+        "memory per rank of each run (resident high-water mark reset at the run's start on "
+        "CPU: scope 'run'), largest over repeats.",
+        ["configuration", "s/iter", "s/iter per repeat", "peak MiB/rank", "memory scope",
+         "final loss"],
+        [[r["label"], fixed(r['s_per_iter'], 4),
+          " ".join(fixed(x, 4) for x in r["s_per_iter_repeats"]), fixed(r['peak_mib'], 0),
+          r["peak_memory_scope"], fixed(r['final_loss'], 4)] for r in sec["rows_data"]])]
+
+
+def raw_allreduce_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    return [Table(
+        f"One flat allreduce of all {sec['elements']} gradient elements of the "
+        f"{cfg['preset']} preset, median of {sec['iterations']} (slowest rank, after a "
+        "barrier). busbw = algbw × 2(n−1)/n (nccl-tests).",
+        ["ranks", "wire", "bytes", "median ms", "algbw GB/s", "busbw GB/s"],
+        [[r["world_size"], r["wire"], r["bytes"], fixed(r['median_ms'], 3),
+          fixed(r['algbw_gbps'], 3), fixed(r['busbw_gbps'], 3)] for r in sec["rows_data"]])]
+
+
+def ablation_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    barrier = sec["skew_barrier"]
+    sparsity = {arm: sec["sparsity"][arm] for arm in sec["sparsity_arms"]}  # the run's order
+    w = next(iter(sparsity.values()))["world_size"]
+    skew = Table(
+        f"Per-bucket skew of hardened fp32 on {w} ranks, {cfg['repeats']} × {cfg['steps']} "
+        "steps, with the sparse gating unit masking per the seed's schedule vs masking off: is "
+        "the skew caused by the sparse path (C4)?",
+        ["gating", "bucket-steps", "share > 3 ms", "skew p50 ms", "skew p99 ms"],
+        [[k, v["bucket_steps"], f"{fixed(100 * v['share_over_3ms'], 1)}%",
+          fixed(v["skew_p50_ms"], 2), fixed(v["skew_p99_ms"], 2)] for k, v in sparsity.items()])
+    p2 = Table(
+        f"The seed's P2 policy on {barrier[0]['world_size']} ranks (hardened fp32, tiny preset, "
+        f"{cfg['repeats']} × {cfg['steps']} steps per arm, arms interleaved, each rank sleeping "
+        "a seeded Δt ∈ [0.3, 5.7] ms before every backward): medians over repeats.",
+        ["barrier", "step ms", "std of ready times ms (median)", "std of ready times ms (p90)",
+         "max bucket skew ms", "barriers / steps"],
+        [[r["arm"], fixed(r['median_step_ms'], 1), fixed(r['median_ready_std_ms'], 2),
+          fixed(r['p90_ready_std_ms'], 2), fixed(r['median_skew_ms'], 2),
+          f"{r['barriers']} / {r['steps']}"] for r in barrier])
+    return [skew, p2]
+
+
+def _fixed_or_dash(x: float | None, digits: int) -> str:
+    return "-" if x is None else fixed(x, digits)
+
+
+def lightning_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    if "error" in sec:
+        return []
+    return [Table(
+        f"A real Lightning run (seed 004's L2/L4) on this machine: `{sec['command']}`; "
+        "steps/s over the timed steps (first 2 excluded).",
+        ["accelerator", "devices", "precision", "strategy", "steps", "steps/s", "final loss",
+         "seed_everything(workers=True)", "WeightedRandomSampler"],
+        [[sec["accelerator"], sec["devices"], sec["precision"], "ddp", sec["steps"],
+          _fixed_or_dash(sec["steps_per_s"], 2), _fixed_or_dash(sec["final_loss"], 4),
+          _yes(sec["seed_everything_workers"]), _yes(sec["weighted_sampler"])]])]
+
+
+def quantization_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    if "error" in sec:
+        return []
+    fx = f"; the seed's FX path failed here: {sec['fx_error']}" if sec["fx_error"] else ""
+    return [Table(
+        f"Int8 quantization (seed 004's L4) of the {cfg['preset']} model after "
+        f"{sec['trained_steps']} training steps in one process: accuracy on the "
+        f"{sec['samples']} validation samples, median latency of one forward over them on 1 "
+        f"thread ({sec['latency_repeats']} repeats). Method: {sec['method']}{fx}",
+        ["engine", "accuracy fp32", "accuracy int8", "Δ accuracy", "latency fp32 ms",
+         "latency int8 ms"],
+        [[sec["backend"], fixed(sec['accuracy_fp32'], 4), fixed(sec['accuracy_int8'], 4),
+          fixed(sec['accuracy_delta'], 4, sign=True), fixed(sec['latency_fp32_ms'], 2),
+          fixed(sec['latency_int8_ms'], 2)]])]
+
+
+def _interval(p: float, lo: float, hi: float, digits: int = 3) -> str:
+    return f"{fixed(p, digits)} [{fixed(lo, digits)}, {fixed(hi, digits)}]"
+
+
+def hook_cost_table(model: str, job: Figures) -> Table:
+    """One interleaved hook-cost job: each arm's step, its ratio to the baseline arm (stock
+    ddp), its cost per bucket beyond the baseline's."""
+    summary, hcfg = job["summary"], job["config"]
+    rows = []
+    for arm in [a for a in hcfg["arms"] if a in summary]:  # the job's order, not the JSON's
+        s = summary[arm]
+        vs = (_interval(s["vs_python_hook_ratio"], s["vs_python_hook_low"],
+                        s["vs_python_hook_high"]) + f" ({s['vs_python_hook']})"
+              if "vs_python_hook" in s else "")
+        per_bucket = ("" if arm == job["baseline"] else
+                      _interval(s["per_bucket_us"], s["per_bucket_us_low"],
+                                s["per_bucket_us_high"], 0))
+        rows.append([arm, fixed(s['median_step_ms'], 2),
+                     _interval(s["ratio"], s["ratio_low"], s["ratio_high"]), per_bucket, vs])
+    buckets = next(iter(summary.values()))["buckets"]
+    return Table(
+        f"Per-step cost of each comm hook, model {model} ({buckets} buckets), "
+        f"{hcfg['world_size']} gloo ranks × 1 thread, {hcfg['steps']} steps per arm, arms "
+        "interleaved step by step in one job (order rotating). Ratio = median ÷ ddp's median "
+        "with a paired 95 % bootstrap interval; µs/bucket = the extra over ddp spread over the "
+        "buckets.",
+        ["arm", "median step ms", "÷ ddp [95 %]", "extra µs/bucket [95 %]",
+         "÷ PyTorch's Python hook [95 %]"],
+        rows)
+
+
+def _memory_table(rows: list[Figures]) -> Table:
+    by = {(r["arm"], r["gradient_as_bucket_view"]): r for r in rows}
+    out = []
+    for r in rows:
+        base = by[("ddp", r["gradient_as_bucket_view"])]["step_peak_growth_mb"]
+        out.append([r["arm"], "on" if r["gradient_as_bucket_view"] else "off",
+                    fixed(r['hook_held_mb'], 2), fixed(r['step_peak_growth_mb'], 1),
+                    fixed(r['step_peak_growth_mb'] - base, 1, sign=True)])
+    return Table(
+        f"Memory of one rank, the MLP ({fixed(rows[0]['gradient_mb'], 1)} MiB of fp32 gradients), "
+        "one arm at a time: what the hook holds between steps (counted from its live "
+        "buffers), and the peak growth within steady-state steps after DDP's bucket rebuild "
+        f"(scope: {rows[0]['scope']}; ranks run with MALLOC_MMAP_THRESHOLD_=65536 so the "
+        "resident peak counts live tensors).",
+        ["arm", "gradient_as_bucket_view", "held by the hook MiB", "step peak growth MiB",
+         "vs ddp MiB"],
+        out)
+
+
+def _verify_table(rows: list[Figures]) -> Table:
+    slot_fields = rows[0]["block_bytes_fp32"] // (4 * rows[0]["world_size"])
+    return Table(
+        f"Verifying a step's control blocks, one process, {rows[0]['buckets']} synthesized "
+        f"buckets (median of 9). Block = {slot_fields} elements × W; share = fp32 block ÷ a "
+        "25 MB bucket.",
+        ["ranks", "check_blocks µs/bucket", "decode+verify µs/bucket", "block bytes fp32",
+         "share of 25 MB"],
+        [[r["world_size"], fixed(r['check_blocks_us_per_bucket'], 1),
+          fixed(r['decode_verify_us_per_bucket'], 0), r["block_bytes_fp32"],
+          f"{fixed(100 * r['share_of_25mb_fp32'], 2)} %"] for r in rows])
+
+
+def hook_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    return ([hook_cost_table(model, job) for model, job in sec["jobs"].items()]
+            + [_memory_table(sec["memory"]), _verify_table(sec["verify"])])
+
+
+# Section → (heading, its tables), in the document's order.
+SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]] = {
+    "faults": ("Fault × strategy outcomes", fault_tables),
+    "overflow": ("FP16 overflow", overflow_tables),
+    "precision": ("Seed 004: precision × devices", precision_tables),
+    "raw_allreduce": ("Raw allreduce of the same bytes", raw_allreduce_tables),
+    "ablations": ("Controls the seeds did not run", ablation_tables),
+    "lightning": ("Seed 004: a Lightning run", lightning_tables),
+    "quantization": ("Seed 004: int8 quantization", quantization_tables),
+    "hook_cost": ("What the hardened hook costs, and its verification at scale",
+                  hook_cost_tables),
+}

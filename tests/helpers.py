@@ -1,0 +1,44 @@
+"""Helpers the test modules share: a short training run and its record on a rank, and the CLI
+run as a user runs it.
+
+Imported as ``tests.helpers`` (the repository root is on ``sys.path``: pytest puts the root
+``conftest.py``'s directory there, and pool workers inherit the path). Rank functions live in a
+module every worker can import, so ``RankPool.run`` can ship them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from openclaw_ref.core.train import TrainConfig, train_model
+from openclaw_ref.sync.base import SyncConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def record_of(ctx, cfg: TrainConfig) -> dict | None:
+    """A rank task: train ``cfg``; the run record on rank 0, None elsewhere."""
+    return train_model(ctx, cfg).record
+
+
+def train_cfg(world_size: int, sync: SyncConfig | None = None, **kw) -> TrainConfig:
+    """A quiet 10-step run of the tiny preset on global batch 16, no evaluation until the end;
+    ``kw`` overrides any field."""
+    base = TrainConfig(world_size=world_size, steps=10, global_batch=16, progress=False,
+                       eval_every=0, sync=sync or SyncConfig())
+    return dataclasses.replace(base, **kw)
+
+
+def run_cli(*args: str, timeout: float = 180, launcher: tuple[str, ...] | None = None,
+            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m openclaw_ref ARGS`` (or ``launcher`` + ARGS) from the repository root, output
+    captured; ``env`` replaces this process's environment (unbuffered output either way)."""
+    cmd = list(launcher or (sys.executable, "-m", "openclaw_ref")) + list(args)
+    full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=full_env)
