@@ -130,6 +130,33 @@ def test_a_tie_is_decided_for_the_lowest_rank():
     assert err.value.ranks == [1]
 
 
+@pytest.mark.parametrize("field,values,error", [
+    ("clock", (8, 7), ClockMismatch), ("bucket", (3, 4), BucketMisalignment),
+    ("digest", (1, 2), BucketMisalignment), ("scale_exp", (12, 10), ScaleMismatch)])
+def test_two_ranks_that_disagree_are_not_called_a_majority_and_both_values_are_given(
+        field, values, error):
+    slots = [slot(**{field: values[0]}), slot(**{field: values[1]})]
+    with pytest.raises(error) as err:
+        verify(decode_block(reduce_blocks(slots, torch.float32), 2), bucket=3, params=[])
+    message = str(err.value)
+    assert "most" not in message and "the ranks disagree, no majority" in message
+    assert "rank 0: " in message and "rank 1: " in message
+
+
+def test_a_tie_between_many_ranks_is_no_majority_either():
+    slots = [slot(clock=7), slot(clock=7), slot(clock=8), slot(clock=8)]
+    with pytest.raises(ClockMismatch) as err:
+        verify(decode_block(reduce_blocks(slots, torch.float32), 4), bucket=3, params=[])
+    assert "no majority" in str(err.value) and "rank 3: step 8" in str(err.value)
+
+
+def test_a_real_majority_is_stated_with_its_size_and_the_others_values():
+    slots = [slot(), slot(), slot(clock=9), slot()]
+    with pytest.raises(ClockMismatch) as err:
+        verify(decode_block(reduce_blocks(slots, torch.float32), 4), bucket=3, params=[])
+    assert "step 7 on 3 of 4 ranks, {rank 2: step 9}" in str(err.value)
+
+
 def test_a_rank_that_wrote_no_slot_is_named():
     reduced = reduce_blocks([slot(), slot()], torch.float16)
     reduced[SLOT_FIELDS:] = [0.0] * SLOT_FIELDS

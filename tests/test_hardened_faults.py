@@ -129,6 +129,9 @@ def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools):
     results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("clock", 1, 1))
     err = _same_error_everywhere(results, ClockMismatch)
     assert err.ranks == [1] and err.step == 1 and err.bucket is not None
+    # two ranks: neither is "the odd one out"; the message gives both clocks
+    assert "no majority" in str(err) and "most" not in str(err)
+    assert "rank 0: step 1" in str(err) and "rank 1: step 2" in str(err)
 
 
 def test_the_seeds_scale_mismatch_is_caught_naming_the_rank(pools):

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from openclaw_ref.sync.control import split_view
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ConsistencyError,
@@ -46,7 +47,8 @@ def params_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
 # ---------------------------------------------------------------------------------------------
 # Cross-rank checks (hardened sync). Each gathers once and decides from the gathered list, which
 # is identical on every rank, so every rank raises the same error or none does. The reference
-# is the value most ranks hold (ties: the lowest rank's); the named ranks are the others.
+# is the value most ranks hold (ties: the lowest rank's); the named ranks are the others; a
+# message claims a majority only where there is one (``control.split_view``).
 
 Manifest = list[tuple[str, tuple[int, ...], str]]  # (name, shape, dtype) in registration order
 
@@ -110,12 +112,13 @@ def construction_check(named: Iterable[tuple[str, torch.Tensor]], group=None,
     dist.all_gather_object(gathered, (manifest_digest(mine), mine, layout), group=group)
     if len({d for d, _, _ in gathered}) > 1:
         compare_manifests([m for _, m, _ in gathered])
-    ref, off = plurality([tuple(lay) if lay is not None else None for _, _, lay in gathered])
+    layouts = [tuple(lay) if lay is not None else None for _, _, lay in gathered]
+    _, off = plurality(layouts)
     if off:
+        split = split_view(layouts, off, show=lambda lay: f"{len(lay or ())} buckets "
+                                                          f"{list(lay or ())[:8]}")
         raise BucketMisalignment(
-            f"bucket layouts differ at construction: {len(ref or ())} buckets "
-            f"{list(ref or ())[:8]} on most ranks, "
-            f"{ {r: list(gathered[r][2] or [])[:8] for r in off} } (bucket sizes in bytes)",
+            f"bucket layouts differ at construction (bucket sizes in bytes): {split}",
             ranks=off)
 
 
@@ -218,11 +221,12 @@ def replica_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int, group
     local = digests.to(_collective_device(group, digests.device))
     count = torch.tensor([len(names)], dtype=torch.int64, device=local.device)
     heads = _all_gather(torch.cat([ReplicaDigest.combine(local).reshape(1), count]), group)
-    ref_count, off = plurality([c for _, c in heads])
+    counts = [c for _, c in heads]
+    _, off = plurality(counts)
     if off:
-        raise ParameterMismatch(
-            f"replica check over {ref_count} parameters on most ranks; "
-            f"{ {r: heads[r][1] for r in off} } on the others", step=step, ranks=off)
+        split = split_view(counts, off, show=lambda c: f"{c} parameters")
+        raise ParameterMismatch(f"replica check over different parameter counts: {split}",
+                                step=step, ranks=off)
     _, off = plurality([c for c, _ in heads])
     if not off:
         return

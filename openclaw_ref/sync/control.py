@@ -5,7 +5,8 @@ Decision rule (``verify``). The verdict is a pure function of the reduced block,
 bitwise identical on every rank, so every rank raises the same error at the same step and bucket
 or none does. For each field the reference value is the one most ranks report (ties: the value
 of the lowest such rank; ``vote.plurality``); the ranks reporting anything else are the
-disagreeing ranks.
+disagreeing ranks (``ranks`` of the error). The message claims a majority only where there is
+one; otherwise it says the ranks disagree and gives every rank's value (``split_view``).
 Checks run in cause order: missing slot → clock → bucket index/membership → scale → absent
 required gradient; a local non-finite gradient is reported with its ranks (what to do about it
 is the ledger's policy). ``verify`` states the rule and names the ranks; ``check_blocks`` passes
@@ -38,6 +39,23 @@ from openclaw_ref.sync.errors import (
     ScaleMismatch,
 )
 from openclaw_ref.sync.vote import plurality
+
+
+def split_view(values: Sequence[object], differing: Sequence[int],
+               ranks: Sequence[int] | None = None, show=str) -> str:
+    """How the ranks' ``values`` split (``differing``: indices from ``vote.plurality``;
+    ``ranks``: the rank of each value, default its index). With a strict majority, the value it
+    holds and the other ranks' values; without one (two ranks, any tie) every rank's value,
+    and no rank is singled out as the odd one."""
+    n = len(values)
+    ids = list(ranks) if ranks is not None else list(range(n))
+    off = set(differing)
+    agree = [i for i in range(n) if i not in off]
+    if 2 * len(agree) > n:
+        others = ", ".join(f"rank {ids[i]}: {show(values[i])}" for i in differing)
+        return f"{show(values[agree[0]])} on {len(agree)} of {n} ranks, {{{others}}}"
+    every = ", ".join(f"rank {ids[i]}: {show(values[i])}" for i in range(n))
+    return f"the ranks disagree, no majority: {{{every}}}"
 
 
 @dataclass(frozen=True)
@@ -75,35 +93,30 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
     if not active:
         return BucketVerdict(bucket, [], 0.0, 0, joined)
 
-    def odd(name: str) -> tuple[object, list[int]]:
-        ref, off = plurality([getattr(slots[r], name) for r in active])
-        return ref, [active[i] for i in off]
+    def odd(name: str, show=str) -> tuple[object, list[int], str]:
+        values = [getattr(slots[r], name) for r in active]
+        ref, off = plurality(values)
+        return ref, [active[i] for i in off], split_view(values, off, active, show)
 
-    clock, late = odd("clock")
+    clock, late, split = odd("clock", lambda c: f"step {c}")
     if late:
-        got = {r: slots[r].clock for r in late}
-        raise ClockMismatch(f"logical clocks differ: most ranks at step {clock}, but {got}",
+        raise ClockMismatch(f"logical clocks differ: {split}",
                             step=int(clock), ranks=late, bucket=bucket, params=params)
     step = int(clock)
-    index, off = odd("bucket")
+    index, off, split = odd("bucket", lambda b: f"bucket {b}")
     if off:
         raise BucketMisalignment(
-            f"ranks reduce different buckets together: most say bucket {index}, "
-            f"{ {r: slots[r].bucket for r in off} }", step=step, ranks=off, bucket=int(index),
-            params=params)
-    digest, off = odd("digest")
+            f"ranks reduce different buckets together: {split}", step=step, ranks=off,
+            bucket=int(index), params=params)
+    digest, off, split = odd("digest", lambda d: format(d, "016x"))
     if off:
         raise BucketMisalignment(
             f"bucket {index} holds different parameters on these ranks (membership digest "
-            f"{digest:016x} on most ranks, "
-            f"{ {r: format(slots[r].digest, '016x') for r in off} })",
-            step=step, ranks=off, bucket=int(index), params=params)
-    exp, off = odd("scale_exp")
+            f"{split})", step=step, ranks=off, bucket=int(index), params=params)
+    exp, off, split = odd("scale_exp", lambda e: f"2^{e}")
     if off:
-        raise ScaleMismatch(
-            f"FP16 pre-scale differs: 2^{exp} on most ranks, "
-            f"{ {r: f'2^{slots[r].scale_exp}' for r in off} }",
-            step=step, ranks=off, bucket=int(index), params=params)
+        raise ScaleMismatch(f"FP16 pre-scale differs: {split}", step=step, ranks=off,
+                            bucket=int(index), params=params)
     absent = [r for r in active if slots[r].absent is not None]
     if absent:
         first = slots[absent[0]].absent
