@@ -24,36 +24,52 @@ from openclaw_ref.sync.hardened import harden
 LAST_GOOD_STEP = 1
 
 
+class Branchy(nn.Module):
+    """An input layer that rank 1 skips once (find_unused_parameters=False), then a trunk. The
+    input layer's gradients are ready last, so it lands in DDP's last bucket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.trunk = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor, skip: bool = False) -> torch.Tensor:
+        return self.trunk(x if skip else self.first(x))
+
+
 def _rank(rank: int, tmp: Path, how: str, wire: str) -> None:
     torch.set_num_threads(1)
     store = dist.FileStore(str(tmp / "store"), 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=30))
     torch.manual_seed(0)
-    ddp = DDP(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)), bucket_cap_mb=0.0002)
+    ddp = DDP(Branchy(), bucket_cap_mb=0.0002)
     state = harden(ddp, SyncConfig(name="hardened", wire=wire, watchdog_s=25.0))
     x = torch.full((4, 8), float(rank + 1))
+    step = 0
     try:
         for step in range(5):
             state.begin_step(step)
-            loss = ddp(x).square().mean()
-            if rank == 1 and step > LAST_GOOD_STEP:
-                if how == "raises":
-                    raise RuntimeError("the user's code failed on rank 1")
-                os._exit(0)  # "ended": left the loop early, without a word
+            failing = rank == 1 and step > LAST_GOOD_STEP
+            loss = ddp(x, skip=failing and how == "skips").square().mean()
+            if failing and how == "raises":
+                raise RuntimeError("the user's code failed on rank 1")
+            if failing and how == "ended":
+                os._exit(0)  # left the loop early, without a word
             loss.backward()
             state.finish_step(step)
-            dist.barrier()  # both ranks finished this step: the failure comes after it
-        seen = ("finished", "")
+            if step <= LAST_GOOD_STEP:
+                dist.barrier()  # both ranks finished this step: the failure comes after it
+        seen = ("finished", "", step)
     except BaseException as exc:  # noqa: B036 - reported to the parent, then the rank ends
-        seen = (type(exc).__name__, str(exc))
+        seen = (type(exc).__name__, str(exc), step)
     (tmp / f"rank{rank}.json").write_text(json.dumps(seen))
     os._exit(0)  # destroy_process_group can hang after a failed collective
 
 
-@pytest.mark.parametrize("wire", ["fp32", "fp16"])
-@pytest.mark.parametrize("how", ["raises", "ended"])
-def test_a_dead_peer_is_reported_as_a_failed_collective_not_a_misalignment(tmp_path, how, wire):
+def _run(tmp_path: Path, how: str, wire: str) -> list[tuple[str, str, int]]:
+    """Both ranks' (exception type, message, step), once rank 0 has ended by itself (its
+    collective fails, or the watchdog ends it: then there is no rank0.json)."""
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank, args=(r, tmp_path, how, wire)) for r in range(2)]
     for p in procs:
@@ -62,7 +78,28 @@ def test_a_dead_peer_is_reported_as_a_failed_collective_not_a_misalignment(tmp_p
         p.join(120)
         if p.is_alive():
             p.kill()
-    kind, message = json.loads((tmp_path / "rank0.json").read_text())
+    replies = []
+    for r in range(2):
+        path = tmp_path / f"rank{r}.json"
+        replies.append(tuple(json.loads(path.read_text())) if path.exists() else None)
+    return replies
+
+
+@pytest.mark.parametrize("wire", ["fp32", "fp16"])
+@pytest.mark.parametrize("how", ["raises", "ended"])
+def test_a_dead_peer_is_reported_as_a_failed_collective_not_a_misalignment(tmp_path, how, wire):
+    kind, message, step = _run(tmp_path, how, wire)[0]
     assert kind == "CollectiveFailed", (kind, message)
-    assert f"step {LAST_GOOD_STEP + 1}" in message
+    assert step == LAST_GOOD_STEP + 1 and f"step {LAST_GOOD_STEP + 1}" in message
     assert "BucketMisalignment" not in message and "control block" not in message
+
+
+def test_a_rank_that_never_reduces_a_bucket_and_its_peer_report_the_same_step(tmp_path):
+    """Rank 1 skips a parameter under find_unused_parameters=False: its DDP never issues that
+    bucket, so rank 0 waits inside that bucket's allreduce, where nothing can raise into it.
+    Rank 1 learns it first (at its next step) and ends; rank 0's collective then fails: both
+    report the same step, each what it saw — no hang until the watchdog, no misalignment."""
+    (kind0, message0, step0), (kind1, message1, step1) = _run(tmp_path, "skips", "fp32")
+    assert kind0 == "CollectiveFailed" and step0 == LAST_GOOD_STEP + 1, (kind0, message0)
+    assert kind1 == "RuntimeError" and step1 == step0, (kind1, message1)
+    assert f"step {step0}: DDP never issued its last bucket" in message1

@@ -207,9 +207,11 @@ class HardenState:
         if records and records[-1].block is None:
             self.block.clear()
             raise RuntimeError(
-                f"step {step}: DDP never reduced this backward's last bucket, so its control "
-                "block was not sent (a parameter without a gradient under "
-                "find_unused_parameters=False?)")
+                f"step {step}: DDP never issued its last bucket on this rank (it issued buckets "
+                f"{[r.index for r in records]}): a parameter without a gradient under "
+                "find_unused_parameters=False? This rank's control block was not sent; the "
+                "other ranks wait in the allreduce of the first bucket it skipped and report a "
+                "failed collective when this rank ends (or their watchdog names this rank)")
         try:
             blocks, self._step_block = self._step_block, None
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
