@@ -215,7 +215,7 @@ def test_replica_checks_pass_and_are_counted_without_a_fault(pools):
 
 
 def test_a_stalled_rank_is_named_by_the_watchdog_with_exit_code_4():
-    sync = SyncConfig("hardened", watchdog_s=0.5)
+    sync = SyncConfig("hardened", watchdog_s=0.5, watchdog_action="exit")
     with RankPool(LaunchConfig(2, backend="gloo", pg_timeout_s=30.0, timeout_s=60)) as pool:
         with pytest.raises(RankFailed) as err:
             pool.run(run_with_fault, sync, Fault("sleep", 1, 1))

@@ -86,7 +86,8 @@ class BucketedEngine:
         self._broadcast_parameters()
         store = store if store is not None else dist.distributed_c10d._get_default_store()
         self.watchdog = Watchdog(store, rank, world_size, cfg.watchdog_s,
-                                 namespace_for(store, rank), on_timeout=report)
+                                 namespace_for(store, rank), on_timeout=report,
+                                 action=cfg.watchdog_action, events=self.ledger.events)
 
     def _broadcast_parameters(self) -> None:
         """Rank 0's weights everywhere, as DDP does at construction (one flat broadcast)."""
@@ -179,7 +180,11 @@ class BucketedEngine:
             self.watchdog.issued(self.clock, frame.index, work)
             works.append(work)
         for work, record in zip(works, records):
-            work.wait()
+            try:
+                work.wait()
+            except RuntimeError as exc:  # the watchdog's diagnosis, if it has one
+                self.watchdog.check(exc)
+                raise
             record.flag = finite_sum(record.reduced)  # the wire may overflow under 2^e
         self.watchdog.settled(self.clock)
         comm_done = time.perf_counter()

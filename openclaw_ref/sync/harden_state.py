@@ -161,12 +161,16 @@ class HardenState:
 
     def forward_started(self) -> None:
         """Forward pre-hook of the DDP model: the ready-time origin of the next step."""
+        if self.watchdog is not None:
+            self.watchdog.check()
         if self._first_issue is None:
             self._start_clock()
             self._maybe_check_replicas()
 
     def begin_step(self, step: int) -> None:
         """Name the step (the clock every rank must agree on); every K steps compare replicas."""
+        if self.watchdog is not None:
+            self.watchdog.check()
         self.clock = step
         self._verdict = None
         self._start_clock()
@@ -175,6 +179,8 @@ class HardenState:
     def finish_step(self, step: int | None = None) -> bool:
         """The verdict of the step the last backward settled: False = every rank skips this
         optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
+        if self.watchdog is not None:
+            self.watchdog.check()
         if self._records:  # a backward whose end-of-backward callback could not run
             self._settle()
         verdict, self._verdict = self._verdict, None
@@ -199,6 +205,10 @@ class HardenState:
             blocks, self._step_block = self._step_block, None
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
                                                blocks=blocks)
+        except RuntimeError as exc:  # a failed wait: the watchdog's diagnosis, if it has one
+            if self.watchdog is not None:
+                self.watchdog.check(exc)
+            raise
         finally:
             if self.watchdog is not None:
                 self.watchdog.settled(step)

@@ -177,7 +177,8 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     global_rank = state.global_ranks[state.rank]
     state.watchdog = Watchdog(store, state.rank, state.world_size, cfg.watchdog_s,
                               namespace_for(store, global_rank, group_ranks=state.global_ranks),
-                              on_timeout=report, global_ranks=state.global_ranks)
+                              on_timeout=report, global_ranks=state.global_ranks,
+                              action=cfg.watchdog_action, events=state.events)
     try:
         ddp_model.register_comm_hook(state, hardened_hook)
     except BaseException:
