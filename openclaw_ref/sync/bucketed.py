@@ -163,7 +163,8 @@ class BucketedEngine:
             staged = torch.cat([
                 grads[pc.param].reshape(-1)[pc.start:pc.stop] if grads[pc.param] is not None
                 else torch.zeros(pc.stop - pc.start, device=device) for pc in frame.pieces])
-            to_wire(staged, wire[:frame.elements], self.world_size, exponent)
+            to_wire(staged, wire[:frame.elements], self.world_size, exponent,
+                    self.policy.loss_scaler)
             if extra:
                 wire[frame.elements:frame.elements + extra].copy_(
                     torch.tensor([g is not None for g in grads], dtype=wire.dtype))

@@ -54,7 +54,8 @@ class HardenState:
         self.watchdog: Watchdog | None = None
         self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
                              global_ranks=self.global_ranks,
-                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE)
+                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE,
+                             params=[p for _, p in named])
         self.events = self.ledger.events
         self.required: set[int] = set()  # ids of parameters that must get a gradient every step
         self.present: set[int] = set()  # required parameters that got a local gradient

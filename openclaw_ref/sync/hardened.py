@@ -101,7 +101,7 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     else:
         wire = state.wire_buffer(index, grads, block_size(state.world_size) * len(state.block)
                                  if last else 0)
-        to_wire(grads, wire[:n], state.world_size, exponent)
+        to_wire(grads, wire[:n], state.world_size, exponent, state.policy.loss_scaler)
     record = BucketRecord(index, names, n, None, wire[:n])
     state._records.append(record)
     if last:
