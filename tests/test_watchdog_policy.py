@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from openclaw_ref.sync.base import SyncConfig, WatchdogAction
@@ -31,6 +32,11 @@ class Work:
 
     def is_completed(self) -> bool:
         return self.finished.is_set()
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result([])
+        return fut
 
 
 class FlakyStore:
@@ -140,6 +146,21 @@ def test_a_failed_collective_raises_the_diagnosis_chained_to_the_backends_error(
         peer.close()
     assert err.value.__cause__ is gloo and err.value.ranks == [1]
     assert "alive, last seen after step 1" in err.value.detail
+
+
+def test_an_error_after_the_diagnosed_collective_succeeded_is_left_to_its_caller(store):
+    peer = a_peer_after_step(store, "unrelated", 1)
+    me = dog(store, 0, "unrelated")
+    work = Work()
+    me.issued(2, 0, work)
+    try:
+        until(lambda: me.events)
+        work.finished.set()  # the late rank arrived; then some check fails for its own reason
+        me.check(RuntimeError("a consistency check of step 2"))
+        me.check()
+    finally:
+        me.close()
+        peer.close()
 
 
 def test_report_records_a_silent_rank_once_and_never_raises(store):

@@ -183,7 +183,7 @@ class BucketedEngine:
         for work, record in zip(works, records):
             try:
                 work.wait()
-            except RuntimeError as exc:  # the watchdog's diagnosis, if it has one
+            except Exception as exc:  # a failed collective: the watchdog's diagnosis, if any
                 self.watchdog.check(exc)
                 raise
             record.flag = finite_sum(record.reduced)  # the wire may overflow under 2^e

@@ -206,7 +206,7 @@ class HardenState:
             blocks, self._step_block = self._step_block, None
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
                                                blocks=blocks)
-        except RuntimeError as exc:  # a failed wait: the watchdog's diagnosis, if it has one
+        except Exception as exc:  # a failed collective: the watchdog's diagnosis, if it has one
             if self.watchdog is not None:
                 self.watchdog.check(exc)
             raise

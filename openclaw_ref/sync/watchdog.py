@@ -69,6 +69,17 @@ def exit_fatal(exc: BaseException) -> None:
     os._exit(getattr(exc, "exit_code", 1))
 
 
+def _succeeded(work) -> bool:
+    """Whether ``work`` completed without an error (a failed one raises from its future)."""
+    if not work.is_completed():
+        return False
+    try:
+        work.get_future().value()
+    except Exception:
+        return False
+    return True
+
+
 def namespace_for(store: dist.Store, rank: int, prefix: str = "openclaw/watchdog",
                   group_ranks: Sequence[int] | None = None) -> str:
     """A key namespace unique to this construction, agreed without a collective: each rank
@@ -194,10 +205,16 @@ class Watchdog:
     def check(self, cause: BaseException | None = None) -> None:
         """The training thread's point of delivery under ``RAISE``: raise the pending
         ``SyncTimeout`` when its collective failed (``cause``: the backend's error, chained) or
-        still waits on a silent rank; forget it once the collective completed. With ``cause``
-        and no diagnosis, nothing is raised here (the caller re-raises ``cause``)."""
+        still waits on a silent rank; forget it once the collective completed. With ``cause`` (any
+        error the training thread got while this diagnosis stands — a failed wait, or what a
+        failed collective's garbage made a check conclude) the diagnosis is raised from it unless
+        the diagnosed collective succeeded; otherwise nothing is raised here (the caller
+        re-raises ``cause``)."""
         verdict = self._verdict
         if verdict is None:
+            return
+        if cause is not None and not verdict.raised and _succeeded(verdict.work):
+            self._verdict = None  # ``cause`` is not about the collective diagnosed
             return
         if cause is None and not verdict.raised:
             if verdict.work.is_completed():
