@@ -69,6 +69,16 @@ def exit_fatal(exc: BaseException) -> None:
     os._exit(getattr(exc, "exit_code", 1))
 
 
+def _own_connection(store: dist.Store) -> dist.Store:
+    """A client of its own where the store can make one (TCPStore and its prefixes): a store
+    client serves one operation at a time, and a training thread blocked in a store ``wait``
+    must not stop this rank's heartbeat. Otherwise ``store`` itself."""
+    try:
+        return store.clone()
+    except Exception:
+        return store
+
+
 def _succeeded(work) -> bool:
     """Whether ``work`` completed without an error (a failed one raises from its future)."""
     if not work.is_completed():
@@ -152,9 +162,7 @@ class Watchdog:
                  tick_s: float | None = None, global_ranks: Sequence[int] | None = None, *,
                  action: WatchdogAction = WatchdogAction.RAISE,
                  events: list[Event] | None = None) -> None:
-        # its own connection: a store client serves one operation at a time, and the training
-        # thread blocked in a store ``wait`` must not stop this rank's heartbeat
-        self.store = store.clone()
+        self.store = _own_connection(store)
         # ``rank``/``world_size`` are within the watched group; errors name global ranks
         self.global_ranks = list(global_ranks if global_ranks is not None else range(world_size))
         self.rank = rank
