@@ -39,14 +39,15 @@ pytestmark = [pytest.mark.gpu,
 
 
 def nccl_parity_task(ctx, wire: str, steps: int = 4, stall_rank: int | None = None,
-                     watchdog_s: float = 60.0) -> dict:
+                     watchdog_s: float = 60.0, watchdog_action: str = "raise") -> dict:
     """Train the same PlainNet with no-hook DDP and with ``harden`` on NCCL; return the
     largest relative parameter difference, the events and the CUDA-event ready times."""
     torch.manual_seed(0)
     net = PlainNet().to(ctx.device)
     oracle = DDP(copy.deepcopy(net), device_ids=[ctx.device.index])
     hard = DDP(copy.deepcopy(net), device_ids=[ctx.device.index])
-    state = harden(hard, SyncConfig(name="hardened", wire=wire, watchdog_s=watchdog_s), ctx)
+    state = harden(hard, SyncConfig(name="hardened", wire=wire, watchdog_s=watchdog_s,
+                                    watchdog_action=watchdog_action), ctx)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (oracle, hard)]
     ready = []
     try:
@@ -89,6 +90,6 @@ def test_ready_times_come_from_cuda_events_for_every_bucket():
 
 def test_the_watchdog_names_a_rank_stalled_before_an_nccl_allreduce_with_exit_code_4():
     with pytest.raises(RankFailed) as err:
-        _run("fp32", stall_rank=1, watchdog_s=2.0)
+        _run("fp32", stall_rank=1, watchdog_s=2.0, watchdog_action="exit")
     assert isinstance(err.value.cause, SyncTimeout)
     assert err.value.cause.ranks == [1] and err.value.exit_code == 4

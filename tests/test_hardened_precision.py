@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.precision import (
     OverflowStats,
     ScalePolicy,
@@ -136,3 +137,23 @@ def test_overflow_rates_count_elements_and_steps():
     assert j["overflow_rate_elements"] == pytest.approx(5 / 200)
     assert j["overflow_rate_steps"] == pytest.approx(0.5)
     assert j["skipped_steps"] == 1
+
+
+def test_under_a_loss_scaler_the_wire_is_fp16_compress_hooks_cast_then_divide_bit_for_bit():
+    p = ScalePolicy.from_config(SyncConfig(wire="fp16", scale="loss-scaler"))
+    assert p.loss_scaler and not p.auto and p.exponent == 0
+    g = torch.tensor([70000.0, 65519.0, 3.0, 1e-8, -65536.0])
+    ours = torch.empty(5, dtype=torch.float16)
+    to_wire(g, ours, 2, p.exponent, cast_first=p.loss_scaler)
+    theirs = g.to(torch.float16).div_(2)  # fp16_compress_hook's compress step
+    assert torch.equal(ours, theirs)
+    assert torch.isinf(ours[0]) and torch.isinf(ours[4])  # a local |g| >= 65520 overflows there
+    p.update(True)
+    assert p.exponent == 0 and p.backoffs == 0  # the scaler backs off, never the hook
+
+
+def test_scale_accepts_a_power_of_two_auto_or_loss_scaler_and_nothing_else():
+    assert SyncConfig(scale="loss-scaler").scale_exp == 0
+    assert SyncConfig(scale="auto").scale_exp is None
+    with pytest.raises(BadInput, match="power of two, 'auto' or 'loss-scaler'"):
+        SyncConfig(scale="gradscaler")

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import SyncTimeout
 from openclaw_ref.sync.watchdog import Watchdog
 
@@ -48,7 +49,7 @@ def _watchdog(store, fired: list, done: threading.Event, ns: str) -> Watchdog:
         done.set()
 
     return Watchdog(store, rank=0, world_size=2, deadline_s=0.2, namespace=ns,
-                    on_timeout=report, tick_s=0.02)
+                    on_timeout=report, tick_s=0.02, action=WatchdogAction.EXIT)
 
 
 def test_a_work_whose_future_is_done_but_which_never_completes_fires_naming_the_absent_rank(

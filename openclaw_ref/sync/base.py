@@ -37,6 +37,38 @@ class NonFinitePolicy(enum.StrEnum):
     RAISE = "raise"
 
 
+class WatchdogAction(enum.StrEnum):
+    """What the watchdog does once a collective has waited ``watchdog_s`` for late ranks.
+
+    Every action first records the diagnosis (an event in ``events``, and a warning): which
+    ranks have not reached the collective and what each is doing — alive between steps (a
+    checkpoint save, an evaluation), or silent (no heartbeat: frozen, dead or cut off).
+
+    ``RAISE`` (the default) never kills and never interrupts: when the training thread next
+    enters the hook library (the end-of-backward check, ``begin_step``, ``finish_step``, the
+    next forward) and the collective has failed (the process group's ``timeout``, a peer that
+    died) or is still waiting on a silent rank, it raises ``SyncTimeout`` there, with the
+    diagnosis — an exception the job can catch (to save a checkpoint) instead of the backend's
+    bare timeout. A collective that completes — the late rank arrived — raises nothing.
+    ``REPORT`` only records. ``EXIT`` ends the process with exit code 4 from the watchdog's
+    thread at the deadline, whatever the late ranks are doing (jobs that prefer to die)."""
+
+    RAISE = "raise"
+    REPORT = "report"
+    EXIT = "exit"
+
+
+class ScaleMode(enum.StrEnum):
+    """Who owns the fp16 wire's scale: a fixed 2^e, our dynamic one (``auto``), or a loss
+    scaler (``loss-scaler``: the wire is PyTorch's ``fp16_compress_hook`` exactly — cast, ÷W,
+    no pre-scale, no back-off of its own — so ``torch.amp.GradScaler`` sees what it sees under
+    that hook and skips and backs off identically)."""
+
+    FIXED = "fixed"
+    AUTO = "auto"
+    LOSS_SCALER = "loss-scaler"
+
+
 class Planner(enum.StrEnum):
     """The bucketed engine's plan (see ``bucket_plan``)."""
 
@@ -45,7 +77,6 @@ class Planner(enum.StrEnum):
     NORM_EMA_AGREED = "norm-ema-agreed"
 
 
-AUTO_SCALE = "auto"
 _Choice = TypeVar("_Choice", bound=enum.StrEnum)
 
 
@@ -58,17 +89,20 @@ def _choice(kind: type[_Choice], value: str, flag: str) -> _Choice:
         raise BadInput(f"--{flag} must be one of {', '.join(kind)}; got {value!r}") from None
 
 
-def parse_scale(scale: str) -> int | None:
-    """``--scale``: the exponent e of a fixed pre-scale 2^e, or None for "auto" (dynamic)."""
-    if scale == AUTO_SCALE:
-        return None
+def parse_scale(scale: str) -> tuple[ScaleMode, int | None]:
+    """``--scale``: the mode and the exponent e of the pre-scale 2^e (None under "auto",
+    dynamic; 0 under "loss-scaler")."""
+    if scale == ScaleMode.AUTO:
+        return ScaleMode.AUTO, None
+    if scale == ScaleMode.LOSS_SCALER:
+        return ScaleMode.LOSS_SCALER, 0
     try:
         value = int(scale)
     except ValueError:
         value = 0
     if value < 1 or value & (value - 1):
-        raise BadInput(f"--scale must be a power of two or 'auto'; got {scale!r}")
-    return value.bit_length() - 1
+        raise BadInput(f"--scale must be a power of two, 'auto' or 'loss-scaler'; got {scale!r}")
+    return ScaleMode.FIXED, value.bit_length() - 1
 
 
 if TYPE_CHECKING:
@@ -93,17 +127,19 @@ class RankInfo(Protocol):
 class SyncConfig:
     """Every knob of every strategy; each strategy validates the ones it reads.
 
-    ``wire``, ``nonfinite`` and ``planner`` accept their enum or its string (as the CLI passes
-    it) and always hold the enum; ``scale`` keeps the text it was given (the run JSON records
-    it) and ``scale_exp`` is its parsed value."""
+    ``wire``, ``nonfinite``, ``planner`` and ``watchdog_action`` accept their enum or its
+    string (as the CLI passes it) and always hold the enum; ``scale`` keeps the text it was
+    given (the run JSON records it), ``scale_mode`` and ``scale_exp`` are its parsed value."""
 
     name: str = "ddp"
     wire: Wire = Wire.NATIVE
-    scale: str = "4096"  # a power of two, or "auto" (dynamic, identical on every rank)
+    # a power of two, "auto" (dynamic, identical on every rank) or "loss-scaler" (see ScaleMode)
+    scale: str = "4096"
     planner: Planner = Planner.STATIC
     bucket_cap_mb: float = 25.0  # torch DDP's default
     replica_check_every: int = 0  # steps between parameter-digest comparisons; 0 = off
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
+    watchdog_action: WatchdogAction = WatchdogAction.RAISE
     nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
     # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
     # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
@@ -113,6 +149,8 @@ class SyncConfig:
         object.__setattr__(self, "wire", _choice(Wire, self.wire, "wire"))
         object.__setattr__(self, "nonfinite", _choice(NonFinitePolicy, self.nonfinite, "nonfinite"))
         object.__setattr__(self, "planner", _choice(Planner, self.planner, "planner"))
+        object.__setattr__(self, "watchdog_action",
+                           _choice(WatchdogAction, self.watchdog_action, "watchdog-action"))
         _ = self.scale_exp  # parsed here, so a bad --scale fails at construction
         if self.bucket_cap_mb <= 0:
             raise BadInput(f"bucket cap must be positive; got {self.bucket_cap_mb}")
@@ -122,9 +160,14 @@ class SyncConfig:
             raise BadInput("watchdog deadline must be positive")
 
     @cached_property
+    def scale_mode(self) -> ScaleMode:
+        return parse_scale(self.scale)[0]
+
+    @cached_property
     def scale_exp(self) -> int | None:
-        """The fixed pre-scale's exponent (``--scale 4096`` → 12); None under "auto"."""
-        return parse_scale(self.scale)
+        """The fixed pre-scale's exponent (``--scale 4096`` → 12; 0 under "loss-scaler"); None
+        under "auto"."""
+        return parse_scale(self.scale)[1]
 
 
 class SyncStrategy(abc.ABC):

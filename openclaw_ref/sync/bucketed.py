@@ -86,7 +86,8 @@ class BucketedEngine:
         self._broadcast_parameters()
         store = store if store is not None else dist.distributed_c10d._get_default_store()
         self.watchdog = Watchdog(store, rank, world_size, cfg.watchdog_s,
-                                 namespace_for(store, rank), on_timeout=report)
+                                 namespace_for(store, rank), on_timeout=report,
+                                 action=cfg.watchdog_action, events=self.ledger.events)
 
     def _broadcast_parameters(self) -> None:
         """Rank 0's weights everywhere, as DDP does at construction (one flat broadcast)."""
@@ -162,7 +163,8 @@ class BucketedEngine:
             staged = torch.cat([
                 grads[pc.param].reshape(-1)[pc.start:pc.stop] if grads[pc.param] is not None
                 else torch.zeros(pc.stop - pc.start, device=device) for pc in frame.pieces])
-            to_wire(staged, wire[:frame.elements], self.world_size, exponent)
+            to_wire(staged, wire[:frame.elements], self.world_size, exponent,
+                    self.policy.loss_scaler)
             if extra:
                 wire[frame.elements:frame.elements + extra].copy_(
                     torch.tensor([g is not None for g in grads], dtype=wire.dtype))
@@ -179,7 +181,11 @@ class BucketedEngine:
             self.watchdog.issued(self.clock, frame.index, work)
             works.append(work)
         for work, record in zip(works, records):
-            work.wait()
+            try:
+                work.wait()
+            except Exception as exc:  # a failed collective: the watchdog's diagnosis, if any
+                self.watchdog.check(exc)
+                raise
             record.flag = finite_sum(record.reduced)  # the wire may overflow under 2^e
         self.watchdog.settled(self.clock)
         comm_done = time.perf_counter()

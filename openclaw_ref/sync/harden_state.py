@@ -55,7 +55,8 @@ class HardenState:
         self.watchdog: Watchdog | None = None
         self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
                              global_ranks=self.global_ranks,
-                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE)
+                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE,
+                             params=[p for _, p in named])
         self.events = self.ledger.events
         self.required: set[int] = set()  # ids of parameters that must get a gradient every step
         self.present: set[int] = set()  # required parameters that got a local gradient
@@ -173,6 +174,8 @@ class HardenState:
     def forward_started(self) -> None:
         """Forward pre-hook of the DDP model: the ready-time origin of the next step (a
         previous backward that never issued its last bucket is reported first)."""
+        if self.watchdog is not None:
+            self.watchdog.check()
         if self._records:
             self._settle()
         self._start_clock()
@@ -180,6 +183,8 @@ class HardenState:
 
     def begin_step(self, step: int) -> None:
         """Name the step (the clock every rank must agree on); every K steps compare replicas."""
+        if self.watchdog is not None:
+            self.watchdog.check()
         if self._records:
             self._settle()
         self.clock = step
@@ -190,6 +195,8 @@ class HardenState:
     def finish_step(self, step: int | None = None) -> bool:
         """The verdict of the step the last backward settled: False = every rank skips this
         optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
+        if self.watchdog is not None:
+            self.watchdog.check()
         if self._records:  # a backward that never issued DDP's last bucket
             self._settle()
         verdict, self._verdict = self._verdict, None
@@ -216,8 +223,10 @@ class HardenState:
             blocks, self._step_block = self._step_block, None
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
                                                blocks=blocks)
-        except RuntimeError as exc:
-            failed = _failed_collective(records, step)
+        except Exception as exc:  # a failed collective: the watchdog's diagnosis, if it has one
+            if self.watchdog is not None:
+                self.watchdog.check(exc)
+            failed = _failed_collective(records, step) if isinstance(exc, RuntimeError) else None
             if failed is None:
                 raise
             raise failed from exc

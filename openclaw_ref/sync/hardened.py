@@ -105,7 +105,7 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     else:
         wire = state.wire_buffer(index, grads, block_size(state.world_size) * len(state.block)
                                  if last else 0)
-        to_wire(grads, wire[:n], state.world_size, exponent)
+        to_wire(grads, wire[:n], state.world_size, exponent, state.policy.loss_scaler)
     record = BucketRecord(index, names, n, None, wire[:n])
     state._records.append(record)
     if last:
@@ -208,7 +208,8 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     global_rank = state.global_ranks[state.rank]
     state.watchdog = Watchdog(store, state.rank, state.world_size, cfg.watchdog_s,
                               namespace_for(store, global_rank, group_ranks=state.global_ranks),
-                              on_timeout=report, global_ranks=state.global_ranks)
+                              on_timeout=report, global_ranks=state.global_ranks,
+                              action=cfg.watchdog_action, events=state.events)
     try:
         ddp_model.register_comm_hook(state, hardened_hook)
     except BaseException:

@@ -14,7 +14,14 @@ hook and the bucketed engine).
      exactly (a second host sync, on such steps only; a finite sum that merely overflowed
      counts 0). Any count > 0 skips the step on every rank — the same reduced values, so the
      same decision;
-  4. the shared scale policy is updated with the shared overflow decision.
+  4. the shared scale policy is updated with the shared overflow decision;
+  5. a step that overflowed on the wire alone (no rank's own gradient was non-finite) and has no
+     loss scaler to judge it (``ScalePolicy.loss_scaler``) has every parameter's ``.grad`` set to
+     None on every rank once DDP has written them (an autograd callback queued behind DDP's own
+     finalize), and a ``WireOverflow`` event is recorded: an optimizer skips parameters without a
+     gradient, so the README's plain loop (``backward(); opt.step()``, no ``finish_step``) skips
+     the step exactly, on every rank, instead of writing the wire's inf into the weights. Under a
+     loss scaler the inf stays, as under ``fp16_compress_hook``: the scaler skips and backs off.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from openclaw_ref.sync.control import BucketVerdict, check_blocks, verify
 from openclaw_ref.sync.control_layout import READY_UNIT_US, decode_block
 from openclaw_ref.sync.errors import ConsistencyError, Event, NonFiniteGradient
 from openclaw_ref.sync.precision import OverflowStats, ScalePolicy, count_nonfinite
+
+WIRE_OVERFLOW = "WireOverflow"  # Event kind: a wire-only overflow's gradients were dropped
 
 
 @dataclass
@@ -50,8 +59,10 @@ class Ledger:
     """Verifies a step's buckets (module docstring) and keeps the run's statistics."""
 
     def __init__(self, world_size: int, policy: ScalePolicy, *, rank: int = 0,
-                 global_ranks: Sequence[int] | None = None, raise_nonfinite: bool = True) -> None:
+                 global_ranks: Sequence[int] | None = None, raise_nonfinite: bool = True,
+                 params: Sequence[torch.Tensor] = ()) -> None:
         self.world_size = world_size
+        self.params = list(params)  # whose gradients a wire-only overflow drops (step 5)
         self.rank = rank
         self.policy = policy
         self.global_ranks = list(global_ranks if global_ranks is not None else range(world_size))
@@ -155,6 +166,9 @@ class Ledger:
         overflowed = overflow_elements > 0
         self.overflow.add(elements, overflow_elements, skipped=overflowed)
         self.policy.update(overflowed)
+        if overflowed and not self.policy.loss_scaler and not any(
+                v.nonfinite_ranks for v in verdicts):
+            self._drop_gradients(step, overflow_elements, exponent)
         run, passed = self._pending_checks
         self._pending_checks = [0, 0]
         now = time.perf_counter()
@@ -171,6 +185,26 @@ class Ledger:
             "checks_passed": passed,
         }
         return not overflowed
+
+    def _drop_gradients(self, step: int, overflow_elements: int, exponent: int) -> None:
+        """Step 5 of the module docstring."""
+        if not self.params:
+            return
+        params = self.params
+
+        def drop() -> None:
+            for p in params:
+                p.grad = None
+
+        if torch._C._current_graph_task_id() != -1:  # runs after DDP's finalize, queued earlier
+            torch.autograd.Variable._execution_engine.queue_callback(drop)
+        else:
+            drop()
+        self.events.append(Event(
+            WIRE_OVERFLOW, step, detail=f"{overflow_elements} reduced element(s) overflowed the "
+            f"wire (2^{exponent} pre-scale, {self.policy.wire} wire): every rank "
+            "dropped this step's gradients (.grad = None), so the optimizer skips it (with a "
+            "loss scaler, use scale='loss-scaler': the scaler then sees the overflow)"))
 
     def summary(self) -> dict:
         return {

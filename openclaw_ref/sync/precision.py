@@ -21,6 +21,13 @@ with e = 0: bf16 has fp32's exponent range, so it needs no scale, only the per-e
 ``ScalePolicy.override`` replaces the exponent on one rank: the fault hook for the seed's M4
 (ranks pre-scaling differently), which the control block must catch. It is set on a built
 policy only, never through ``SyncConfig``.
+
+Under a loss scaler (``--scale loss-scaler``, ``base.ScaleMode``) the scaler owns the scale and
+is the judge of overflow: the wire is then PyTorch's ``fp16_compress_hook`` bit for bit — cast to
+fp16, divide by W in fp16, SUM, copy back — with no pre-scale and no back-off of its own, so an
+element overflows exactly when it would under that hook, the inf reaches the scaler as it would
+there, and ``torch.amp.GradScaler``'s skip/back-off sequence is the one users know. (Dividing first
+would overflow *less*, and the scaler's sequence would then differ from the reference's.)
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from openclaw_ref.sync.base import SyncConfig, Wire
+from openclaw_ref.sync.base import ScaleMode, SyncConfig, Wire
 
 WIRE_DTYPES: dict[Wire, torch.dtype] = {
     Wire.FP32: torch.float32, Wire.FP16: torch.float16, Wire.BF16: torch.bfloat16,
@@ -52,11 +59,14 @@ class ScalePolicy:
     clean_steps: int = 0
     backoffs: int = 0
     growths: int = 0
+    loss_scaler: bool = False  # the wire is fp16_compress_hook's (module docstring)
 
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ScalePolicy:
         if cfg.wire is not Wire.FP16:
             return cls(cfg.wire, False, 0)
+        if cfg.scale_mode is ScaleMode.LOSS_SCALER:
+            return cls(cfg.wire, False, 0, loss_scaler=True)
         if cfg.scale_exp is None:
             return cls(cfg.wire, True, DEFAULT_AUTO_EXP)
         return cls(cfg.wire, False, cfg.scale_exp)
@@ -94,13 +104,19 @@ class ScalePolicy:
             self.clean_steps = 0
 
 
-def to_wire(grad: torch.Tensor, out: torch.Tensor, world_size: int, exponent: int) -> None:
+def to_wire(grad: torch.Tensor, out: torch.Tensor, world_size: int, exponent: int,
+            cast_first: bool = False) -> None:
     """Write ``grad · 2^exponent / W`` into ``out`` (wire dtype) in ONE pass: the arithmetic is
     done in ``grad``'s precision and rounded once into the wire dtype, so the division by the
-    world size happens before the cast. No non-finite test here: the reduced gradients show
-    any NaN/inf (``finite_sum``), and a rank's local gradients are tested only on a step where
-    they do (``ledger.Ledger``)."""
+    world size happens before the cast. ``cast_first`` (under a loss scaler): cast, then divide
+    in the wire dtype, as ``fp16_compress_hook`` does. No non-finite test here: the reduced
+    gradients show any NaN/inf (``finite_sum``), and a rank's local gradients are tested only on
+    a step where they do (``ledger.Ledger``)."""
     divisor = world_size if exponent == 0 else world_size * 2.0 ** -exponent
+    if cast_first:
+        out.copy_(grad)
+        out.div_(divisor)
+        return
     torch.div(grad, divisor, out=out)
 
 
