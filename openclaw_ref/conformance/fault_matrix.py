@@ -26,7 +26,7 @@ from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.sync import STRATEGIES
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.base import SyncConfig, WatchdogAction
 from openclaw_ref.sync.errors import ConsistencyError, SyncTimeout
 
 OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
@@ -57,14 +57,16 @@ class MatrixSettings:
 
     def sync_config(self, strategy: str) -> SyncConfig:
         """``ddp``/``ddp-fp16`` as users get them; ``hardened`` with an FP16 wire at the seed's
-        2^12 (so scale faults are meaningful), replica check every K steps, a short watchdog;
-        ``bucketed`` likewise, with the agreed planner."""
+        2^12 (so scale faults are meaningful), replica check every K steps, a short watchdog
+        that ends a hung job at its own deadline (``WatchdogAction.EXIT``: the default,
+        ``RAISE``, would leave a hang to gloo's timeout); ``bucketed`` likewise, with the
+        agreed planner."""
         if strategy in ("ddp", "ddp-fp16", "local"):
             return SyncConfig(name=strategy)
         planner = "norm-ema-agreed" if strategy == "bucketed" else "static"
         return SyncConfig(name=strategy, wire="fp16", scale="4096", planner=planner,
                           replica_check_every=self.replica_check_every,
-                          watchdog_s=self.watchdog_s)
+                          watchdog_s=self.watchdog_s, watchdog_action=WatchdogAction.EXIT)
 
     def train_config(self, strategy: str, fault: str | None):
         from openclaw_ref.core.train import TrainConfig
@@ -119,9 +121,11 @@ def case_task(ctx: RankContext, cfg) -> tuple[str, Any]:
 
     try:
         return ("ok", train_rank(ctx, cfg))
-    except (ConsistencyError, SyncTimeout) as exc:
+    except ConsistencyError as exc:
         if ctx.world_size > 1:
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
+        return ("detected", exc)
+    except SyncTimeout as exc:  # the group timed out: no collective can run on it any more
         return ("detected", exc)
 
 
