@@ -194,8 +194,8 @@ def test_a_finite_gradient_that_overflows_only_under_the_pre_scale_is_not_a_loca
     for r in results:
         assert r["error"] is None  # 1e9-scaled but finite: an overflow, skipped, not fatal
         assert r["applied"] == [True, False, True]
-        # no NonFiniteGradient: only the wire overflowed (its gradients dropped on every rank)
-        assert [(e.kind, e.step) for e in r["events"]] == [("WireOverflow", 1)]
+        # no NonFiniteGradient: only the wire overflowed; finish_step told every rank to skip
+        assert r["events"] == []
 
 
 def test_a_wire_overflow_skips_the_step_on_every_rank_and_backs_off_the_scale(pools):

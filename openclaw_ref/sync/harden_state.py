@@ -182,11 +182,14 @@ class HardenState:
         self._maybe_check_replicas()
 
     def begin_step(self, step: int) -> None:
-        """Name the step (the clock every rank must agree on); every K steps compare replicas."""
+        """Name the step (the clock every rank must agree on); every K steps compare replicas.
+        A caller of this protocol reads each step's verdict from ``finish_step``, so a wire
+        overflow's gradients are no longer dropped for it (``Ledger`` step 5)."""
         if self.watchdog is not None:
             self.watchdog.check()
         if self._records:
             self._settle()
+        self.ledger.drop_overflowed = False
         self.clock = step
         self._verdict = None
         self._start_clock()

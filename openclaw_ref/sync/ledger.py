@@ -22,6 +22,9 @@ hook and the bucketed engine).
      gradient, so the README's plain loop (``backward(); opt.step()``, no ``finish_step``) skips
      the step exactly, on every rank, instead of writing the wire's inf into the weights. Under a
      loss scaler the inf stays, as under ``fp16_compress_hook``: the scaler skips and backs off.
+     A caller of the step protocol (``begin_step``/``finish_step``) learns the verdict from
+     ``finish_step`` and skips the step itself, so its gradients are left as reduced
+     (``drop_overflowed`` is switched off by ``begin_step``).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Ledger:
                  params: Sequence[torch.Tensor] = ()) -> None:
         self.world_size = world_size
         self.params = list(params)  # whose gradients a wire-only overflow drops (step 5)
+        self.drop_overflowed = True  # False once the caller uses the step protocol (step 5)
         self.rank = rank
         self.policy = policy
         self.global_ranks = list(global_ranks if global_ranks is not None else range(world_size))
@@ -166,7 +170,7 @@ class Ledger:
         overflowed = overflow_elements > 0
         self.overflow.add(elements, overflow_elements, skipped=overflowed)
         self.policy.update(overflowed)
-        if overflowed and not self.policy.loss_scaler and not any(
+        if overflowed and self.drop_overflowed and not self.policy.loss_scaler and not any(
                 v.nonfinite_ranks for v in verdicts):
             self._drop_gradients(step, overflow_elements, exponent)
         run, passed = self._pending_checks
