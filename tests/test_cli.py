@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +58,81 @@ def test_train_runs_unchanged_under_torchrun(tmp_path):
     record = json.loads(out.read_text())
     assert record["environment"]["world_size"] == 2
     assert result.stdout.count("| sync") == 1  # rank 0 alone prints
+
+
+def _rejected(argv: list[str], capsys, entry=main) -> str:
+    """Run ``entry(argv)``; assert exit 2 within a second, one line on stderr and no rank
+    spawned; return that line."""
+    children_before = set(multiprocessing.active_children())
+    started = time.monotonic()
+    try:
+        code = entry(argv)
+    except SystemExit as exc:  # argparse's own rejections
+        code = exc.code
+    elapsed = time.monotonic() - started
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, captured.err
+    assert set(multiprocessing.active_children()) == children_before
+    assert elapsed < 1.0  # a rank takes seconds to spawn
+    return lines[0]
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--no-progress"], ["conform"], ["hook-cost"]])
+def test_an_output_file_under_a_file_or_onto_a_directory_is_rejected_before_spawning(
+        command, a_file, tmp_path, capsys):
+    line = _rejected([*command, "--out", str(a_file / "run.json")], capsys)
+    assert "--out" in line and "is not a directory" in line
+    line = _rejected([*command, "--out", str(tmp_path)], capsys)
+    assert "--out" in line and "is a directory" in line
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--out-root", "FILE"], "is not a directory"),
+    (["--out-root", "FILE", "--tag", "t"], "is not a directory"),
+    (["--out-root", "/sys/openclaw-results"], "cannot write"),
+    (["--preset", "huge"], "huge"),
+    (["--sections", "nope"], "unknown sections"),
+])
+def test_compare_rejects_bad_input_in_one_line_before_any_rank(args, message, a_file, capsys):
+    args = [str(a_file) if a == "FILE" else a for a in args]
+    assert message in _rejected(["compare", "--world-sizes", "1,2", *args], capsys)
+
+
+def test_compare_config_rejects_an_unknown_preset_for_library_callers_too(tmp_path):
+    from openclaw_ref.experiments.compare import CompareConfig
+    from openclaw_ref.sync.errors import BadInput
+
+    with pytest.raises(BadInput, match="unknown preset 'huge'"):
+        CompareConfig(world_sizes=(1,), preset="huge", out_root=str(tmp_path)).validate()
+
+
+def test_report_rejects_a_results_directory_it_cannot_write(tmp_path, capsys, monkeypatch):
+    from openclaw_ref.core import jsonio
+
+    (tmp_path / "raw.json").write_text("{}")
+    monkeypatch.setattr(jsonio.tempfile, "mkstemp", _refuse)
+    assert "cannot write" in _rejected(["report", str(tmp_path)], capsys)
+
+
+def _refuse(*args, **kw):
+    raise PermissionError(13, "Permission denied")
+
+
+@pytest.mark.parametrize("flag", ["--out", "--markdown"])
+def test_the_benchmark_matrix_checks_its_outputs_before_running(flag, a_file, tmp_path, capsys):
+    from openclaw_ref.bench.cli import main as bench_main
+
+    line = _rejected([flag, str(a_file / "x")], capsys, entry=bench_main)
+    assert flag in line and "is not a directory" in line
+    assert "is a directory" in _rejected([flag, str(tmp_path)], capsys, entry=bench_main)
+    line = _rejected(["--cache-dir", str(a_file)], capsys, entry=bench_main)
+    assert "--cache-dir" in line

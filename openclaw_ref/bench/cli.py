@@ -6,20 +6,24 @@ from the same ``OPENCLAW_BENCH_*`` variables asv reads.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from openclaw_ref.bench.cache import CaseCache
 from openclaw_ref.bench.matrix import run_matrix
 from openclaw_ref.bench.settings import STRATEGY_CASES, BenchSettings
-from openclaw_ref.core.jsonio import write_json_atomic
+from openclaw_ref.cli import OneLineParser
+from openclaw_ref.core.jsonio import (
+    check_output_dir,
+    check_output_file,
+    write_json_atomic,
+    write_text_atomic,
+)
 from openclaw_ref.sync.errors import BadInput
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m openclaw_ref.bench",
+    p = OneLineParser(prog="python -m openclaw_ref.bench",
                                 description="the asv benchmark matrix without asv, as JSON")
     defaults = BenchSettings.from_env()
     p.add_argument("--preset", default=defaults.preset)
@@ -43,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  global_batch=args.global_batch, max_world=args.max_world,
                                  backends=args.backends, raw_iters=args.raw_iters,
                                  rounds=args.rounds, threads=args.threads)
+        for path, flag in ((args.out, "--out"), (args.markdown, "--markdown")):
+            if path:
+                check_output_file(path, flag)
+        if args.cache_dir:
+            check_output_dir(args.cache_dir, "--cache-dir")
     except BadInput as exc:
         p.error(str(exc))
     result = run_matrix(settings, [s for s in args.strategies.split(",") if s],
@@ -55,6 +64,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         write_json_atomic(args.out, result)
     if args.markdown:
-        Path(args.markdown).write_text(tables)
+        write_text_atomic(args.markdown, tables)
     print(tables)
     return 1 if result["failed"] else 0

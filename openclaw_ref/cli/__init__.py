@@ -19,7 +19,7 @@ from openclaw_ref.core.errors import RankFailed, exit_code_for
 from openclaw_ref.sync.errors import EXIT_BAD_INPUT, BadInput, OpenClawError
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse that reports bad input in one line with exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -38,8 +38,8 @@ def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="openclaw-bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="openclaw-bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for add in _commands():
         add(sub)
     return parser

@@ -60,6 +60,7 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     from openclaw_ref.conformance.settings import CheckResult, ConformSettings
     from openclaw_ref.core.config import TRAIN_PRESETS
     from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.core.jsonio import check_output_file
     from openclaw_ref.core.launch import LaunchConfig, launch
     from openclaw_ref.reporting.render import conformance_results_table
     from openclaw_ref.sync.base import SyncConfig
@@ -74,6 +75,8 @@ def _cmd_conform(args: argparse.Namespace) -> int:
         parse_fault(f)
     if args.steps < 3:
         raise BadInput("conform needs --steps >= 3 (faults act at step 1 or 2)")
+    if args.out:
+        check_output_file(args.out, "--out")
     sync = SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
                       bucket_cap_mb=args.bucket_cap_mb,
                       replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s)

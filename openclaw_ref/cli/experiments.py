@@ -27,18 +27,19 @@ def add_hook_cost(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_hook_cost(args: argparse.Namespace) -> int:
+    from openclaw_ref.core.jsonio import check_output_file, write_json_atomic
     from openclaw_ref.experiments.hook_cost import HookCostConfig, run
 
     cfg = HookCostConfig(model=args.model, world_size=args.world_size, steps=args.steps,
                          warmup=args.warmup, arms=tuple(args.arms.split(",")))
+    if args.out:
+        check_output_file(args.out, "--out")
     result = run(cfg)
     for arm, s in result["summary"].items():
         print(f"{arm:20s} {s['median_step_ms']:8.2f} ms  ×{s['ratio']:.3f} "
               f"[{s['ratio_low']:.3f}, {s['ratio_high']:.3f}]  {s['per_bucket_us']:7.1f} µs/bucket "
               f"({s['buckets']} buckets)")
     if args.out:
-        from openclaw_ref.core.jsonio import write_json_atomic
-
         write_json_atomic(args.out, result)
     else:
         json.dump(result["summary"], sys.stdout, indent=1)

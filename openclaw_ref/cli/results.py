@@ -68,6 +68,7 @@ def add_report(sub: argparse._SubParsersAction) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from openclaw_ref.core.jsonio import check_output_dir
     from openclaw_ref.reporting.render import render_all
 
     dirs = [Path(d) for d in args.dirs] or sorted(
@@ -77,6 +78,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     for d in dirs:
         if not (d / "raw.json").is_file():
             raise BadInput(f"{d} has no raw.json")
+        check_output_dir(d, "report")
+    for d in dirs:
         for path in render_all(d):
             print(f"wrote {path}")
     return 0

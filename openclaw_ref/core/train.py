@@ -30,7 +30,7 @@ from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.environment import environment
 from openclaw_ref.core.faults import FaultInjector, FaultSpec, validate_faults
-from openclaw_ref.core.jsonio import write_json_atomic
+from openclaw_ref.core.jsonio import check_output_file, write_json_atomic
 from openclaw_ref.core.launch import LaunchConfig, RankContext, launch
 from openclaw_ref.core.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
 from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model
@@ -106,6 +106,8 @@ class TrainConfig:
         except ValueError as exc:
             raise BadInput(str(exc)) from None
         validate_faults(self.faults, self.world_size, self.steps)
+        if self.out:
+            check_output_file(self.out, "--out")
 
     def launch_config(self) -> LaunchConfig:
         return LaunchConfig(self.world_size, backend=self.backend, timeout_s=self.timeout_s,

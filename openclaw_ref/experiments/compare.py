@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from openclaw_ref.core.environment import environment
+from openclaw_ref.core.jsonio import check_output_dir
 from openclaw_ref.core.launch import resolve_backend
+from openclaw_ref.core.model import PRESETS
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.experiments.registry import SECTIONS
 from openclaw_ref.experiments.sections.strategies import Variant, default_variants
@@ -74,8 +76,10 @@ class CompareConfig:
         for w in self.world_sizes:
             if self.global_batch % w:
                 raise BadInput(f"global batch {self.global_batch} not divisible by world size {w}")
-        if self.steps < 5 or self.repeats < 1:
-            raise BadInput("need steps >= 5 and repeats >= 1")
+        if self.preset not in PRESETS:
+            raise BadInput(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        if self.steps < 5 or self.repeats < 1 or self.curve_steps < 1:
+            raise BadInput("need steps >= 5, repeats >= 1 and curve steps >= 1")
         if any(w < 2 for w in self.overflow_extra_sizes):
             raise BadInput("extra overflow world sizes must be >= 2")
         if self.hook_steps < 5:
@@ -86,6 +90,7 @@ class CompareConfig:
         if unknown:
             raise BadInput(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
         resolve_backend(self.backend, max(self.world_sizes))
+        check_output_dir(self.out_dir(), "--out-root/--tag")
 
     def out_dir(self) -> Path:
         return Path(self.out_root) / (self.tag or machine_tag(self.backend, max(self.world_sizes)))
