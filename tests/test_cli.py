@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from openclaw_ref.cli import main
-from tests.helpers import run_cli
+from openclaw_ref.cli import build_parser, choices, main, package_version
+from tests.helpers import ROOT, run_cli
 
 
 @pytest.mark.parametrize("args,message", [
@@ -136,3 +138,58 @@ def test_the_benchmark_matrix_checks_its_outputs_before_running(flag, a_file, tm
     assert "is a directory" in _rejected([flag, str(tmp_path)], capsys, entry=bench_main)
     line = _rejected(["--cache-dir", str(a_file)], capsys, entry=bench_main)
     assert "--cache-dir" in line
+
+
+def _subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["compare"]])
+def test_help_imports_no_torch(command):
+    """``--help`` answers at once: a fresh interpreter running it never imports torch."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "openclaw_ref", *command,
+                           "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0 and "usage: openclaw-bench" in proc.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+    assert "openclaw_ref.cli" in imported and "torch" not in imported
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"openclaw-bench {package_version()}"
+    assert package_version()[0].isdigit() or "not installed" in package_version()
+
+
+def test_every_option_has_help_text_and_its_help_shows_the_default():
+    for name, parser in _subcommand_parsers().items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help and action.help.strip(), f"{name} {action.option_strings}"
+        text = parser.format_help()
+        assert "``" not in text, name
+        assert "(default: " in text or len(parser._actions) == 1, name  # verify-scale: no options
+    assert "``" not in build_parser().format_help()
+
+
+def test_the_clis_plain_choice_lists_equal_their_torch_backed_homes():
+    from openclaw_ref.conformance.cluster import CHECKS
+    from openclaw_ref.conformance.settings import ConformSettings
+    from openclaw_ref.core.model import PRESETS
+    from openclaw_ref.experiments.hook_cost import ARMS
+    from openclaw_ref.experiments.registry import SECTIONS
+    from openclaw_ref.sync import STRATEGIES
+    from openclaw_ref.sync.base import NonFinitePolicy, Planner, Wire
+
+    assert choices.PRESETS == tuple(PRESETS)
+    assert choices.STRATEGIES == tuple(STRATEGIES)
+    assert choices.WIRES == tuple(Wire)
+    assert choices.PLANNERS == tuple(Planner)
+    assert choices.NONFINITE_POLICIES == tuple(NonFinitePolicy)
+    assert choices.SECTIONS == tuple(SECTIONS)
+    assert choices.CHECKS == tuple(CHECKS)
+    assert choices.CONFORM_FAULTS == tuple(ConformSettings().faults)
+    assert choices.HOOK_COST_ARMS == tuple(ARMS)

@@ -26,18 +26,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = OneLineParser(prog="python -m openclaw_ref.bench",
                                 description="the asv benchmark matrix without asv, as JSON")
     defaults = BenchSettings.from_env()
-    p.add_argument("--preset", default=defaults.preset)
-    p.add_argument("--steps", type=int, default=defaults.steps)
-    p.add_argument("--global-batch", type=int, default=defaults.global_batch)
-    p.add_argument("--max-world", type=int, default=defaults.max_world)
-    p.add_argument("--backends", default=defaults.backends)
-    p.add_argument("--raw-iters", type=int, default=defaults.raw_iters)
-    p.add_argument("--rounds", type=int, default=defaults.rounds)
+    p.add_argument("--preset", default=defaults.preset, help="model size")
+    p.add_argument("--steps", type=int, default=defaults.steps,
+                   help="steps per run (2 warm-up + timed)")
+    p.add_argument("--global-batch", type=int, default=defaults.global_batch,
+                   help="samples per step over all ranks")
+    p.add_argument("--max-world", type=int, default=defaults.max_world,
+                   help="largest world size of the matrix")
+    p.add_argument("--backends", default=defaults.backends, help="auto, or a list of gloo,nccl")
+    p.add_argument("--raw-iters", type=int, default=defaults.raw_iters,
+                   help="iterations of the raw allreduce floor")
+    p.add_argument("--rounds", type=int, default=defaults.rounds,
+                   help="strategy/floor runs alternate this often in one job")
     p.add_argument("--threads", type=int, default=defaults.threads,
                    help="torch threads per rank (0: cores // ranks)")
     p.add_argument("--strategies", default=",".join(STRATEGY_CASES),
                    help="comma list of benchmark labels; empty for none")
-    p.add_argument("--no-seed004", action="store_true")
+    p.add_argument("--no-seed004", action="store_true", help="skip seed 004's precision cases")
     p.add_argument("--cache-dir", default=None, help="keep per-case JSON here (resumable)")
     p.add_argument("--out", default=None, help="write the matrix JSON here")
     p.add_argument("--markdown", default=None, help="write the tables here")

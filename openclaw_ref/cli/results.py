@@ -6,24 +6,27 @@ from __future__ import annotations
 import argparse
 import sys
 
+from openclaw_ref.cli.choices import BACKENDS, PRESETS, SECTIONS
 from openclaw_ref.sync.errors import BadInput
 
 
 def add_compare(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.experiments.registry import SECTIONS
-
-    p = sub.add_parser("compare", help="run the main comparison and write results/<machine>/")
+    p = sub.add_parser("compare", help="run the main comparison and write results/<machine>/ "
+                                       "(the full run: ~25 min on 2 CPU cores)")
     p.add_argument("--world-sizes", default=None,
-                   help="comma-separated (default: 1,2,4 on CPU; powers of two up to the GPUs)")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--curve-steps", type=int, default=300)
+                   help="comma-separated (None: 1,2,4 on CPU; powers of two up to the GPUs)")
+    p.add_argument("--preset", default="tiny", choices=PRESETS, help="model size")
+    p.add_argument("--steps", type=int, default=40, help="training steps per strategy run")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="interleaved repeats of every strategy run (timing verdicts need 5)")
+    p.add_argument("--curve-steps", type=int, default=300, help="steps of the long loss curves")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of: {', '.join(SECTIONS)}")
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    p.add_argument("--out-root", default="results")
-    p.add_argument("--tag", default=None, help="results sub-directory (default: machine class)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto: nccl with one GPU per rank, else gloo")
+    p.add_argument("--out-root", default="results", help="results are written under this")
+    p.add_argument("--tag", default=None,
+                   help="results sub-directory (None: the machine class, e.g. cpu2-gloo)")
     p.set_defaults(func=_cmd_compare)
 
 
@@ -60,8 +63,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="re-render tables, plots and the claims ledger from raw.json")
-    p.add_argument("dirs", nargs="*", help="results/<machine> directories (default: all)")
-    p.add_argument("--out-root", default="results")
+    p.add_argument("dirs", nargs="*",
+                   help="results/<machine> directories (none given: every one under --out-root)")
+    p.add_argument("--out-root", default="results",
+                   help="where to look for */raw.json when no directory is given")
     p.set_defaults(func=_cmd_report)
 
 
