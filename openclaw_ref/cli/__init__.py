@@ -1,7 +1,8 @@
 """``openclaw-bench`` / ``python -m openclaw_ref``: one entry point, one subcommand per job.
 
 Exit codes (the whole project): 0 ok, 2 bad input, 3 a consistency check fired, 4 timeout or
-hang, 1 anything else (a crashed rank, named). Bad input is rejected before any process starts.
+hang, 5 an environment error (``doctor``), 1 anything else (a crashed rank, named). Bad input
+is rejected before any process starts.
 
 Each subcommand lives beside its siblings by what it does: ``train`` (``cli/train.py``),
 ``compare``/``report`` (``cli/results.py``), ``doctor``/``conform`` (``cli/checks.py``) and the
@@ -22,7 +23,7 @@ from openclaw_ref.sync.errors import EXIT_BAD_INPUT, BadInput, OpenClawError
 DESCRIPTION = ("openclaw-sync: benchmark and conformance suite for gradient synchronization of "
                "a dynamically sparse model under data-parallel training. Exit codes: 0 ok, "
                "2 bad input (rejected before any process starts), 3 a consistency check fired, "
-               "4 timeout or hang, 1 anything else.")
+               "4 timeout or hang, 5 an environment error (doctor), 1 anything else.")
 
 
 def package_version() -> str:

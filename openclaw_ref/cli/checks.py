@@ -12,10 +12,11 @@ from openclaw_ref.sync.errors import BadInput
 
 def add_doctor(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="print torch/CUDA/NCCL/gloo facts and lint NCCL variables "
-                                      "(exit 2 on an error, or on a warning with --strict)")
+                                      "(exit 5 on an environment error, or on a warning with "
+                                      "--strict; 2 on bad input)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="the backend you intend to run (nccl is refused below NCCL 2.13.4)")
-    p.add_argument("--strict", action="store_true", help="warnings fail too (exit 2)")
+    p.add_argument("--strict", action="store_true", help="warnings fail too (exit 5)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_doctor)
 
