@@ -27,6 +27,9 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out-root", default="results", help="results are written under this")
     p.add_argument("--tag", default=None,
                    help="results sub-directory (None: the machine class, e.g. cpu2-gloo)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the sections an interrupted run of the same options finished "
+                        "(kept in <results dir>/.partial/) and run only the rest")
     p.set_defaults(func=_cmd_compare)
 
 
@@ -51,10 +54,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     cfg.validate()
     out_dir = cfg.out_dir()
     try:
-        raw = run_compare(cfg)
+        raw = run_compare(cfg, resume=args.resume)
     except CompareInterrupted as exc:
-        sys.stderr.write(f"openclaw-bench compare: {exc}. Nothing was written; the previous "
-                         f"results in {out_dir} are unchanged.\n")
+        sys.stderr.write(f"openclaw-bench compare: {exc}. The previous results in {out_dir} are "
+                         f"unchanged; the finished sections are kept in {out_dir}/.partial: "
+                         f"run the same command with --resume to run only the rest.\n")
         return 1
     for path in write_results(raw, out_dir):
         print(f"wrote {path}")
