@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import multiprocessing
+import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -193,3 +198,43 @@ def test_the_clis_plain_choice_lists_equal_their_torch_backed_homes():
     assert choices.CHECKS == tuple(CHECKS)
     assert choices.CONFORM_FAULTS == tuple(ConformSettings().faults)
     assert choices.HOOK_COST_ARMS == tuple(ARMS)
+
+
+TRAIN_SHORT = ("train", "--world-size", "2", "--steps", "12", "--global-batch", "8",
+               "--eval-every", "0")
+
+
+def _run_with_stderr_on_a_terminal(*args: str) -> tuple[int, str]:
+    """``python -m openclaw_ref ARGS`` with stderr on a pseudo-terminal of 120 columns;
+    (exit code, what the terminal showed)."""
+    main_end, rank_end = pty.openpty()
+    fcntl.ioctl(rank_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "openclaw_ref", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=rank_end)
+    os.close(rank_end)
+    shown = b""
+    while chunk := _read_or_eof(main_end):
+        shown += chunk
+    os.close(main_end)
+    return proc.wait(timeout=180), shown.decode(errors="replace")
+
+
+def _read_or_eof(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: every writer closed the terminal
+        return b""
+
+
+def test_progress_bar_is_drawn_on_a_terminal_and_labels_rank_0s_loss():
+    code, shown = _run_with_stderr_on_a_terminal(*TRAIN_SHORT)
+    assert code == 0
+    assert "rank 0 loss" in shown and "step/s" in shown
+    assert "leaked semaphore" not in shown
+
+
+def test_no_progress_bar_on_a_stderr_that_is_no_terminal_and_no_leaked_semaphore():
+    result = run_cli(*TRAIN_SHORT)
+    assert result.returncode == 0, result.stderr
+    assert "step/s" not in result.stderr and "\r" not in result.stderr
+    assert "leaked semaphore" not in result.stderr

@@ -34,6 +34,7 @@ from openclaw_ref.core.jsonio import check_output_dir
 from openclaw_ref.core.launch import resolve_backend
 from openclaw_ref.core.model import PRESETS
 from openclaw_ref.core.pools import PoolCache
+from openclaw_ref.core.progress import progress_bar
 from openclaw_ref.experiments.checkpoint import Checkpoints, Finished, discard, fingerprint
 from openclaw_ref.experiments.registry import SECTIONS, expected_seconds
 from openclaw_ref.experiments.sections.strategies import Variant, default_variants
@@ -118,9 +119,7 @@ class Progress:
     _bar: Any = None
 
     def __post_init__(self) -> None:
-        from tqdm import tqdm
-
-        self._bar = tqdm(total=self.total, unit="job", desc="compare", mininterval=1.0)
+        self._bar = progress_bar(total=self.total, unit="job", desc="compare", mininterval=1.0)
 
     def section(self, name: str) -> None:
         """One line per section start: a log that survives a non-terminal stderr."""
