@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import json
 import multiprocessing
+import os
+import pty
+import struct
+import subprocess
 import sys
+import termios
+import time
+from pathlib import Path
 
 import pytest
 
-from openclaw_ref.cli import main
-from tests.helpers import run_cli
+from openclaw_ref.cli import build_parser, choices, main, package_version
+from tests.helpers import ROOT, run_cli
 
 
 @pytest.mark.parametrize("args,message", [
@@ -56,3 +65,176 @@ def test_train_runs_unchanged_under_torchrun(tmp_path):
     record = json.loads(out.read_text())
     assert record["environment"]["world_size"] == 2
     assert result.stdout.count("| sync") == 1  # rank 0 alone prints
+
+
+def _rejected(argv: list[str], capsys, entry=main) -> str:
+    """Run ``entry(argv)``; assert exit 2 within a second, one line on stderr and no rank
+    spawned; return that line."""
+    children_before = set(multiprocessing.active_children())
+    started = time.monotonic()
+    try:
+        code = entry(argv)
+    except SystemExit as exc:  # argparse's own rejections
+        code = exc.code
+    elapsed = time.monotonic() - started
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, captured.err
+    assert set(multiprocessing.active_children()) == children_before
+    assert elapsed < 1.0  # a rank takes seconds to spawn
+    return lines[0]
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--no-progress"], ["conform"], ["hook-cost"]])
+def test_an_output_file_under_a_file_or_onto_a_directory_is_rejected_before_spawning(
+        command, a_file, tmp_path, capsys):
+    line = _rejected([*command, "--out", str(a_file / "run.json")], capsys)
+    assert "--out" in line and "is not a directory" in line
+    line = _rejected([*command, "--out", str(tmp_path)], capsys)
+    assert "--out" in line and "is a directory" in line
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--out-root", "FILE"], "is not a directory"),
+    (["--out-root", "FILE", "--tag", "t"], "is not a directory"),
+    (["--out-root", "/sys/openclaw-results"], "cannot write"),
+    (["--preset", "huge"], "huge"),
+    (["--sections", "nope"], "unknown sections"),
+])
+def test_compare_rejects_bad_input_in_one_line_before_any_rank(args, message, a_file, capsys):
+    args = [str(a_file) if a == "FILE" else a for a in args]
+    assert message in _rejected(["compare", "--world-sizes", "1,2", *args], capsys)
+
+
+def test_compare_config_rejects_an_unknown_preset_for_library_callers_too(tmp_path):
+    from openclaw_ref.experiments.compare import CompareConfig
+    from openclaw_ref.sync.errors import BadInput
+
+    with pytest.raises(BadInput, match="unknown preset 'huge'"):
+        CompareConfig(world_sizes=(1,), preset="huge", out_root=str(tmp_path)).validate()
+
+
+def test_report_rejects_a_results_directory_it_cannot_write(tmp_path, capsys, monkeypatch):
+    from openclaw_ref.core import jsonio
+
+    (tmp_path / "raw.json").write_text("{}")
+    monkeypatch.setattr(jsonio.tempfile, "mkstemp", _refuse)
+    assert "cannot write" in _rejected(["report", str(tmp_path)], capsys)
+
+
+def _refuse(*args, **kw):
+    raise PermissionError(13, "Permission denied")
+
+
+@pytest.mark.parametrize("flag", ["--out", "--markdown"])
+def test_the_benchmark_matrix_checks_its_outputs_before_running(flag, a_file, tmp_path, capsys):
+    from openclaw_ref.bench.cli import main as bench_main
+
+    line = _rejected([flag, str(a_file / "x")], capsys, entry=bench_main)
+    assert flag in line and "is not a directory" in line
+    assert "is a directory" in _rejected([flag, str(tmp_path)], capsys, entry=bench_main)
+    line = _rejected(["--cache-dir", str(a_file)], capsys, entry=bench_main)
+    assert "--cache-dir" in line
+
+
+def _subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["compare"]])
+def test_help_imports_no_torch(command):
+    """``--help`` answers at once: a fresh interpreter running it never imports torch."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "openclaw_ref", *command,
+                           "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0 and "usage: openclaw-bench" in proc.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+    assert "openclaw_ref.cli" in imported and "torch" not in imported
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"openclaw-bench {package_version()}"
+    assert package_version()[0].isdigit() or "not installed" in package_version()
+
+
+def test_every_option_has_help_text_and_its_help_shows_the_default():
+    for name, parser in _subcommand_parsers().items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help and action.help.strip(), f"{name} {action.option_strings}"
+        text = parser.format_help()
+        assert "``" not in text, name
+        assert "(default: " in text or len(parser._actions) == 1, name  # verify-scale: no options
+    assert "``" not in build_parser().format_help()
+
+
+def test_the_clis_plain_choice_lists_equal_their_torch_backed_homes():
+    from openclaw_ref.conformance.cluster import CHECKS
+    from openclaw_ref.conformance.settings import ConformSettings
+    from openclaw_ref.core.model import PRESETS
+    from openclaw_ref.experiments.hook_cost import ARMS
+    from openclaw_ref.experiments.registry import SECTIONS
+    from openclaw_ref.sync import STRATEGIES
+    from openclaw_ref.sync.base import NonFinitePolicy, Planner, Wire
+
+    assert choices.PRESETS == tuple(PRESETS)
+    assert choices.STRATEGIES == tuple(STRATEGIES)
+    assert choices.WIRES == tuple(Wire)
+    assert choices.PLANNERS == tuple(Planner)
+    assert choices.NONFINITE_POLICIES == tuple(NonFinitePolicy)
+    assert choices.SECTIONS == tuple(SECTIONS)
+    assert choices.CHECKS == tuple(CHECKS)
+    assert choices.CONFORM_FAULTS == tuple(ConformSettings().faults)
+    assert choices.HOOK_COST_ARMS == tuple(ARMS)
+
+
+TRAIN_SHORT = ("train", "--world-size", "2", "--steps", "12", "--global-batch", "8",
+               "--eval-every", "0")
+
+
+def _run_with_stderr_on_a_terminal(*args: str) -> tuple[int, str]:
+    """``python -m openclaw_ref ARGS`` with stderr on a pseudo-terminal of 120 columns;
+    (exit code, what the terminal showed)."""
+    main_end, rank_end = pty.openpty()
+    fcntl.ioctl(rank_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "openclaw_ref", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=rank_end)
+    os.close(rank_end)
+    shown = b""
+    while chunk := _read_or_eof(main_end):
+        shown += chunk
+    os.close(main_end)
+    return proc.wait(timeout=180), shown.decode(errors="replace")
+
+
+def _read_or_eof(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: every writer closed the terminal
+        return b""
+
+
+def test_progress_bar_is_drawn_on_a_terminal_and_labels_rank_0s_loss():
+    code, shown = _run_with_stderr_on_a_terminal(*TRAIN_SHORT)
+    assert code == 0
+    assert "rank 0 loss" in shown and "step/s" in shown
+    assert "leaked semaphore" not in shown
+
+
+def test_no_progress_bar_on_a_stderr_that_is_no_terminal_and_no_leaked_semaphore():
+    result = run_cli(*TRAIN_SHORT)
+    assert result.returncode == 0, result.stderr
+    assert "step/s" not in result.stderr and "\r" not in result.stderr
+    assert "leaked semaphore" not in result.stderr

@@ -16,6 +16,7 @@ from openclaw_ref.ops.doctor import (
     nccl_version_findings,
     parse_nccl_version,
 )
+from openclaw_ref.sync.errors import EXIT_ENVIRONMENT
 from tests.helpers import run_cli
 
 CPU_FACTS = {"gloo_available": True, "nccl_available": False, "nccl_version": None}
@@ -119,18 +120,18 @@ def test_current_variables_are_not_reported():
     assert lint_environment(env) == []
 
 
-def test_exit_code_is_2_on_error_0_on_warning_unless_strict():
+def test_exit_code_is_5_on_error_0_on_warning_unless_strict():
     error = diagnose(CPU_FACTS, {"NCCL_RING_ALGO": "1"})
     warning = diagnose(CPU_FACTS, {"NCCL_MIN_NRINGS": "4"})
     clean = diagnose(gpu_facts("2.21.5"), {}, backend="nccl")
     assert (error.verdict, warning.verdict, clean.verdict) == ("error", "warning", "ok")
-    assert doctor_exit_code(error) == 2
-    assert doctor_exit_code(warning) == 0 and doctor_exit_code(warning, strict=True) == 2
+    assert doctor_exit_code(error) == EXIT_ENVIRONMENT == 5
+    assert doctor_exit_code(warning) == 0 and doctor_exit_code(warning, strict=True) == 5
     assert doctor_exit_code(clean, strict=True) == 0
 
 
 def test_old_nccl_on_a_gpu_machine_fails_the_doctor():
-    assert doctor_exit_code(diagnose(gpu_facts("2.12.12"), {}, backend="nccl")) == 2
+    assert doctor_exit_code(diagnose(gpu_facts("2.12.12"), {}, backend="nccl")) == 5
 
 
 def run_doctor(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -142,9 +143,9 @@ def run_doctor(*args: str, **env: str) -> subprocess.CompletedProcess:
     return run_cli("doctor", *args, env=full_env, timeout=120)
 
 
-def test_cli_names_current_equivalents_of_the_seeds_variables_and_exits_2():
+def test_cli_names_current_equivalents_of_the_seeds_variables_and_exits_5():
     proc = run_doctor(NCCL_RING_ALGO="1", NCCL_MIN_NRINGS="4")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 5, proc.stderr
     assert "NCCL_ALGO" in proc.stdout and "NCCL_MIN_NCHANNELS" in proc.stdout
     assert "torch" in proc.stdout and "gloo_available" in proc.stdout
 
@@ -155,3 +156,8 @@ def test_cli_json_reports_facts_and_verdict_on_a_clean_environment():
     report = json.loads(proc.stdout)
     assert report["verdict"] == "ok" and report["facts"]["gloo_available"] is True
     assert {"torch", "cuda_available", "gpu_count", "nccl_version"} <= set(report["facts"])
+
+
+def test_an_option_the_doctor_cannot_parse_is_bad_input_exit_2():
+    proc = run_doctor("--backend", "mpi")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from openclaw_ref.cli import main
 from openclaw_ref.core.jsonio import read_json
+from openclaw_ref.experiments.checkpoint import Checkpoints, fingerprint
 from openclaw_ref.experiments.compare import CompareConfig, run_compare, write_results
-from openclaw_ref.experiments.sections.strategies import Variant
+from openclaw_ref.experiments.sections.strategies import Variant, default_variants
 from openclaw_ref.reporting.claims import CLAIMS, Verdict, assess_all
 from openclaw_ref.reporting.render import render_all
 from openclaw_ref.sync.base import SyncConfig
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_CLAIM_IDS = ["S1", "S2", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "M1", "M2", "M3", "M4",
@@ -98,6 +101,63 @@ def test_an_interrupted_compare_leaves_previous_results_intact(small_results):
     assert proc.returncode == 1
     assert "not finished" in err and "unchanged" in err
     assert _snapshot(small_results) == before
+
+
+COMPARE_TINY = ("compare", "--world-sizes", "1,2", "--steps", "5", "--repeats", "1",
+                "--curve-steps", "6", "--sections", "curves,raw_allreduce", "--backend", "gloo")
+
+
+def _deterministic_figures(raw: dict) -> dict:
+    """What two runs of one configuration must agree on (no timings): the curves' losses,
+    validation, gradient norms and mask schedule; the raw allreduce's sizes."""
+    curves = {label: {k: run[k] for k in ("loss", "validation", "grad_norms",
+                                          "realized_sparsity", "mask_entropy_bits")}
+              for label, run in raw["curves"].items()}
+    sizes = {k: raw["raw_allreduce"][k] for k in ("elements", "iterations")}
+    return {"curves": curves, "raw_allreduce": sizes}
+
+
+def test_an_interrupted_compare_resumes_running_only_what_was_left(tmp_path):
+    """Ctrl-C after the first section: it is checkpointed; ``--resume`` runs only the second,
+    and the result equals an uninterrupted run's (figures that do not depend on timing)."""
+    out = [*COMPARE_TINY, "--out-root", str(tmp_path)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "openclaw_ref", *out, "--tag", "resumed"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+    _read_until(proc.stderr, "compare: section raw_allreduce started")
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "--resume" in err
+    resumed_dir = tmp_path / "resumed"
+    assert [p.name for p in (resumed_dir / ".partial").iterdir()] == ["curves.json"]
+    assert not (resumed_dir / "raw.json").exists()
+
+    resumed = run_cli(*out, "--tag", "resumed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "finished before: curves" in resumed.stderr
+    assert "section curves started" not in resumed.stderr
+    assert "section raw_allreduce started" in resumed.stderr
+    assert not (resumed_dir / ".partial").exists()
+
+    whole = run_cli(*out, "--tag", "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "expected ~" in whole.stderr
+    assert (_deterministic_figures(read_json(resumed_dir / "raw.json"))
+            == _deterministic_figures(read_json(tmp_path / "whole" / "raw.json")))
+
+
+def test_resume_refuses_checkpoints_of_another_configuration(tmp_path, capsys):
+    cfg = CompareConfig(world_sizes=(1, 2), steps=5, repeats=1, curve_steps=6,
+                        sections=("curves",), backend="gloo", out_root=str(tmp_path), tag="t")
+    Checkpoints(cfg.out_dir(), fingerprint(cfg, default_variants(cfg.bucket_cap_mb))).save(
+        "curves", {"ddp": {}}, 1.0)
+    code = main(["compare", "--world-sizes", "1,2", "--steps", "6", "--repeats", "1",
+                 "--curve-steps", "6", "--sections", "curves", "--backend", "gloo",
+                 "--out-root", str(tmp_path), "--tag", "t", "--resume"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "different steps" in lines[0]
+    assert (cfg.out_dir() / ".partial" / "curves.json").exists()  # kept for the right options
 
 
 def _verdicts(raw: dict) -> dict[str, str]:

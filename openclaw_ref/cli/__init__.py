@@ -1,12 +1,14 @@
 """``openclaw-bench`` / ``python -m openclaw_ref``: one entry point, one subcommand per job.
 
 Exit codes (the whole project): 0 ok, 2 bad input, 3 a consistency check fired, 4 timeout or
-hang, 1 anything else (a crashed rank, named). Bad input is rejected before any process starts.
+hang, 5 an environment error (``doctor``), 1 anything else (a crashed rank, named). Bad input
+is rejected before any process starts.
 
 Each subcommand lives beside its siblings by what it does: ``train`` (``cli/train.py``),
 ``compare``/``report`` (``cli/results.py``), ``doctor``/``conform`` (``cli/checks.py``) and the
 stand-alone experiments ``hook-cost``/``verify-scale``/``p2`` (``cli/experiments.py``). A
-subcommand imports torch only when it runs, so ``--help`` stays fast.
+subcommand imports torch only when it runs (its choice lists are ``cli/choices.py``'s plain
+constants), so ``--help`` and ``--version`` stay fast.
 """
 
 from __future__ import annotations
@@ -18,9 +20,29 @@ from collections.abc import Callable, Sequence
 from openclaw_ref.core.errors import RankFailed, exit_code_for
 from openclaw_ref.sync.errors import EXIT_BAD_INPUT, BadInput, OpenClawError
 
+DESCRIPTION = ("openclaw-sync: benchmark and conformance suite for gradient synchronization of "
+               "a dynamically sparse model under data-parallel training. Exit codes: 0 ok, "
+               "2 bad input (rejected before any process starts), 3 a consistency check fired, "
+               "4 timeout or hang, 5 an environment error (doctor), 1 anything else.")
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad input in one line with exit code 2."""
+
+def package_version() -> str:
+    """The installed distribution's version; from a source tree that is not installed, says so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("openclaw-sync")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports bad input in one line with exit code 2, and shows every option's
+    default in ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message}\n")
@@ -38,8 +60,10 @@ def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="openclaw-bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="openclaw-bench", description=DESCRIPTION)
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for add in _commands():
         add(sub)
     return parser
@@ -62,8 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code_for(exc)
 
 
-def console_main() -> None:
+def console_main(entry: Callable[[], int] = main) -> None:
+    """Run ``entry`` and end the process with its code (torch is imported after parsing)."""
+    code = entry()
     from openclaw_ref.core.launch import exit_process
 
-    exit_process(main())
+    exit_process(code)
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from openclaw_ref.cli.choices import BACKENDS, CHECKS, CONFORM_FAULTS, PLANNERS, STRATEGIES, WIRES
 from openclaw_ref.sync.errors import BadInput
 
 
 def add_doctor(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="print torch/CUDA/NCCL/gloo facts and lint NCCL variables "
-                                      "(exit 2 on an error, or on a warning with --strict)")
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                                      "(exit 5 on an environment error, or on a warning with "
+                                      "--strict; 2 on bad input)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="the backend you intend to run (nccl is refused below NCCL 2.13.4)")
-    p.add_argument("--strict", action="store_true", help="warnings fail too (exit 2)")
+    p.add_argument("--strict", action="store_true", help="warnings fail too (exit 5)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_doctor)
 
@@ -28,38 +30,40 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def add_conform(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.conformance.cluster import CHECKS
-    from openclaw_ref.conformance.settings import ConformSettings
-    from openclaw_ref.sync import STRATEGIES
-    from openclaw_ref.sync.base import Planner, Wire
-
     p = sub.add_parser("conform", help="run the conformance checks on a live process group "
                                        "(under torchrun: this job's; else --world-size ranks)")
-    p.add_argument("--sync", default="hardened", choices=sorted(STRATEGIES))
-    p.add_argument("--wire", default="native", choices=[w.value for w in Wire])
-    p.add_argument("--scale", default="4096")
-    p.add_argument("--planner", default="static", choices=[k.value for k in Planner])
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
-    p.add_argument("--replica-check-every", type=int, default=2, metavar="K")
-    p.add_argument("--watchdog-s", type=float, default=60.0)
+    p.add_argument("--sync", default="hardened", choices=STRATEGIES, help="strategy under test")
+    p.add_argument("--wire", default="native", choices=WIRES,
+                   help="dtype a bucket travels as (hardened/bucketed)")
+    p.add_argument("--scale", default="4096", help="FP16 pre-scale: a power of two, or auto")
+    p.add_argument("--planner", default="static", choices=PLANNERS,
+                   help="the bucketed engine's bucket plan")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size cap (MB)")
+    p.add_argument("--replica-check-every", type=int, default=2, metavar="K",
+                   help="compare the replicas' parameters every K steps (0: never)")
+    p.add_argument("--watchdog-s", type=float, default=60.0,
+                   help="a bucket's allreduce unfinished this long is a hang")
     p.add_argument("--checks", default=",".join(CHECKS),
                    help=f"comma-separated subset of {','.join(CHECKS)}")
-    p.add_argument("--faults", default=",".join(ConformSettings().faults),
+    p.add_argument("--faults", default=",".join(CONFORM_FAULTS),
                    help="faults the fault-detection check injects (NAME[=VALUE][@RANK][:STEP])")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=6, help="training steps per check (>= 3)")
     p.add_argument("--world-size", type=int, default=2, help="ranks to spawn outside torchrun")
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto: nccl with one GPU per rank, else gloo")
+    p.add_argument("--timeout-s", type=float, default=900.0,
+                   help="the whole run's deadline (exit 4 past it)")
     p.add_argument("--out", default=None, help="write the results JSON here (rank 0)")
     p.set_defaults(func=_cmd_conform)
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:
-    from openclaw_ref.conformance.cluster import CHECKS, conform_rank
+    from openclaw_ref.conformance.cluster import conform_rank
     from openclaw_ref.conformance.report import ConformanceReport
     from openclaw_ref.conformance.settings import CheckResult, ConformSettings
     from openclaw_ref.core.config import TRAIN_PRESETS
     from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.core.jsonio import check_output_file
     from openclaw_ref.core.launch import LaunchConfig, launch
     from openclaw_ref.reporting.render import conformance_results_table
     from openclaw_ref.sync.base import SyncConfig
@@ -74,6 +78,8 @@ def _cmd_conform(args: argparse.Namespace) -> int:
         parse_fault(f)
     if args.steps < 3:
         raise BadInput("conform needs --steps >= 3 (faults act at step 1 or 2)")
+    if args.out:
+        check_output_file(args.out, "--out")
     sync = SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
                       bucket_cap_mb=args.bucket_cap_mb,
                       replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s)

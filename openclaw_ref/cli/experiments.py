@@ -9,36 +9,37 @@ import argparse
 import json
 import sys
 
+from openclaw_ref.cli.choices import HOOK_COST_ARMS
 from openclaw_ref.sync.errors import BadInput
 
 
 def add_hook_cost(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.experiments.hook_cost import ARMS
-
     p = sub.add_parser("hook-cost", help="per-step cost of each comm hook beside stock DDP, "
                                          "arms interleaved step by step in one job")
     p.add_argument("--model", default="mlp", help="mlp, or an openclaw preset such as tiny")
-    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (>= 2)")
     p.add_argument("--steps", type=int, default=150, help="timed steps per arm")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset")
-    p.add_argument("--out", help="write the result JSON here")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps per arm")
+    p.add_argument("--arms", default=",".join(HOOK_COST_ARMS),
+                   help="comma-separated subset (must include ddp, the baseline)")
+    p.add_argument("--out", default=None, help="write the result JSON here (else print it)")
     p.set_defaults(func=_cmd_hook_cost)
 
 
 def _cmd_hook_cost(args: argparse.Namespace) -> int:
+    from openclaw_ref.core.jsonio import check_output_file, write_json_atomic
     from openclaw_ref.experiments.hook_cost import HookCostConfig, run
 
     cfg = HookCostConfig(model=args.model, world_size=args.world_size, steps=args.steps,
                          warmup=args.warmup, arms=tuple(args.arms.split(",")))
+    if args.out:
+        check_output_file(args.out, "--out")
     result = run(cfg)
     for arm, s in result["summary"].items():
         print(f"{arm:20s} {s['median_step_ms']:8.2f} ms  ×{s['ratio']:.3f} "
               f"[{s['ratio_low']:.3f}, {s['ratio_high']:.3f}]  {s['per_bucket_us']:7.1f} µs/bucket "
               f"({s['buckets']} buckets)")
     if args.out:
-        from openclaw_ref.core.jsonio import write_json_atomic
-
         write_json_atomic(args.out, result)
     else:
         json.dump(result["summary"], sys.stdout, indent=1)
@@ -62,10 +63,11 @@ def _cmd_verify_scale(args: argparse.Namespace) -> int:
 def add_p2(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("p2", help="the seed's P2 skew barrier off and on, interleaved "
                                   "(hardened fp32, tiny preset)")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threshold-ms", type=float, default=1.5)
+    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn")
+    p.add_argument("--steps", type=int, default=40, help="training steps per run")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved off/on pairs")
+    p.add_argument("--threshold-ms", type=float, default=1.5,
+                   help="barrier when the across-rank std of the sync time exceeds this")
     p.add_argument("--jitter-ms", default="0.3,5.7", help="LOW,HIGH per-rank sleep; 0 = none")
     p.set_defaults(func=_cmd_p2)
 

@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from openclaw_ref.cli.choices import (
+    BACKENDS,
+    NONFINITE_POLICIES,
+    PLANNERS,
+    PRESETS,
+    STRATEGIES,
+    WIRES,
+)
 from openclaw_ref.sync.errors import BadInput
 
 
@@ -17,44 +25,51 @@ def _ratio_range(text: str) -> tuple[float, float]:
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
-    from openclaw_ref.core.model import PRESETS
-    from openclaw_ref.sync import STRATEGIES
-    from openclaw_ref.sync.base import NonFinitePolicy, Planner, Wire
-
     p = sub.add_parser("train", help="train the openclaw model on N ranks and print a summary")
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="tiny", choices=PRESETS, help="model size")
     p.add_argument("--world-size", type=int, default=None,
-                   help="ranks to spawn (default 2; under torchrun: its WORLD_SIZE)")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--global-batch", type=int, default=32)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
+                   help="ranks to spawn (None: 2; under torchrun: its WORLD_SIZE)")
+    p.add_argument("--steps", type=int, default=50, help="training steps")
+    p.add_argument("--global-batch", type=int, default=32,
+                   help="samples per step over all ranks (a multiple of the world size)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the model, data and masks")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"], help="optimizer")
     p.add_argument("--sparsity", type=_ratio_range, default=None, metavar="LOW,HIGH",
-                   help="range of the masked fraction per step (default: the seed's 0.12,0.68)")
-    p.add_argument("--sync", default="ddp", choices=sorted(STRATEGIES))
-    p.add_argument("--wire", default="native", choices=[w.value for w in Wire])
+                   help="range of the masked fraction per step (None: the seed's 0.12,0.68)")
+    p.add_argument("--sync", default="ddp", choices=STRATEGIES,
+                   help="gradient-synchronization strategy")
+    p.add_argument("--wire", default="native", choices=WIRES,
+                   help="dtype a bucket travels as (hardened/bucketed)")
     p.add_argument("--scale", default="4096", help="FP16 pre-scale: a power of two, or auto")
-    p.add_argument("--nonfinite", default="skip", choices=[n.value for n in NonFinitePolicy],
+    p.add_argument("--nonfinite", default="skip", choices=NONFINITE_POLICIES,
                    help="a rank's NaN/inf gradient: skip the step on every rank, or raise")
-    p.add_argument("--planner", default="static", choices=[k.value for k in Planner])
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
-    p.add_argument("--replica-check-every", type=int, default=0, metavar="K")
-    p.add_argument("--watchdog-s", type=float, default=60.0)
-    p.add_argument("--inject", action="append", default=[], metavar="NAME[=VALUE][@RANK][:STEP]")
+    p.add_argument("--planner", default="static", choices=PLANNERS,
+                   help="the bucketed engine's bucket plan")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size cap (MB)")
+    p.add_argument("--replica-check-every", type=int, default=0, metavar="K",
+                   help="compare the replicas' parameters every K steps (0: never)")
+    p.add_argument("--watchdog-s", type=float, default=60.0,
+                   help="a bucket's allreduce unfinished this long is a hang (exit 4)")
+    p.add_argument("--inject", action="append", default=[], metavar="NAME[=VALUE][@RANK][:STEP]",
+                   help="inject a fault (repeatable)")
     p.add_argument("--imbalance", type=float, default=1.0,
                    help="most ÷ least frequent skill label (1 = balanced)")
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    p.add_argument("--timeout-s", type=float, default=600.0)
-    p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto: nccl with one GPU per rank, else gloo")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="the whole run's deadline (exit 4 past it)")
+    p.add_argument("--eval-every", type=int, default=10,
+                   help="validation loss every N steps (0: only at the end)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar on stderr")
     p.add_argument("--out", default=None, help="write the run JSON here (rank 0)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT+rank (0: a free port per "
                         "rank, logged); needs the metrics extra")
     p.add_argument("--skew-barrier-ms", type=float, default=None, metavar="MS",
                    help="seed P2: barrier before the next backward when the across-rank std of "
-                        "the sync time exceeds MS (the seed used 1.5); off by default")
+                        "the sync time exceeds MS (the seed used 1.5); None: off")
     p.set_defaults(func=_cmd_train)
 
 

@@ -1,4 +1,6 @@
-"""Atomic writes: a reader sees the old file or the new one, never half of either."""
+"""Atomic writes: a reader sees the old file or the new one, never half of either; and the one
+check that an output path can be written, run before any work (bad input, exit 2) so a long run
+never fails at its final write."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from openclaw_ref.sync.errors import BadInput
+
 
 def _default_mode() -> int:
     """What ``open()`` would give a new file (0o666 less the umask): ``mkstemp`` makes 0o600,
@@ -16,6 +20,43 @@ def _default_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_can_create_in(flag: str, path: Path, anchor: Path) -> None:
+    """BadInput unless ``anchor`` (the nearest existing ancestor of ``path``) is a directory in
+    which this process can create a file (tried, not guessed: root passes ``os.access``)."""
+    if not anchor.is_dir():
+        raise BadInput(f"{flag} {path}: {anchor} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=anchor, prefix=".openclaw-write-probe.")
+    except OSError as exc:
+        raise BadInput(f"{flag} {path}: cannot write in {anchor} ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output_file(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` if a file can be written there (it may not exist yet, nor its parents); else
+    ``BadInput`` in one line naming ``flag`` and what is wrong."""
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{flag} {path}: is a directory; give a file name")
+    _check_can_create_in(flag, path, _nearest_existing(path.parent))
+    return path
+
+
+def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` if it is, or can be made, a directory that files can be written in; else
+    ``BadInput`` in one line naming ``flag`` and what is wrong."""
+    path = Path(path)
+    _check_can_create_in(flag, path, _nearest_existing(path))
+    return path
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:

@@ -30,10 +30,11 @@ from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.environment import environment
 from openclaw_ref.core.faults import FaultInjector, FaultSpec, validate_faults
-from openclaw_ref.core.jsonio import write_json_atomic
+from openclaw_ref.core.jsonio import check_output_file, write_json_atomic
 from openclaw_ref.core.launch import LaunchConfig, RankContext, launch
 from openclaw_ref.core.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
 from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model
+from openclaw_ref.core.progress import progress_bar
 from openclaw_ref.ops.prometheus import MetricsConfig, metrics_callbacks
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
@@ -106,6 +107,8 @@ class TrainConfig:
         except ValueError as exc:
             raise BadInput(str(exc)) from None
         validate_faults(self.faults, self.world_size, self.steps)
+        if self.out:
+            check_output_file(self.out, "--out")
 
     def launch_config(self) -> LaunchConfig:
         return LaunchConfig(self.world_size, backend=self.backend, timeout_s=self.timeout_s,
@@ -222,7 +225,7 @@ def _run_steps(run: Run) -> None:
                 run.val_curve.append((step, validation_loss(run.model, run.ds, ctx.device)))
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{run.log.loss[-1]:.3f}")
+                bar.set_postfix_str(f"rank 0 loss {run.log.loss[-1]:.3f}")
         run.val_curve.append((cfg.steps - 1, validation_loss(run.model, run.ds, ctx.device)))
     except (ConsistencyError, SyncTimeout) as exc:
         run.callbacks.on_event(exc.event())
@@ -293,12 +296,12 @@ def _finish(run: Run, memory_scope: str, t_start: float) -> TrainResult:
 
 
 def _progress(ctx: RankContext, cfg: TrainConfig):
+    """Rank 0's bar. It shows rank 0's own loss, labelled so (the summary table's is the mean
+    over ranks, which would cost a collective per step here)."""
     if not (cfg.progress and ctx.is_main):
         return None
-    from tqdm import tqdm
-
-    return tqdm(total=cfg.steps, desc=f"{cfg.sync.name} ×{ctx.world_size}", unit="step",
-                leave=False, mininterval=0.5)
+    return progress_bar(total=cfg.steps, desc=f"{cfg.sync.name} ×{ctx.world_size}",
+                        unit="step", leave=False, mininterval=0.5)
 
 
 def _record_head(ctx: RankContext, cfg: TrainConfig) -> dict:

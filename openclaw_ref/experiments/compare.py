@@ -10,8 +10,11 @@ over ``registry.SECTIONS`` (each section's runner lives in ``experiments/section
 write. Rendering (tables, plots, the claims ledger) is ``reporting``'s job and reads only that
 JSON, so ``openclaw-bench report`` reproduces every file byte for byte.
 
-Nothing under ``results/<machine>/`` changes until every section has finished: an interrupted
-run leaves the previous results intact and says which sections it did not finish.
+No published file under ``results/<machine>/`` changes until every section has finished: an
+interrupted run leaves the previous results intact and says which sections it did not finish.
+Each finished section is checkpointed in ``results/<machine>/.partial/`` (``checkpoint.py``);
+``resume=True`` (``compare --resume``) reuses those and runs only the rest, and the write
+removes them.
 """
 
 from __future__ import annotations
@@ -27,9 +30,13 @@ from typing import Any
 import torch
 
 from openclaw_ref.core.environment import environment
+from openclaw_ref.core.jsonio import check_output_dir
 from openclaw_ref.core.launch import resolve_backend
+from openclaw_ref.core.model import PRESETS
 from openclaw_ref.core.pools import PoolCache
-from openclaw_ref.experiments.registry import SECTIONS
+from openclaw_ref.core.progress import progress_bar
+from openclaw_ref.experiments.checkpoint import Checkpoints, Finished, discard, fingerprint
+from openclaw_ref.experiments.registry import SECTIONS, expected_seconds
 from openclaw_ref.experiments.sections.strategies import Variant, default_variants
 from openclaw_ref.reporting.record import RAW_NAME, SCHEMA_VERSION
 from openclaw_ref.sync.errors import BadInput
@@ -74,8 +81,10 @@ class CompareConfig:
         for w in self.world_sizes:
             if self.global_batch % w:
                 raise BadInput(f"global batch {self.global_batch} not divisible by world size {w}")
-        if self.steps < 5 or self.repeats < 1:
-            raise BadInput("need steps >= 5 and repeats >= 1")
+        if self.preset not in PRESETS:
+            raise BadInput(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        if self.steps < 5 or self.repeats < 1 or self.curve_steps < 1:
+            raise BadInput("need steps >= 5, repeats >= 1 and curve steps >= 1")
         if any(w < 2 for w in self.overflow_extra_sizes):
             raise BadInput("extra overflow world sizes must be >= 2")
         if self.hook_steps < 5:
@@ -86,6 +95,7 @@ class CompareConfig:
         if unknown:
             raise BadInput(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
         resolve_backend(self.backend, max(self.world_sizes))
+        check_output_dir(self.out_dir(), "--out-root/--tag")
 
     def out_dir(self) -> Path:
         return Path(self.out_root) / (self.tag or machine_tag(self.backend, max(self.world_sizes)))
@@ -109,9 +119,7 @@ class Progress:
     _bar: Any = None
 
     def __post_init__(self) -> None:
-        from tqdm import tqdm
-
-        self._bar = tqdm(total=self.total, unit="job", desc="compare", mininterval=1.0)
+        self._bar = progress_bar(total=self.total, unit="job", desc="compare", mininterval=1.0)
 
     def section(self, name: str) -> None:
         """One line per section start: a log that survives a non-terminal stderr."""
@@ -161,11 +169,30 @@ def _new_record(cfg: CompareConfig) -> dict[str, Any]:
     }
 
 
-def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None) -> dict:
-    """Run every requested section; returns the raw document (not yet written)."""
+def _announce(jobs: dict[str, int], finished: dict[str, Finished]) -> None:
+    """Before the first job: what was resumed, how many jobs are left and how long they took on
+    the reference machine."""
+    if finished:
+        sys.stderr.write(f"compare: resuming; finished before: {', '.join(finished)}\n")
+    minutes = expected_seconds(jobs) / 60
+    sys.stderr.write(f"compare: {sum(jobs.values())} jobs in {len(jobs)} sections, expected "
+                     f"~{minutes:.0f} min (as on 2 CPU cores with gloo at the default settings)\n")
+
+
+def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None, *,
+                resume: bool = False) -> dict:
+    """Run every requested section (with ``resume``, only those not checkpointed by an earlier
+    run of the same configuration); returns the raw document (not yet written)."""
     cfg.validate()
     variants = variants or default_variants(cfg.bucket_cap_mb)
-    progress = Progress(sum(SECTIONS[name].jobs(cfg, variants) for name in cfg.sections))
+    checkpoints = Checkpoints(cfg.out_dir(), fingerprint(cfg, variants))
+    if not resume:
+        discard(cfg.out_dir())
+    finished = {k: v for k, v in checkpoints.load().items() if k in cfg.sections}
+    jobs = {name: SECTIONS[name].jobs(cfg, variants) for name in cfg.sections
+            if name not in finished}
+    _announce(jobs, finished)
+    progress = Progress(sum(jobs.values()))
     raw = _new_record(cfg)
     done = raw["meta"]["sections_run"]
     pools = PoolCache(backend=cfg.backend, timeout_s=900, pg_timeout_s=120)
@@ -176,13 +203,19 @@ def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None)
             pools.get(w)
         for name in cfg.sections:
             current = name
-            progress.section(name)
-            t0 = time.monotonic()
-            raw[name] = SECTIONS[name].run(cfg, pools, progress, variants)
-            done.append({"name": name, "seconds": round(time.monotonic() - t0, 1)})
+            if name in finished:
+                raw[name], seconds = finished[name]
+            else:
+                progress.section(name)
+                t0 = time.monotonic()
+                raw[name] = SECTIONS[name].run(cfg, pools, progress, variants)
+                seconds = round(time.monotonic() - t0, 1)
+                checkpoints.save(name, raw[name], seconds)
+            done.append({"name": name, "seconds": seconds})
     except KeyboardInterrupt:
-        finished = [s["name"] for s in done]
-        raise CompareInterrupted(finished, [n for n in cfg.sections if n not in finished],
+        finished_now = [s["name"] for s in done]
+        raise CompareInterrupted(finished_now,
+                                 [n for n in cfg.sections if n not in finished_now],
                                  current) from None
     finally:
         progress.close()
@@ -192,9 +225,12 @@ def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None)
 
 
 def write_results(raw: dict, out_dir: Path) -> list[Path]:
-    """Store the raw document, then render every derived file from it (each write atomic)."""
+    """Store the raw document, then render every derived file from it (each write atomic);
+    then drop the run's checkpoints."""
     from openclaw_ref.core.jsonio import write_json_atomic
     from openclaw_ref.reporting.render import render_all
 
     write_json_atomic(out_dir / RAW_NAME, raw, compact=True, float_digits=6)
-    return [out_dir / RAW_NAME] + render_all(out_dir)
+    written = [out_dir / RAW_NAME] + render_all(out_dir)
+    discard(out_dir)
+    return written

@@ -1,5 +1,8 @@
 """The sections of ``openclaw-bench compare``, in run order: name → what it measures, how many
-progress ticks it takes, and its runner (``experiments.sections.<name>.run``).
+progress ticks (jobs) it takes, its runner (``experiments.sections.<name>.run``) and the
+seconds one of its jobs took on the reference machine (2 CPU cores, gloo, the default settings:
+``results/cpu2-gloo``, 252 jobs in 1,506 s), from which ``compare`` says up front how long it
+will take.
 
 Adding a section: a module under ``experiments/sections/`` returning figures only, a line here,
 its tables in ``reporting.section_tables``, its key in ``reporting.record.SECTIONS``.
@@ -36,27 +39,34 @@ class Section(NamedTuple):
     description: str
     jobs: Callable[[CompareConfig, Variants], int]  # progress ticks the section takes
     run: Callable[[CompareConfig, PoolCache, Progress, Variants], dict]  # its figures
+    seconds_per_job: float  # on the reference machine at the default settings
 
 
-def _plain(description: str, module: ModuleType) -> Section:
+def _plain(description: str, module: ModuleType, seconds_per_job: float) -> Section:
     """A section that runs the same whatever the variants (every one but ``strategies``)."""
     return Section(description, lambda cfg, variants: module.jobs(cfg),
-                   lambda cfg, pools, progress, variants: module.run(cfg, pools, progress))
+                   lambda cfg, pools, progress, variants: module.run(cfg, pools, progress),
+                   seconds_per_job)
 
 
 SECTIONS: dict[str, Section] = {
     "strategies": Section("every strategy × world size, repeated",
-                          strategies.jobs, strategies.run),
-    "curves": _plain("long loss/validation curves, ddp vs hardened", curves),
-    "faults": _plain("fault × strategy outcome matrix", faults),
-    "precision": _plain("seed 004's precision × devices matrix", precision),
-    "overflow": _plain("fp16 overflow rate vs scale", overflow),
-    "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce),
+                          strategies.jobs, strategies.run, 5.8),
+    "curves": _plain("long loss/validation curves, ddp vs hardened", curves, 56.4),
+    "faults": _plain("fault × strategy outcome matrix", faults, 2.8),
+    "precision": _plain("seed 004's precision × devices matrix", precision, 3.0),
+    "overflow": _plain("fp16 overflow rate vs scale", overflow, 3.8),
+    "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.2),
     "ablations": _plain("skew with the sparse path off; the seed's P2 barrier on vs off",
-                        ablations),
-    "lightning": _plain("a short real Lightning run (seed 004's L2/L4)", lightning),
+                        ablations, 13.0),
+    "lightning": _plain("a short real Lightning run (seed 004's L2/L4)", lightning, 17.7),
     "quantization": _plain("int8 quantization of a trained model on CPU (seed 004's L4)",
-                           quantization),
+                           quantization, 27.4),
     "hook_cost": _plain("hook cost per step and bucket (arms interleaved), verification at "
-                        "scale", hook_cost),
+                        "scale", hook_cost, 29.5),
 }
+
+
+def expected_seconds(jobs: dict[str, int]) -> float:
+    """How long ``jobs`` (section → job count) took on the reference machine."""
+    return sum(n * SECTIONS[name].seconds_per_job for name, n in jobs.items())

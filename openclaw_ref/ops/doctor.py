@@ -7,8 +7,10 @@ the user believes a fix is in place. The doctor names the current equivalent of 
 
 Verdict and exit status (``doctor_exit_code``):
   * ``error``   — a setting that has no effect or is invalid, or a refused configuration (NCCL
-                  older than 2.13.4 for the NCCL backend, the seed's P1): exit 2 (bad input);
-  * ``warning`` — a deprecated alias that is still honoured, or a known pitfall: exit 0, or 2
+                  older than 2.13.4 for the NCCL backend, the seed's P1): exit 5, the
+                  project's environment-error code (2 stays "bad input": a flag the doctor
+                  itself cannot parse);
+  * ``warning`` — a deprecated alias that is still honoured, or a known pitfall: exit 0, or 5
                   with ``--strict``;
   * ``info``    — facts worth printing (e.g. no NCCL here, gloo will be used): never fails.
 
@@ -25,7 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from openclaw_ref.sync.errors import EXIT_BAD_INPUT, EXIT_OK
+from openclaw_ref.sync.errors import EXIT_ENVIRONMENT, EXIT_OK
 
 NCCL_FLOOR: tuple[int, int, int] = (2, 13, 4)  # seed P1: older NCCL claimed to lose allreduces
 LEVELS = ("error", "warning", "info")
@@ -217,9 +219,10 @@ def diagnose(facts: Mapping, env: Mapping[str, str], backend: str = "auto") -> D
 
 
 def doctor_exit_code(report: DoctorReport, strict: bool = False) -> int:
-    """0 when nothing is wrong (warnings allowed unless ``strict``), 2 otherwise."""
+    """0 when nothing is wrong (warnings allowed unless ``strict``), 5 (an environment error)
+    otherwise."""
     if report.verdict == "error" or (strict and report.verdict == "warning"):
-        return EXIT_BAD_INPUT
+        return EXIT_ENVIRONMENT
     return EXIT_OK
 
 

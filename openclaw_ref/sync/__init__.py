@@ -1,46 +1,39 @@
-"""The hook library: gradient-synchronization strategies by the name the CLI uses
-(``--sync NAME``), and ``harden()`` for anyone's DDP model.
+"""The hook library: ``harden()`` for anyone's DDP model, and the gradient-synchronization
+strategies by the name the CLI uses (``STRATEGIES``, ``make_strategy``).
 
 Invariant: ``openclaw_ref.sync`` imports only torch and its own modules (never the launcher,
 the training loop or anything else of ``openclaw_ref``), so it can be lifted out whole;
-``tests/test_sync_standalone.py`` proves it."""
+``tests/test_sync_standalone.py`` proves it. The names below load on first use (PEP 562), so
+importing a torch-free module of the package (``openclaw_ref.sync.errors``) does not import
+torch: ``openclaw-bench --help`` stays fast."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
-from openclaw_ref.sync.bucketed import Bucketed
-from openclaw_ref.sync.ddp import StockDDP, StockDDPFP16
-from openclaw_ref.sync.detail import DetailDDP
-from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.harden_state import HardenState
-from openclaw_ref.sync.hardened import Hardened, harden
-from openclaw_ref.sync.local import LocalOnly
+if TYPE_CHECKING:
+    from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+    from openclaw_ref.sync.harden_state import HardenState
+    from openclaw_ref.sync.hardened import harden
+    from openclaw_ref.sync.strategies import STRATEGIES, make_strategy
 
-
-def _seed_f5(cfg: SyncConfig) -> SyncStrategy:
-    """The seed's F5 hook as written: a study exhibit, imported only when a run asks for it."""
-    from openclaw_ref.sync.seed_f5 import SeedF5
-
-    return SeedF5(cfg)
-
-
-STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {
-    "ddp": StockDDP,
-    "ddp-fp16": StockDDPFP16,
-    "ddp-detail": DetailDDP,  # TORCH_DISTRIBUTED_DEBUG=DETAIL, the check to beat
-    "local": LocalOnly,
-    "hardened": Hardened,
-    "bucketed": Bucketed,
-    "seed-f5": _seed_f5,
+_HOME = {
+    "STRATEGIES": "strategies",
+    "HardenState": "harden_state",
+    "SyncConfig": "base",
+    "SyncStrategy": "base",
+    "harden": "hardened",
+    "make_strategy": "strategies",
 }
 
 
-def make_strategy(cfg: SyncConfig) -> SyncStrategy:
-    if cfg.name not in STRATEGIES:
-        raise BadInput(f"unknown sync strategy {cfg.name!r}; choose one of {', '.join(STRATEGIES)}")
-    return STRATEGIES[cfg.name](cfg)
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = ["STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy"]

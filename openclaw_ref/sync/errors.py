@@ -1,7 +1,8 @@
 """Every error the hook library raises on purpose, and the exit code each maps to.
 
 Exit codes are fixed for the whole project: 0 ok, 2 bad input, 3 a consistency check fired,
-4 timeout/hang, 1 anything else (a crashed rank, named).
+4 timeout/hang, 5 an environment that cannot run what was asked (``openclaw-bench doctor``),
+1 anything else (a crashed rank, named).
 
 Consistency errors carry *who* and *where* (step, bucket, parameters, ranks) as plain fields so
 they pickle across process boundaries and land verbatim in the run JSON's ``events``.
@@ -16,6 +17,7 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_CHECK_FIRED = 3
 EXIT_TIMEOUT = 4
+EXIT_ENVIRONMENT = 5
 
 
 class OpenClawError(Exception):

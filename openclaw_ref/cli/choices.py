@@ -1,0 +1,24 @@
+"""The choice lists the CLI's parsers offer, as plain constants.
+
+Why: their homes (the model presets, the strategies, the ``Wire``/``Planner``/``NonFinitePolicy``
+enums, the compare sections, the conformance checks, the hook-cost arms) import torch, and
+``openclaw-bench --help`` must not (a torch import takes seconds). ``tests/test_cli.py`` proves
+each list equal to its home, so they cannot drift."""
+
+from __future__ import annotations
+
+PRESETS = ("tiny", "small", "base")  # core.model.PRESETS
+STRATEGIES = ("ddp", "ddp-fp16", "ddp-detail", "local", "hardened", "bucketed",
+              "seed-f5")  # sync.STRATEGIES
+WIRES = ("native", "fp32", "fp16", "bf16")  # sync.base.Wire
+PLANNERS = ("static", "norm-ema", "norm-ema-agreed")  # sync.base.Planner
+NONFINITE_POLICIES = ("skip", "raise")  # sync.base.NonFinitePolicy
+BACKENDS = ("auto", "gloo", "nccl")
+SECTIONS = ("strategies", "curves", "faults", "precision", "overflow", "raw_allreduce",
+            "ablations", "lightning", "quantization", "hook_cost")  # experiments.registry
+CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consistency",
+          "equivalence", "fault-detection")  # conformance.cluster.CHECKS
+CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",
+                  "late-rank=250ms")  # conformance.settings.ConformSettings().faults
+HOOK_COST_ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32",
+                  "hardened-fp16")  # experiments.hook_cost.ARMS

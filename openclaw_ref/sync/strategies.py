@@ -1,0 +1,40 @@
+"""The gradient-synchronization strategies by the name the CLI uses (``--sync NAME``).
+
+Invariant: every name here builds a ``SyncStrategy`` from a ``SyncConfig``; the seed's F5 hook
+(a study exhibit) is imported only when a run asks for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.bucketed import Bucketed
+from openclaw_ref.sync.ddp import StockDDP, StockDDPFP16
+from openclaw_ref.sync.detail import DetailDDP
+from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.hardened import Hardened
+from openclaw_ref.sync.local import LocalOnly
+
+
+def _seed_f5(cfg: SyncConfig) -> SyncStrategy:
+    """The seed's F5 hook as written: a study exhibit, imported only when a run asks for it."""
+    from openclaw_ref.sync.seed_f5 import SeedF5
+
+    return SeedF5(cfg)
+
+
+STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {
+    "ddp": StockDDP,
+    "ddp-fp16": StockDDPFP16,
+    "ddp-detail": DetailDDP,  # TORCH_DISTRIBUTED_DEBUG=DETAIL, the check to beat
+    "local": LocalOnly,
+    "hardened": Hardened,
+    "bucketed": Bucketed,
+    "seed-f5": _seed_f5,
+}
+
+
+def make_strategy(cfg: SyncConfig) -> SyncStrategy:
+    if cfg.name not in STRATEGIES:
+        raise BadInput(f"unknown sync strategy {cfg.name!r}; choose one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[cfg.name](cfg)
