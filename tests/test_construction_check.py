@@ -13,10 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.experiments.startup_scale import exchange_bytes, synthesized_manifest
 from openclaw_ref.sync import checks
+from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.hardened import harden
 
 BASE = [("a.weight", (4, 4), "torch.float32"), ("a.bias", (4,), "torch.float32"),
         ("b.weight", (4, 4), "torch.float32")]
@@ -76,35 +80,53 @@ def _manifest_for(case: str, rank: int) -> tuple[list, list[int] | None]:
     return named, layout
 
 
-def construction_cases(ctx, cases: list[str]) -> list[tuple]:
-    """Per case: the outcome (error type, ranks, params, message) and the bytes of each tensor
-    gather this rank sent; a pickled gather fails the case."""
-    results = []
-    for case in cases:
-        named, layout = _manifest_for(case, ctx.rank)
-        sizes: list[int] = []
-        real = getattr(dist, checks.GATHER)
+class _Gathers:
+    """Within the block: the bytes of every tensor gather (``checks.GATHER``) this rank sends;
+    a pickled gather (``all_gather_object``) fails."""
 
-        def gather(out, inp, group=None, async_op=False, real=real, sizes=sizes):
-            sizes.append(inp.numel() * inp.element_size())
-            return real(out, inp, group=group, async_op=async_op)
+    def __enter__(self) -> list[int]:
+        self.sizes: list[int] = []
+        self.real, self.obj = getattr(dist, checks.GATHER), dist.all_gather_object
+
+        def gather(out, inp, group=None, async_op=False):
+            self.sizes.append(inp.numel() * inp.element_size())
+            return self.real(out, inp, group=group, async_op=async_op)
 
         def pickled(*args, **kwargs):
             raise AssertionError("the construction check must not pickle")
 
-        saved = dist.all_gather_object
         setattr(dist, checks.GATHER, gather)
         dist.all_gather_object = pickled
-        try:
-            checks.construction_check(named, layout=layout)
-            got = None
-        except ConsistencyError as exc:
-            got = (type(exc).__name__, exc.ranks, exc.params, str(exc))
-        finally:
-            setattr(dist, checks.GATHER, real)
-            dist.all_gather_object = saved
+        return self.sizes
+
+    def __exit__(self, *exc) -> None:
+        setattr(dist, checks.GATHER, self.real)
+        dist.all_gather_object = self.obj
+
+
+def construction_cases(ctx, cases: list[str]) -> list[tuple]:
+    """Per case: the outcome (error type, ranks, params, message) and the bytes of each tensor
+    gather this rank sent."""
+    results = []
+    for case in cases:
+        named, layout = _manifest_for(case, ctx.rank)
+        got = None
+        with _Gathers() as sizes:
+            try:
+                checks.construction_check(named, layout=layout)
+            except ConsistencyError as exc:
+                got = (type(exc).__name__, exc.ranks, exc.params, str(exc))
         results.append((got, sizes))
     return results
+
+
+def harden_a_clean_model(ctx) -> list[int]:
+    """The gathers ``harden()`` sends at start-up on a clean 2-rank DDP model."""
+    ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)))
+    with _Gathers() as sizes:
+        state = harden(ddp, SyncConfig("hardened"), ctx)
+    state.close()
+    return sizes
 
 
 EXPECTED = {  # recorded from the all-manifests check (all_gather_object) before this change
@@ -140,3 +162,7 @@ def test_every_mismatch_raises_the_same_error_and_message_as_the_manifest_compar
     for case, (got, sizes) in zip(cases, results[0]):
         assert got == EXPECTED[case], case
         assert sizes[:2] == [16, 8] and len(sizes) == 3, case  # digests, lengths, manifests
+
+
+def test_harden_starts_up_with_the_digests_only(pools):
+    assert pools.get(2).run(harden_a_clean_model) == [[16], [16]]
