@@ -5,12 +5,16 @@ and the ranks that disagree. "Equal" always means bitwise equal: ``tensor_digest
 ``params_digest`` are SHA-256 over the exact bytes (host-side, for records and the conformance
 suite); the per-step replica check uses a 64-bit checksum computed on the parameters' own
 device by ``replica_digest.ReplicaDigest`` and compared with tensor collectives (see its
-collision argument).
+collision argument). The start-up check compares a 16-byte BLAKE2b digest of each rank's
+parameter manifest and bucket layout first (one tensor gather of 16 bytes per rank) and
+exchanges the manifests themselves only when the digests differ.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import zlib
 from collections.abc import Iterable
 
 import torch
@@ -45,10 +49,61 @@ def params_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Cross-rank checks (hardened sync). Each gathers once and decides from the gathered list, which
-# is identical on every rank, so every rank raises the same error or none does. The reference
-# is the value most ranks hold (ties: the lowest rank's); the named ranks are the others; a
-# message claims a majority only where there is one (``control.split_view``).
+# Tensor collectives shared by the cross-rank checks: nothing is pickled or unpickled.
+
+
+def _collective_device(group, device: torch.device) -> torch.device:
+    """Where this group's collectives take tensors: gloo → CPU, NCCL → the current GPU."""
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)).lower()
+    if device.type in backend or (device.type == "cuda" and "nccl" in backend):
+        return device  # e.g. "cpu:gloo,cuda:nccl", or NCCL with CUDA parameters
+    if "gloo" in backend or "mpi" in backend:
+        return torch.device("cpu")
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+# The tensor all-gather the cross-rank checks use (torch 2.13 deprecates all_gather_into_tensor).
+GATHER = ("all_gather_single" if hasattr(torch.distributed, "all_gather_single")
+          else "all_gather_into_tensor")
+
+
+def _gather_rows(local: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's copy of ``local`` (1-D, the same size on every rank) as rows, in rank
+    order; one ``GATHER``."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    out = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
+    gather = getattr(dist, GATHER)
+    gather(out, local, group=group)
+    return out.view(world, local.numel())
+
+
+def _all_gather(local: torch.Tensor, group) -> list[list[int]]:
+    """Every rank's copy of ``local`` (1-D), in rank order; one host read."""
+    return _gather_rows(local, group).tolist()
+
+
+def _all_gather_bytes(raw: bytes, group, device: torch.device) -> list[bytes]:
+    """Every rank's ``raw`` in rank order, through two tensor gathers (the lengths, then the
+    bytes padded to the longest); what comes back is bytes, never an unpickled object."""
+    length = torch.tensor([len(raw)], dtype=torch.int64, device=device)
+    lengths = [n for (n,) in _all_gather(length, group)]
+    local = torch.zeros(max(lengths), dtype=torch.uint8)
+    local[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    rows = _gather_rows(local.to(device), group).cpu()
+    return [rows[r, :n].numpy().tobytes() for r, n in enumerate(lengths)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-rank checks (hardened sync). Each decides only from gathered values, which are identical
+# on every rank, so every rank takes the same branch and raises the same error or none does. The
+# reference is the value most ranks hold (ties: the lowest rank's); the named ranks are the
+# others; a message claims a majority only where there is one (``control.split_view``).
 
 Manifest = list[tuple[str, tuple[int, ...], str]]  # (name, shape, dtype) in registration order
 
@@ -57,11 +112,28 @@ def parameter_manifest(named: Iterable[tuple[str, torch.Tensor]]) -> Manifest:
     return [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
 
 
-def manifest_digest(manifest: Manifest) -> str:
-    h = hashlib.sha256()
-    for name, shape, dtype in manifest:
-        h.update(f"{name}|{shape}|{dtype};".encode())
-    return h.hexdigest()
+DIGEST_BYTES = 16  # one start-up digest per rank
+
+
+def encode_manifest(manifest: Manifest, layout: list[int] | None = None) -> bytes:
+    """The canonical encoding of a manifest and a bucket layout: compact ASCII JSON of
+    ``[[[name, shape, dtype], …], layout]`` — one byte string per value, and back by
+    ``decode_manifest`` (JSON, never pickle: it is read from the network)."""
+    entries = [[name, list(shape), dtype] for name, shape, dtype in manifest]
+    return json.dumps([entries, layout], separators=(",", ":")).encode()
+
+
+def decode_manifest(raw: bytes) -> tuple[Manifest, list[int] | None]:
+    entries, layout = json.loads(raw.decode())
+    return [(name, tuple(shape), dtype) for name, shape, dtype in entries], layout
+
+
+def manifest_digest(manifest: Manifest, layout: list[int] | None = None) -> bytes:
+    """BLAKE2b (``DIGEST_BYTES`` bytes) of ``encode_manifest``. Equal manifests and layouts give
+    equal digests; different ones collide with probability 2^-128 per pair of ranks, so a
+    mismatch anywhere among W ranks goes unseen with probability at most W²/2^129 (2^-103 at
+    8,192 ranks)."""
+    return hashlib.blake2b(encode_manifest(manifest, layout), digest_size=DIGEST_BYTES).digest()
 
 
 def _first_difference(a: list, b: list) -> int:
@@ -96,23 +168,29 @@ def compare_manifests(manifests: list[Manifest], *, step: int | None = None,
 
 def construction_check(named: Iterable[tuple[str, torch.Tensor]], group=None,
                        layout: list[int] | None = None) -> None:
-    """Parameter names, shapes, dtypes and ORDER agree on all ranks (one ``all_gather_object``).
+    """Parameter names, shapes, dtypes and ORDER agree on all ranks.
 
     DDP's own construction check compares parameters by index and shape only, so two
     same-shaped parameters registered in swapped order on one rank pass it silently — and then
     each is averaged with the *other* parameter of the other ranks. This one compares names too.
-    ``layout`` (e.g. DDP's bucket sizes) is compared in the same gather: a rank with another
-    bucket cap would otherwise reach gloo with a different allreduce size, which aborts the
-    process (SIGABRT) instead of raising — here it is a ``BucketMisalignment`` naming the rank.
-    """
-    import torch.distributed as dist
+    ``layout`` (e.g. DDP's bucket sizes) is compared too: a rank with another bucket cap would
+    otherwise reach gloo with a different allreduce size, which aborts the process (SIGABRT)
+    instead of raising — here it is a ``BucketMisalignment`` naming the rank.
 
+    Cost: one tensor all-gather (``GATHER``) of the ``DIGEST_BYTES`` digest of manifest and
+    layout per rank. Only when the digests differ, two more (lengths, then the encoded
+    manifests, zlib-compressed and padded) bring every rank's manifest and layout to be compared
+    and named."""
     mine = parameter_manifest(named)
-    gathered: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, (manifest_digest(mine), mine, layout), group=group)
-    if len({d for d, _, _ in gathered}) > 1:
-        compare_manifests([m for _, m, _ in gathered])
-    layouts = [tuple(lay) if lay is not None else None for _, _, lay in gathered]
+    device = _collective_device(group, torch.device("cpu"))
+    digest = torch.frombuffer(bytearray(manifest_digest(mine, layout)), dtype=torch.uint8)
+    if len({tuple(row) for row in _all_gather(digest.to(device), group)}) == 1:
+        return
+    packed = zlib.compress(encode_manifest(mine, layout))
+    gathered = [decode_manifest(zlib.decompress(raw))
+                for raw in _all_gather_bytes(packed, group, device)]
+    compare_manifests([m for m, _ in gathered])
+    layouts = [tuple(lay) if lay is not None else None for _, lay in gathered]
     _, off = plurality(layouts)
     if off:
         split = split_view(layouts, off, show=lambda lay: f"{len(lay or ())} buckets "
@@ -166,36 +244,6 @@ def _fill_absent(m: Manifest, all_manifests: list[Manifest]) -> Manifest:
 # The replica check: a 64-bit checksum per parameter computed on its own device
 # (``replica_digest.ReplicaDigest``: the formula and its collision argument are there), compared
 # across ranks with tensor collectives (16 bytes per rank when the replicas agree).
-
-
-def _collective_device(group, device: torch.device) -> torch.device:
-    """Where this group's collectives take tensors: gloo → CPU, NCCL → the current GPU."""
-    import torch.distributed as dist
-
-    backend = str(dist.get_backend(group)).lower()
-    if device.type in backend or (device.type == "cuda" and "nccl" in backend):
-        return device  # e.g. "cpu:gloo,cuda:nccl", or NCCL with CUDA parameters
-    if "gloo" in backend or "mpi" in backend:
-        return torch.device("cpu")
-    if "nccl" in backend:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-# The tensor all-gather ``replica_check`` uses (torch 2.13 deprecates all_gather_into_tensor).
-GATHER = ("all_gather_single" if hasattr(torch.distributed, "all_gather_single")
-          else "all_gather_into_tensor")
-
-
-def _all_gather(local: torch.Tensor, group) -> list[list[int]]:
-    """Every rank's copy of ``local`` (1-D int64), in rank order; one host read."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group)
-    out = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
-    gather = getattr(dist, GATHER)
-    gather(out, local, group=group)
-    return out.view(world, local.numel()).tolist()
 
 
 def replica_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int, group=None,
