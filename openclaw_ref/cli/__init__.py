@@ -51,12 +51,17 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     from openclaw_ref.cli.checks import add_conform, add_doctor
-    from openclaw_ref.cli.experiments import add_hook_cost, add_p2, add_verify_scale
+    from openclaw_ref.cli.experiments import (
+        add_hook_cost,
+        add_p2,
+        add_startup_scale,
+        add_verify_scale,
+    )
     from openclaw_ref.cli.results import add_compare, add_report
     from openclaw_ref.cli.train import add_train
 
     return [add_train, add_compare, add_report, add_doctor, add_conform, add_hook_cost,
-            add_verify_scale, add_p2]
+            add_verify_scale, add_startup_scale, add_p2]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -60,6 +60,21 @@ def _cmd_verify_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_startup_scale(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("startup-scale", help="bytes each rank receives from harden()'s start-up "
+                                             "check at 8 to 8,192 ranks, before and after the "
+                                             "digest-first exchange (arithmetic, no ranks)")
+    p.set_defaults(func=_cmd_startup_scale)
+
+
+def _cmd_startup_scale(args: argparse.Namespace) -> int:
+    from openclaw_ref.experiments.startup_scale import measure
+
+    for row in measure((8, 64, 512, 1024, 4096, 8192)):
+        print(row)
+    return 0
+
+
 def add_p2(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("p2", help="the seed's P2 skew barrier off and on, interleaved "
                                   "(hardened fp32, tiny preset)")

@@ -6,7 +6,7 @@ only. Beside them the experiments a section calls: ``hook_cost.py`` (what a comm
 interleaved in one job), ``verify_scale.py`` (checking control blocks at 8 to 8,192 ranks),
 ``p2bench.py`` (the seed's skew barrier), ``ddp_option_matrix.py`` (``harden()`` on a plain model
 per DDP option), ``quantize.py`` (int8 after training), ``probes.py`` (recording comm hooks) and
-``runs.py`` (helpers shared by sections). Run on its own (no section):
-``python -m openclaw_ref.experiments.startup_scale``, the start-up check's bytes per rank at 8 to
-8,192 ranks, by arithmetic.
+``runs.py`` (helpers shared by sections). Run on its own (no section): ``startup_scale.py``, the
+start-up check's bytes per rank at 8 to 8,192 ranks, by arithmetic (``openclaw-bench
+startup-scale``).
 """

@@ -58,7 +58,3 @@ def measure(world_sizes=WORLD_SIZES, target_bytes: int = MANIFEST_BYTES) -> list
     manifest = synthesized_manifest(target_bytes)
     return [exchange_bytes(w, manifest) for w in world_sizes]
 
-
-if __name__ == "__main__":
-    for row in measure((8, 64, 512, 1024, 4096, 8192)):
-        print(row)
