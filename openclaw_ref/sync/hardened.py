@@ -65,6 +65,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync import checks
+from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control_layout import block_size, joined_slot
 from openclaw_ref.sync.ddp import wrap_ddp
@@ -220,8 +221,15 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
         if required is not None and name in required and p.requires_grad:
             state.required.add(id(p))
             state.handles.append(p.register_hook(_presence_hook(state.present, id(p))))
-    state.handles.append(
-        ddp_model.register_forward_pre_hook(lambda module, args: state.forward_started()))
+    watch = state.averaging = AveragingWatch(ddp_model, state.synchronized, state.progress,
+                                             global_rank)
+
+    def wrapper_forward(module, args) -> None:
+        watch.wrapper_forward()
+        state.forward_started()
+
+    state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
+    state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
     if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
         warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
