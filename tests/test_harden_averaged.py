@@ -104,14 +104,14 @@ def faulty_task(ctx, case: str) -> dict:
     """The published pattern ``case`` on every rank; what each rank saw."""
     ddp = _wrap("plain")
     state = harden(ddp)
-    if case == "converted":
-        ddp.double()
-        ddp.float()
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + ctx.rank)
     forward = ddp.module if case == "bypassed" else ddp
     reply: dict = {"error": None, "kind": None, "step": None}
     for step in range(STEPS):
+        if (case, step) in (("converted", 0), ("converted later", 2)):
+            ddp.double()
+            ddp.float()
         before = [p.detach().clone() for p in ddp.module.parameters()]
         try:
             forward(_batch(gen)).square().mean().backward()
@@ -139,14 +139,16 @@ def test_legitimate_uses_of_ddp_stay_silent_and_average(pools, case):
         assert reply["replicas_equal"]
 
 
-@pytest.mark.parametrize("case,cause", [
-    ("converted", "parameters were replaced after DDP wrapped them"),
-    ("bypassed", "the forward ran through ddp.module"),
+@pytest.mark.parametrize("case,cause,step", [
+    ("converted", "parameters were replaced after DDP wrapped them", 0),
+    ("converted later", "parameters were replaced after DDP wrapped them", 2),
+    ("bypassed", "the forward ran through ddp.module", 0),
 ])
-def test_gradients_ddp_never_averaged_raise_on_every_rank_before_the_step(pools, case, cause):
+def test_gradients_ddp_never_averaged_raise_on_every_rank_before_the_step(pools, case, cause,
+                                                                           step):
     replies = pools.get(2).run(faulty_task, case)
     for rank, reply in enumerate(replies):
         assert reply["kind"] == "GradientsNotAveraged", reply
         assert cause in reply["error"]
-        assert reply["step"] == 0 and reply["ranks"] == [rank]
+        assert reply["step"] == step and reply["ranks"] == [rank]
         assert reply["unchanged"]  # the optimizer had no un-averaged gradient to apply

@@ -8,14 +8,16 @@ through ``ddp.module`` (DDP's reducer is never armed) and a dtype/device convers
 wrapping (``ddp.double(); ddp.float()``, ``.cpu()``/``.cuda()`` as in pytorch#104336: autograd
 replaces the gradient accumulators DDP hooked, so DDP never sees a gradient).
 
-How: a forward hook on ``ddp.module`` puts one tensor hook on the output; when the backward
-reaches it, two nested end-of-backward callbacks run after DDP's own (static graph issues its
-first buckets from one) and compare the hook's progress (clock, records) with its value at the
-forward. Per step: one forward hook, one tensor hook, two callbacks, O(1) Python. Only when no
-bucket was issued does the watch look at the parameters (O(parameters), asking the engine
-whether their accumulators ran), and raises ``GradientsNotAveraged`` from ``backward()``, so
-the optimizer never applies the step. A backward that reaches no parameter (a loss that does
-not depend on them, ``autograd.grad`` towards the inputs) is silent.
+How: a forward hook on ``ddp.module`` puts one pre-hook on the output's autograd node; when the
+backward reaches it, it queues an end-of-backward callback that queues a second one, which so
+runs after every callback queued during the backward (DDP's own; static graph's delayed first
+allreduce) and compares the hook's progress (clock, issued records) with its value at the
+forward. Per step: one forward hook, one node pre-hook, two callbacks, O(1) Python (~5-10 µs
+measured on CPU; nothing per bucket). Only when no bucket was issued does the watch look at
+the parameters (O(parameters), asking the engine whether their accumulators ran), and raise
+``GradientsNotAveraged`` from ``backward()``, so the optimizer never applies the step. A
+backward that reaches no parameter (a loss that does not depend on them, ``autograd.grad``
+towards the inputs) is silent.
 """
 
 from __future__ import annotations
@@ -90,10 +92,11 @@ class AveragingWatch:
         out = output if isinstance(output, torch.Tensor) else next(
             (t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad),
             None)
-        if out is None or not out.requires_grad:
+        node = out.grad_fn if out is not None else None
+        if node is None:
             return
         mark = self.progress()
-        out.register_hook(lambda grad: _queue(lambda: _queue(lambda: self._verify(via, mark))))
+        node.register_prehook(lambda grads: _queue(lambda: _queue(lambda: self._verify(via, mark))))
 
     def _verify(self, via_wrapper: bool, mark: tuple[int, int]) -> None:
         if self.closed or self.progress() != mark:  # a bucket was issued: DDP averaged
