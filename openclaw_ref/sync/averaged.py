@@ -12,7 +12,7 @@ How: a forward hook on ``ddp.module`` puts one pre-hook on the output's autograd
 backward reaches it, it queues an end-of-backward callback that queues a second one, which so
 runs after every callback queued during the backward (DDP's own; static graph's delayed first
 allreduce) and compares the hook's progress (clock, issued records) with its value at the
-forward. Per step: one forward hook, one node pre-hook, two callbacks, O(1) Python (~5-10 µs
+forward. Per step: one forward hook, one node pre-hook, two callbacks, O(1) Python (~10 µs
 measured on CPU; nothing per bucket). Only when no bucket was issued does the watch look at
 the parameters (O(parameters), asking the engine whether their accumulators ran), and raise
 ``GradientsNotAveraged`` from ``backward()``, so the optimizer never applies the step. A
