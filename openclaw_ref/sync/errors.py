@@ -118,6 +118,10 @@ class ParameterMismatch(ConsistencyError):
     """Parameter names, shapes, dtypes or order differ between ranks at construction."""
 
 
+class GradientsNotAveraged(ConsistencyError):
+    """A backward gave parameters gradients that DDP never averaged (``averaged.Cause``)."""
+
+
 class ReplicaDivergence(ConsistencyError):
     """Parameters that must be bitwise equal on all ranks differ."""
 

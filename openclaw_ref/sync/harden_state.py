@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from openclaw_ref.sync import checks
+from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
 from openclaw_ref.sync.control_layout import (
     StepBlock,
@@ -82,6 +83,7 @@ class HardenState:
         self._device_marks: list[tuple[int, object]] = []
         self.handles: list = []  # the hooks harden() added (``RemovableHandle``), for close()
         self.closed = False  # after close() the comm hook is a plain allreduce
+        self.averaging: AveragingWatch | None = None  # were the gradients averaged? (harden())
 
     # called by the hook -------------------------------------------------------------------
     def membership(self, bucket: dist.GradBucket) -> tuple[int, list[str]]:
@@ -156,6 +158,10 @@ class HardenState:
         issued, whereas DDP issues its buckets in index order, so ``is_last()`` comes last
         whatever task it fires in."""
         torch.autograd.Variable._execution_engine.queue_callback(self._settle)
+
+    def progress(self) -> tuple[int, int]:
+        """(clock, buckets issued and not yet settled): changes whenever a bucket is issued."""
+        return self.clock, len(self._records)
 
     # the step -----------------------------------------------------------------------------
     def device_mark(self):
@@ -268,6 +274,8 @@ class HardenState:
         """Stop checking: remove the hooks harden() added, stop the watchdog; the comm hook,
         which DDP cannot unregister, becomes a plain allreduce. Idempotent."""
         self.closed = True
+        if self.averaging is not None:
+            self.averaging.closed = True
         for handle in self.handles:
             handle.remove()
         self.handles.clear()

@@ -48,6 +48,9 @@ Two ways to use it, the same checks in both::
         opt.zero_grad()
 
 What the hook and the step check share (caches, clock, ledger) is ``harden_state.HardenState``.
+A backward whose parameters received gradients while no bucket went through the hook (a
+forward through ``ddp.module``; parameters replaced by a conversion after wrapping) raises
+``GradientsNotAveraged`` from ``backward()``: ``averaged.AveragingWatch``.
 ``DDP.join()`` is supported: a joined rank's shadow allreduces carry a "joined" slot that
 abstains from every comparison. The replica check (``replica_check_every``) is a collective in
 the forward and must not be combined with ``join()``.
@@ -65,6 +68,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync import checks
+from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control_layout import block_size, joined_slot
 from openclaw_ref.sync.ddp import wrap_ddp
@@ -183,10 +187,11 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     registered (Python or C++ built-in), a process group with no backend for the gradients'
     device, a wire dtype the backend cannot reduce.
 
-    ``state.close()`` removes what this added (forward pre-hook, gradient-presence hooks,
-    watchdog thread) on the rank it runs on. DDP cannot unregister a comm hook: after
-    ``close()`` the hook is inert — a plain allreduce average like PyTorch's
-    ``allreduce_hook``, no control block, no check — so close every rank of the group.
+    ``state.close()`` removes what this added (forward pre-hook, gradient-presence hooks, the
+    forward hook of ``averaged.AveragingWatch`` on ``ddp_model.module``, watchdog thread) on
+    the rank it runs on. DDP cannot unregister a comm hook: after ``close()`` the hook is
+    inert — a plain allreduce average like PyTorch's ``allreduce_hook``, no control block, no
+    check — so close every rank of the group.
 
     After an error. A ``ConsistencyError`` (or a failed collective) is raised from inside
     DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of this DDP
@@ -220,8 +225,15 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
         if required is not None and name in required and p.requires_grad:
             state.required.add(id(p))
             state.handles.append(p.register_hook(_presence_hook(state.present, id(p))))
-    state.handles.append(
-        ddp_model.register_forward_pre_hook(lambda module, args: state.forward_started()))
+    watch = state.averaging = AveragingWatch(ddp_model, state.synchronized, state.progress,
+                                             global_rank)
+
+    def wrapper_forward(module, args) -> None:
+        watch.wrapper_forward()
+        state.forward_started()
+
+    state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
+    state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
     if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
         warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "

@@ -1,0 +1,115 @@
+"""``averaged``: were this backward's gradients averaged by DDP? One watch per hardened model.
+
+The invariant: a backward that accumulates a gradient into a parameter DDP synchronizes, after
+a forward DDP was asked to synchronize (the wrapper outside ``no_sync()``, or the inner module
+called directly), issues at least one bucket through the hardened comm hook. Two published
+silent errors break it on every rank at once, with no collective to disagree on: a forward
+through ``ddp.module`` (DDP's reducer is never armed) and a dtype/device conversion after
+wrapping (``ddp.double(); ddp.float()``, ``.cpu()``/``.cuda()`` as in pytorch#104336: autograd
+replaces the gradient accumulators DDP hooked, so DDP never sees a gradient).
+
+How: a forward hook on ``ddp.module`` puts one pre-hook on the output's autograd node; when the
+backward reaches it, it queues an end-of-backward callback that queues a second one, which so
+runs after every callback queued during the backward (DDP's own; static graph's delayed first
+allreduce) and compares the hook's progress (clock, issued records) with its value at the
+forward. Per step: one forward hook, one node pre-hook, two callbacks, O(1) Python (~10 µs
+measured on CPU; nothing per bucket). Only when no bucket was issued does the watch look at
+the parameters (O(parameters), asking the engine whether their accumulators ran), and raise
+``GradientsNotAveraged`` from ``backward()``, so the optimizer never applies the step. A
+backward that reaches no parameter (a loss that does not depend on them, ``autograd.grad``
+towards the inputs) is silent.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from openclaw_ref.sync.errors import GradientsNotAveraged
+
+
+class Cause(enum.Enum):
+    """Why a backward reduced no bucket although parameters received gradients."""
+
+    BYPASSED = ("the forward ran through ddp.module, not the DistributedDataParallel wrapper, so "
+                "DDP never averaged this step's gradients across ranks: call ddp(inputs) (to "
+                "accumulate gradients without averaging them, use ddp.no_sync())")
+    REPLACED = ("parameters were replaced after DDP wrapped them (a dtype/device conversion such "
+                "as .double()/.float()/.to()/.cpu()/.cuda() after wrapping?): DDP no longer sees "
+                "their gradients, so none were averaged: convert the model before wrapping it, "
+                "or wrap it again")
+    NO_BUCKET = ("parameters received gradients in a backward through the DDP wrapper, but DDP "
+                 "reduced no bucket: gradients were never averaged")
+
+
+def _accumulator(p: nn.Parameter):
+    """The autograd node that accumulates ``p.grad`` now (the one DDP hooked, unless replaced)."""
+    with torch.enable_grad():
+        return p.view_as(p).grad_fn.next_functions[0][0]
+
+
+def _accumulates(p: nn.Parameter) -> bool:
+    """Inside a backward: does the running graph task accumulate a gradient into ``p``?"""
+    try:
+        return bool(torch._C._will_engine_execute_node(_accumulator(p)))
+    except RuntimeError:  # autograd.grad(): it accumulates into no leaf
+        return False
+
+
+def _queue(callback: Callable[[], None]) -> None:
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+class AveragingWatch:
+    """Raises ``GradientsNotAveraged`` from a backward that DDP should have averaged and did
+    not (see the module docstring). ``progress`` is the hook's (clock, issued records)."""
+
+    def __init__(self, ddp: nn.Module, synchronized: list[tuple[str, nn.Parameter]],
+                 progress: Callable[[], tuple[int, int]], rank: int) -> None:
+        self.ddp = ddp
+        self.synchronized = synchronized
+        self.progress = progress
+        self.rank = rank
+        self.hooked = {id(p): _accumulator(p) for _, p in synchronized  # what DDP hooked
+                       if p.requires_grad}
+        self.via_wrapper = False  # set by the DDP wrapper's forward pre-hook
+        self.closed = False
+
+    def wrapper_forward(self) -> None:
+        self.via_wrapper = True
+
+    def module_forward(self, module: nn.Module, args, output) -> None:
+        """Forward hook of ``ddp.module``: watch the backward of an output that needs one."""
+        via, self.via_wrapper = self.via_wrapper, False
+        if self.closed or not torch.is_grad_enabled():
+            return
+        if via and not self.ddp.require_backward_grad_sync:  # no_sync(): nothing to average
+            return
+        out = output if isinstance(output, torch.Tensor) else next(
+            (t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad),
+            None)
+        node = out.grad_fn if out is not None else None
+        if node is None:
+            return
+        mark = self.progress()
+        node.register_prehook(lambda grads: _queue(lambda: _queue(lambda: self._verify(via, mark))))
+
+    def _verify(self, via_wrapper: bool, mark: tuple[int, int]) -> None:
+        if self.closed or self.progress() != mark:  # a bucket was issued: DDP averaged
+            return
+        received = [(n, p) for n, p in self.synchronized if p.requires_grad and _accumulates(p)]
+        if not received:
+            return
+        cause, params = Cause.NO_BUCKET, [n for n, _ in received]
+        if not via_wrapper:
+            cause = Cause.BYPASSED
+        else:
+            replaced = [n for n, p in received if _accumulator(p) is not self.hooked.get(id(p))]
+            if replaced:
+                cause, params = Cause.REPLACED, replaced
+        raise GradientsNotAveraged(cause.value, step=self.progress()[0], ranks=[self.rank],
+                                   params=params)
