@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from openclaw_ref.cli.choices import BACKENDS, CHECKS, CONFORM_FAULTS, PLANNERS, STRATEGIES, WIRES
+from openclaw_ref.cli.choices import BACKENDS, CHECKS, CONFORM_FAULTS
+from openclaw_ref.cli.sync_args import add_sync_arguments, sync_config_from_args
 from openclaw_ref.sync.errors import BadInput
 
 
@@ -32,17 +33,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def add_conform(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("conform", help="run the conformance checks on a live process group "
                                        "(under torchrun: this job's; else --world-size ranks)")
-    p.add_argument("--sync", default="hardened", choices=STRATEGIES, help="strategy under test")
-    p.add_argument("--wire", default="native", choices=WIRES,
-                   help="dtype a bucket travels as (hardened/bucketed)")
-    p.add_argument("--scale", default="4096", help="FP16 pre-scale: a power of two, or auto")
-    p.add_argument("--planner", default="static", choices=PLANNERS,
-                   help="the bucketed engine's bucket plan")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size cap (MB)")
-    p.add_argument("--replica-check-every", type=int, default=2, metavar="K",
-                   help="compare the replicas' parameters every K steps (0: never)")
-    p.add_argument("--watchdog-s", type=float, default=60.0,
-                   help="a bucket's allreduce unfinished this long is a hang")
+    add_sync_arguments(p, sync="hardened", replica_check_every=2)
     p.add_argument("--checks", default=",".join(CHECKS),
                    help=f"comma-separated subset of {','.join(CHECKS)}")
     p.add_argument("--faults", default=",".join(CONFORM_FAULTS),
@@ -66,7 +57,6 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     from openclaw_ref.core.jsonio import check_output_file
     from openclaw_ref.core.launch import LaunchConfig, launch
     from openclaw_ref.reporting.render import conformance_results_table
-    from openclaw_ref.sync.base import SyncConfig
     from openclaw_ref.sync.errors import EXIT_CHECK_FIRED
 
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
@@ -80,9 +70,7 @@ def _cmd_conform(args: argparse.Namespace) -> int:
         raise BadInput("conform needs --steps >= 3 (faults act at step 1 or 2)")
     if args.out:
         check_output_file(args.out, "--out")
-    sync = SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
-                      bucket_cap_mb=args.bucket_cap_mb,
-                      replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s)
+    sync = sync_config_from_args(args)
     train = dataclasses.replace(TRAIN_PRESETS["conformance"], steps=args.steps)
     settings = ConformSettings(sync=sync, train=train, faults=faults)
     cfg = LaunchConfig(args.world_size, backend=args.backend, timeout_s=args.timeout_s,

@@ -1,6 +1,7 @@
 """The choice lists the CLI's parsers offer, as plain constants.
 
 Why: their homes (the model presets, the strategies, the ``Wire``/``Planner``/``NonFinitePolicy``
+/``WatchdogAction``
 enums, the compare sections, the conformance checks, the hook-cost arms) import torch, and
 ``openclaw-bench --help`` must not (a torch import takes seconds). ``tests/test_cli.py`` proves
 each list equal to its home, so they cannot drift."""
@@ -13,6 +14,7 @@ STRATEGIES = ("ddp", "ddp-fp16", "ddp-detail", "local", "hardened", "bucketed",
 WIRES = ("native", "fp32", "fp16", "bf16")  # sync.base.Wire
 PLANNERS = ("static", "norm-ema", "norm-ema-agreed")  # sync.base.Planner
 NONFINITE_POLICIES = ("skip", "raise")  # sync.base.NonFinitePolicy
+WATCHDOG_ACTIONS = ("raise", "report", "exit")  # sync.base.WatchdogAction
 BACKENDS = ("auto", "gloo", "nccl")
 SECTIONS = ("strategies", "curves", "faults", "precision", "overflow", "raw_allreduce",
             "ablations", "lightning", "quantization", "hook_cost")  # experiments.registry

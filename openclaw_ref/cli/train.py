@@ -5,14 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from openclaw_ref.cli.choices import (
-    BACKENDS,
-    NONFINITE_POLICIES,
-    PLANNERS,
-    PRESETS,
-    STRATEGIES,
-    WIRES,
-)
+from openclaw_ref.cli.choices import BACKENDS, PRESETS
+from openclaw_ref.cli.sync_args import add_sync_arguments, sync_config_from_args
 from openclaw_ref.sync.errors import BadInput
 
 
@@ -37,20 +31,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"], help="optimizer")
     p.add_argument("--sparsity", type=_ratio_range, default=None, metavar="LOW,HIGH",
                    help="range of the masked fraction per step (None: the seed's 0.12,0.68)")
-    p.add_argument("--sync", default="ddp", choices=STRATEGIES,
-                   help="gradient-synchronization strategy")
-    p.add_argument("--wire", default="native", choices=WIRES,
-                   help="dtype a bucket travels as (hardened/bucketed)")
-    p.add_argument("--scale", default="4096", help="FP16 pre-scale: a power of two, or auto")
-    p.add_argument("--nonfinite", default="skip", choices=NONFINITE_POLICIES,
-                   help="a rank's NaN/inf gradient: skip the step on every rank, or raise")
-    p.add_argument("--planner", default="static", choices=PLANNERS,
-                   help="the bucketed engine's bucket plan")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size cap (MB)")
-    p.add_argument("--replica-check-every", type=int, default=0, metavar="K",
-                   help="compare the replicas' parameters every K steps (0: never)")
-    p.add_argument("--watchdog-s", type=float, default=60.0,
-                   help="a bucket's allreduce unfinished this long is a hang (exit 4)")
+    add_sync_arguments(p, sync="ddp", replica_check_every=0)
     p.add_argument("--inject", action="append", default=[], metavar="NAME[=VALUE][@RANK][:STEP]",
                    help="inject a fault (repeatable)")
     p.add_argument("--imbalance", type=float, default=1.0,
@@ -80,7 +61,6 @@ def train_config_from_args(args: argparse.Namespace):
     from openclaw_ref.core.launch import under_torchrun
     from openclaw_ref.core.train import TrainConfig
     from openclaw_ref.ops.prometheus import MetricsConfig
-    from openclaw_ref.sync.base import SyncConfig
 
     world_size = args.world_size if args.world_size is not None else 2
     if under_torchrun():
@@ -96,10 +76,7 @@ def train_config_from_args(args: argparse.Namespace):
         preset=args.preset, world_size=world_size, steps=args.steps,
         global_batch=args.global_batch, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
         sparsity_range=args.sparsity, eval_every=args.eval_every,
-        sync=SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
-                        nonfinite=args.nonfinite,
-                        bucket_cap_mb=args.bucket_cap_mb,
-                        replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s),
+        sync=sync_config_from_args(args),
         data=data, faults=tuple(parse_fault(f) for f in args.inject), backend=args.backend,
         metrics=MetricsConfig(port=args.metrics_port, skew_barrier_ms=args.skew_barrier_ms),
         timeout_s=args.timeout_s, progress=not args.no_progress, out=args.out,

@@ -1,0 +1,49 @@
+"""The sync-strategy flags, declared once for every subcommand that builds a ``SyncConfig``
+(``train``, ``conform``): the same names, choices and help, and one translation back."""
+
+from __future__ import annotations
+
+import argparse
+
+from openclaw_ref.cli.choices import (
+    NONFINITE_POLICIES,
+    PLANNERS,
+    STRATEGIES,
+    WATCHDOG_ACTIONS,
+    WIRES,
+)
+
+
+def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_every: int) -> None:
+    """The flags of ``SyncConfig``; ``sync`` and ``replica_check_every`` are the subcommand's
+    own defaults (conformance runs the hardened strategy with replica checks on)."""
+    p.add_argument("--sync", default=sync, choices=STRATEGIES,
+                   help="gradient-synchronization strategy")
+    p.add_argument("--wire", default="native", choices=WIRES,
+                   help="dtype a bucket travels as (hardened/bucketed)")
+    p.add_argument("--scale", default="4096",
+                   help="FP16 pre-scale: a power of two, auto, or loss-scaler (a loss scaler "
+                        "such as GradScaler owns the scale)")
+    p.add_argument("--nonfinite", default="skip", choices=NONFINITE_POLICIES,
+                   help="a rank's NaN/inf gradient: skip the step on every rank, or raise")
+    p.add_argument("--planner", default="static", choices=PLANNERS,
+                   help="the bucketed engine's bucket plan")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size cap (MB)")
+    p.add_argument("--replica-check-every", type=int, default=replica_check_every, metavar="K",
+                   help="compare the replicas' parameters every K steps (0: never)")
+    p.add_argument("--watchdog-s", type=float, default=60.0,
+                   help="a bucket's allreduce unfinished this long gets a diagnosis of the "
+                        "late ranks")
+    p.add_argument("--watchdog-action", default="raise", choices=WATCHDOG_ACTIONS,
+                   help="after the diagnosis: raise in the training thread if the collective "
+                        "failed or a late rank is silent, report only, or exit 4")
+
+
+def sync_config_from_args(args: argparse.Namespace):
+    """The ``SyncConfig`` the flags of ``add_sync_arguments`` describe (raises BadInput)."""
+    from openclaw_ref.sync.base import SyncConfig
+
+    return SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
+                      nonfinite=args.nonfinite, bucket_cap_mb=args.bucket_cap_mb,
+                      replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s,
+                      watchdog_action=args.watchdog_action)
