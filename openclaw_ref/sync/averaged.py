@@ -14,8 +14,9 @@ runs after every callback queued during the backward (DDP's own; static graph's 
 allreduce) and compares the hook's progress (clock, issued records) with its value at the
 forward. Per step: one forward hook, one node pre-hook, two callbacks, O(1) Python (~10 µs
 timed by hand on CPU, not by the hook-cost job; nothing per bucket). Only when no bucket was
-issued does the watch look at the parameters (O(parameters), asking the engine whether their accumulators ran), and raise
-``GradientsNotAveraged`` from ``backward()``, so the optimizer never applies the step. A
+issued does the watch look at the parameters (O(parameters), asking the engine whether their
+accumulators ran), and raise ``GradientsNotAveraged`` from ``backward()``, so the optimizer
+never applies the step. A
 backward that reaches no parameter (a loss that does not depend on them, ``autograd.grad``
 towards the inputs) is silent.
 """
