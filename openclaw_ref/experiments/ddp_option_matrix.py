@@ -10,7 +10,7 @@ branch, ``static_graph``, ``gradient_as_bucket_view``, small buckets so DDP rebu
 iteration 1), ``no_sync`` accumulation, ``join()`` with uneven inputs, frozen parameters,
 mixed parameter dtypes, DDP on a sub-group, ``torch.amp.GradScaler`` with fp16 autocast, and
 the wire dtype. The same task injects a rank-dependent FP16 pre-scale to show that detection
-survives each option. ``conformance/test_ddp_options.py`` asserts on the results.
+survives each option. ``conformance/suite/test_ddp_options.py`` asserts on the results.
 
 Nothing here uses the openclaw training loop: the loops below are what a user writes.
 """

@@ -19,7 +19,7 @@ from openclaw_ref.core.config import TRAIN_PRESETS, TrainSection
 from openclaw_ref.core.faults import parse_fault
 from openclaw_ref.sync.base import SyncConfig
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 
 SELF_VERIFYING = ("hardened", "bucketed")
 

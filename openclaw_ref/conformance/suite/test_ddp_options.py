@@ -23,7 +23,7 @@ from openclaw_ref.experiments.ddp_option_matrix import (
 )
 from openclaw_ref.sync.errors import ScaleMismatch
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 
 FP32_PARITY = 1e-6
 SCALER_PARITY = 1e-5

@@ -12,17 +12,19 @@ from pathlib import Path
 
 import pytest
 
+import openclaw_ref
 from openclaw_ref.cli import main
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "openclaw_ref", "conform"]
 
 
 def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    package_root = str(Path(openclaw_ref.__file__).parents[1])  # the checkout or site-packages
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": package_root}
     return subprocess.run(TORCHRUN + list(args), capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=Path(__file__).parents[1])
+                          env=env)
 
 
 def test_hardened_passes_every_check_on_a_torchrun_group(tmp_path):

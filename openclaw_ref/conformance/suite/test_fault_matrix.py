@@ -27,7 +27,7 @@ from openclaw_ref.conformance.fault_matrix import (
 from openclaw_ref.core.faults import FAULTS
 from openclaw_ref.reporting.render import fault_matrix_table
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 
 SETTINGS = MatrixSettings()
 

@@ -28,7 +28,7 @@ from openclaw_ref.sync.precision import (
     to_wire,
 )
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 
 LO, HI = 0.12, 0.68  # the seed's sparsity range (S2)
 ratios = st.floats(LO, HI, allow_nan=False)

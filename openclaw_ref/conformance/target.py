@@ -1,0 +1,191 @@
+"""What the conformance suite trains when it is pointed at someone else's model and comm hook.
+
+The target protocol (the README's "Run the conformance suite on your own model"):
+
+  ``FACTORY()``                        returns a ``Target``: the module, a deterministic batch
+                                       function of (step, rank, world size), and a loss;
+  ``CALLABLE(ddp_model, process_group)``  registers the user's comm hook on the DDP model (or
+                                       calls ``harden``); omitted = stock DDP.
+
+Both are named by ``"MODULE:NAME"`` strings, never passed as objects: every rank process is
+spawned and imports them itself. ``TargetSpec`` carries the strings; ``validate_spec`` imports
+and tries them in the parent, so bad input fails in one line (``BadInput``, exit 2; a pytest
+usage error) before any rank starts.
+
+Invariant of a ``Target``: ``batch(step, rank, world_size)`` returns ``(inputs, labels)`` with
+the same number of samples on every rank, and ``loss`` is a mean over the samples — so the
+average of the ranks' gradients equals the gradient of one process on the concatenated
+global batch (the equivalence check's reference).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from openclaw_ref.sync.errors import BadInput
+
+Batch = tuple[Any, Any]  # (inputs: a tensor or a tuple of forward arguments, labels)
+
+
+class Wire(enum.StrEnum):
+    """The dtype a user's hook sends gradients as; it sets the equivalence tolerance."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model and how to train it: ``loss(module(*inputs), labels)`` on ``batch(step, rank,
+    world_size)``. ``lr``: the SGD step the checks train with; ``find_unused_parameters``: what
+    DDP must be told (a model whose forward may skip parameters needs True)."""
+
+    module: Any  # torch.nn.Module (not imported here: the pytest plugin loads this module)
+    batch: Callable[[int, int, int], Batch]
+    loss: Callable[[Any, Any], Any]
+    lr: float = 0.05
+    find_unused_parameters: bool = False
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What to test, as importable names: ``model`` (``MODULE:FACTORY``; None = the openclaw
+    model), ``hook`` (``MODULE:CALLABLE``; None = stock DDP), the world size and the wire."""
+
+    model: str | None = None
+    hook: str | None = None
+    world_size: int = 2
+    wire: Wire = Wire.FP32
+
+    @property
+    def factory(self) -> str:
+        return self.model or OPENCLAW_FACTORY
+
+    @property
+    def is_openclaw(self) -> bool:
+        return self.model is None
+
+
+OPENCLAW_FACTORY = "openclaw_ref.conformance.target:openclaw_target"
+
+
+def resolve(name: str, what: str) -> Any:
+    """The object a ``"MODULE:NAME"`` string names; ``BadInput`` naming ``what`` otherwise."""
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise BadInput(f"{what} {name!r} must be MODULE:NAME")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an import error, or anything the module raises on import
+        raise BadInput(f"{what} {name!r}: cannot import {module_name}: "
+                       f"{type(exc).__name__}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise BadInput(f"{what} {name!r}: module {module_name} has no {attr!r}") from None
+
+
+def build_target(factory: str) -> Target:
+    """Call ``factory`` and check that it returned a ``Target``."""
+    fn = resolve(factory, "--openclaw-model")
+    _require_arity(fn, 0, "--openclaw-model", factory)
+    target = fn()
+    if not isinstance(target, Target):
+        raise BadInput(f"--openclaw-model {factory!r} returned {type(target).__name__}, not "
+                       f"openclaw_ref.conformance.target.Target")
+    return target
+
+
+def load_hook(name: str | None) -> Callable | None:
+    """The user's ``CALLABLE(ddp_model, process_group)``, or None for stock DDP."""
+    if name is None:
+        return None
+    fn = resolve(name, "--openclaw-hook")
+    _require_arity(fn, 2, "--openclaw-hook", name)
+    return fn
+
+
+def _require_arity(fn: Any, n: int, what: str, name: str) -> None:
+    if not callable(fn):
+        raise BadInput(f"{what} {name!r} is a {type(fn).__name__}, not a callable")
+    try:
+        inspect.signature(fn).bind(*([None] * n))
+    except TypeError:
+        raise BadInput(f"{what} {name!r} must take {n} positional argument(s); its signature "
+                       f"is {inspect.signature(fn)}") from None
+    except ValueError:  # no signature to read (a builtin): let the call decide
+        pass
+
+
+def global_batch(target: Target, step: int, world_size: int) -> Batch:
+    """Every rank's shard of ``step`` concatenated in rank order: what one process trains on."""
+    import torch
+
+    shards = [target.batch(step, r, world_size) for r in range(world_size)]
+    inputs = [_as_tuple(s[0]) for s in shards]
+    joined = tuple(torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0]
+                   for parts in zip(*inputs))
+    return joined, torch.cat([s[1] for s in shards])
+
+
+def _as_tuple(inputs: Any) -> tuple:
+    return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def forward_loss(target: Target, module: Any, batch: Batch) -> Any:
+    inputs, labels = batch
+    return target.loss(module(*_as_tuple(inputs)), labels)
+
+
+def check_fits(target: Target, factory: str, world_size: int) -> None:
+    """The model trains at ``world_size``: each rank's batch is an (inputs, labels) pair with
+    the same number of samples (at least one), and the loss is a scalar tensor."""
+    import torch
+
+    sizes = []
+    for rank in range(world_size):
+        shard = target.batch(0, rank, world_size)
+        if not (isinstance(shard, tuple) and len(shard) == 2
+                and isinstance(shard[1], torch.Tensor)):
+            raise BadInput(f"--openclaw-model {factory!r}: batch(0, {rank}, {world_size}) must "
+                           f"return (inputs, labels tensor)")
+        sizes.append(shard[1].shape[0] if shard[1].dim() else 0)
+    if min(sizes) < 1 or len(set(sizes)) > 1:
+        raise BadInput(f"--openclaw-model {factory!r} does not fit world size {world_size}: "
+                       f"samples per rank {sizes} (each rank needs the same number, >= 1)")
+    loss = forward_loss(target, target.module, target.batch(0, 0, world_size))
+    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+        raise BadInput(f"--openclaw-model {factory!r}: loss must return a scalar tensor")
+
+
+def validate_spec(spec: TargetSpec) -> None:
+    """Every check that can run before a rank starts; ``BadInput`` (one line) on the first."""
+    if spec.world_size < 2:
+        raise BadInput(f"--openclaw-world-size must be >= 2; got {spec.world_size}")
+    load_hook(spec.hook)
+    check_fits(build_target(spec.factory), spec.factory, spec.world_size)
+
+
+def openclaw_target() -> Target:
+    """The suite's own model as a ``Target``: the tiny openclaw preset on its skill dataset (the
+    default when no ``--openclaw-model`` is given)."""
+    import torch.nn.functional as F
+
+    from openclaw_ref.core.config import ModelSection
+    from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+    from openclaw_ref.core.model import build_model
+
+    cfg = ModelSection().model_config()
+    ds = SkillDataset(cfg, DataConfig(seed=1))
+
+    def batch(step: int, rank: int, world_size: int) -> Batch:
+        b = rank_batch(ds, step, 4 * world_size, rank, world_size)
+        return (b.tokens, b.sample_ids, step), b.labels
+
+    return Target(build_model(cfg), batch, F.cross_entropy, lr=0.05, find_unused_parameters=True)

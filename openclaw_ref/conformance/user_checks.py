@@ -1,0 +1,172 @@
+"""The conformance checks that apply to any model: run on a ``TargetSpec`` (the user's model and
+comm hook, or the openclaw model under stock DDP) on a live group, verdicts identical on every
+rank, failures naming the step, the ranks and the parameter or bucket as the openclaw checks do.
+
+  equivalence          N ranks end where one process ends on the concatenated global batch
+                       (max |Δparam| ≤ EQUIVALENCE_ATOL[wire]); per DDP option set (``DDP_OPTION
+                       SETS``: default, gradient-as-bucket-view, static graph, no_sync);
+  replica consistency  parameters bitwise equal on every rank after every step;
+  bucket layout        the buckets the user's hook saw are identical on every rank every step;
+  fault                one injected fault (on the target's own parameter names) and what the
+                       hook made of it: detected (a ``ConsistencyError`` naming ranks), silent
+                       corruption (replicas or the result wrong, nothing raised) or no effect.
+
+Checks that need the openclaw model (gating sparsity, the overflow workload, the bucketed
+engine) stay in ``checks.py`` and skip on other models.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from openclaw_ref.conformance.checks import EQUIVALENCE_ATOL
+from openclaw_ref.conformance.recorders import ReplicaDigests
+from openclaw_ref.conformance.settings import CheckResult
+from openclaw_ref.conformance.target import TargetSpec
+from openclaw_ref.conformance.user_run import (
+    USER_STRATEGY,
+    Layouts,
+    LoopOptions,
+    train_reference,
+    train_target,
+)
+from openclaw_ref.core.collectives import gather
+from openclaw_ref.core.faults import FaultSpec
+from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence
+from openclaw_ref.sync.vote import plurality
+
+DDP_OPTION_SETS: dict[str, LoopOptions] = {
+    "default": LoopOptions(),
+    "gradient_as_bucket_view": LoopOptions(ddp_options=(("gradient_as_bucket_view", True),)),
+    "static_graph": LoopOptions(ddp_options=(("static_graph", True),)),
+    "no_sync": LoopOptions(accumulate=2),
+}
+
+
+class FaultOutcome(enum.StrEnum):
+    DETECTED = "detected"
+    SILENT_CORRUPTION = "silent-corruption"
+    NO_EFFECT = "no-effect"
+
+
+def _strategy(spec: TargetSpec) -> str:
+    return spec.hook or f"{USER_STRATEGY} (stock DDP)"
+
+
+def check_equivalence(ctx, spec: TargetSpec, option_set: str = "default") -> CheckResult:
+    """Every rank's parameters after the run against one process on the same global batches;
+    each rank computes the reference itself from the parameters DDP started from."""
+    options = DDP_OPTION_SETS[option_set]
+    model, start = train_target(ctx, spec, options)
+    reference = dict(train_reference(spec, options, ctx.world_size, start).named_parameters())
+    worst = max(((float((p.detach() - reference[n].detach()).abs().max()), n)
+                 for n, p in model.named_parameters()), default=(0.0, ""))
+    per_rank = gather(ctx, worst)
+    atol = EQUIVALENCE_ATOL[spec.wire]
+    bad = [r for r, (diff, _) in enumerate(per_rank) if not diff <= atol]
+    diff, param = max(per_rank)
+    figures = {"max_abs_param_diff": diff, "per_rank": [d for d, _ in per_rank], "atol": atol,
+               "wire": str(spec.wire), "steps": options.steps, "ddp_options": option_set}
+    name = f"equivalence ({option_set})"
+    if bad:
+        first = per_rank[bad[0]][1]
+        return CheckResult(name, _strategy(spec), False,
+                           f"ranks {bad} differ from one process on the same global batch: max "
+                           f"|Δparam| {diff:.3g} in {first!r} (tolerance {atol:g}, wire "
+                           f"{spec.wire})", figures,
+                           {"kind": "NotEquivalent", "ranks": bad, "params": [first]})
+    return CheckResult(name, _strategy(spec), True,
+                       f"{ctx.world_size} ranks equal one process within {atol:g} (max |Δ| "
+                       f"{diff:.3g} in {param!r})", figures)
+
+
+def check_replica_consistency(ctx, spec: TargetSpec,
+                              faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
+    """Parameters bitwise equal on every rank after every optimizer step."""
+    digests = ReplicaDigests()
+    options = LoopOptions()
+    error = _catching(lambda: train_target(ctx, spec, options, faults, [digests]))
+    per_rank = gather(ctx, digests.digests)
+    steps = min(len(x) for x in per_rank)
+    figures = {"steps": steps}
+    if error is not None:
+        return CheckResult("replica consistency", _strategy(spec), False,
+                           f"the run stopped: {error}", figures, error.event().to_json())
+    for step in range(steps):
+        at = [x[step] for x in per_rank]
+        odd = plurality(at).differing
+        if odd:
+            params = [n for i, n in enumerate(digests.names) if len({a[i] for a in at}) > 1]
+            err = ReplicaDivergence("parameters differ between replicas", step=step, ranks=odd,
+                                    params=params)
+            return CheckResult("replica consistency", _strategy(spec), False, str(err), figures,
+                               err.event().to_json())
+    return CheckResult("replica consistency", _strategy(spec), True,
+                       f"bitwise equal on {ctx.world_size} ranks after each of {steps} steps",
+                       figures)
+
+
+def check_bucket_layout(ctx, spec: TargetSpec) -> CheckResult:
+    """The buckets the hook was called with, identical on every rank at every step."""
+    layouts = Layouts()
+    train_target(ctx, spec, LoopOptions(), callbacks=[layouts])
+    per_rank = gather(ctx, layouts.layouts)
+    steps = min(len(x) for x in per_rank)
+    figures = {"steps": steps, "buckets": len(per_rank[0][-1]) if steps else 0}
+    for step in range(steps):
+        at = [x[step] for x in per_rank]
+        odd = plurality(at).differing
+        if odd:
+            return CheckResult("bucket layout", _strategy(spec), False,
+                               f"BucketMisalignment at step {step}, ranks {odd}", figures,
+                               {"kind": "BucketMisalignment", "step": step, "ranks": odd})
+    return CheckResult("bucket layout", _strategy(spec), True,
+                       f"{figures['buckets']} bucket(s), identical on {ctx.world_size} ranks at "
+                       f"all {steps} steps", figures)
+
+
+def check_fault(ctx, spec: TargetSpec, fault: FaultSpec) -> CheckResult:
+    """What the hook does with ``fault``: detected (raised, naming ranks), silent corruption
+    (replicas differ, or differ from the fault-free run) or no effect."""
+    digests = ReplicaDigests()
+    options = LoopOptions()
+    error = _catching(lambda: train_target(ctx, spec, options, (fault,), [digests]))
+    per_rank = gather(ctx, (digests.digests[-1:], error.event().to_json() if error else None))
+    clean = ReplicaDigests()
+    train_target(ctx, spec, options, (), [clean])
+    events = [e for _, e in per_rank if e is not None]
+    figures = {"fault": fault.name, "rank": fault.target_rank(ctx.world_size)}
+    if events:
+        outcome, ranks = FaultOutcome.DETECTED, sorted({r for e in events
+                                                        for r in e.get("ranks", [])})
+    else:
+        finals = [d[0] for d, _ in per_rank]
+        wrong = len(set(finals)) > 1 or finals[0] != clean.digests[-1]
+        outcome, ranks = (FaultOutcome.SILENT_CORRUPTION if wrong else FaultOutcome.NO_EFFECT), []
+    figures.update(outcome=str(outcome), ranks=ranks)
+    return CheckResult(f"fault: {fault.name}", _strategy(spec),
+                       outcome == FaultOutcome.DETECTED and figures["rank"] in ranks,
+                       f"{outcome}" + (f", ranks {ranks}" if ranks else ""), figures,
+                       events[0] if events else None)
+
+
+def _catching(fn) -> ConsistencyError | None:
+    try:
+        fn()
+    except ConsistencyError as exc:
+        return exc
+    return None
+
+
+def fault_for(spec_text: str, model: torch.nn.Module) -> FaultSpec:
+    """A model-agnostic fault aimed at ``model``'s own first parameter where it takes one."""
+    from openclaw_ref.core.faults import parse_fault
+
+    fault = parse_fault(spec_text)
+    if fault.value is None and fault.name in ("bitflip", "nan-grad", "missing-grad"):
+        import dataclasses
+
+        fault = dataclasses.replace(fault, value=next(n for n, _ in model.named_parameters()))
+    return fault
