@@ -4,7 +4,7 @@ an installed wheel loads it through its ``pytest11`` entry point, registered und
 name so it loads once) and the Hypothesis profiles.
 """
 
-from openclaw_ref.conformance.plugin import load_hypothesis_profiles
+from openclaw_ref.conformance.suite.profiles import load_hypothesis_profiles
 
 pytest_plugins = ["openclaw_ref.conformance.plugin"]
 

@@ -36,8 +36,15 @@ def add_conform(sub: argparse._SubParsersAction) -> None:
     add_sync_arguments(p, sync="hardened", replica_check_every=2)
     p.add_argument("--checks", default=",".join(CHECKS),
                    help=f"comma-separated subset of {','.join(CHECKS)}")
-    p.add_argument("--faults", default=",".join(CONFORM_FAULTS),
-                   help="faults the fault-detection check injects (NAME[=VALUE][@RANK][:STEP])")
+    p.add_argument("--faults", default=None,
+                   help="faults the fault-detection check injects (NAME[=VALUE][@RANK][:STEP]); "
+                        f"default {','.join(CONFORM_FAULTS)}, none with --model/--hook")
+    p.add_argument("--model", default=None, metavar="MODULE:FACTORY",
+                   help="check your own model: FACTORY() returns an "
+                        "openclaw_ref.conformance.target.Target (the model-agnostic checks run)")
+    p.add_argument("--hook", default=None, metavar="MODULE:CALLABLE",
+                   help="CALLABLE(ddp_model, process_group) registers your comm hook "
+                        "(default: stock DDP)")
     p.add_argument("--steps", type=int, default=6, help="training steps per check (>= 3)")
     p.add_argument("--world-size", type=int, default=2, help="ranks to spawn outside torchrun")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
@@ -59,6 +66,9 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     from openclaw_ref.reporting.render import conformance_results_table
     from openclaw_ref.sync.errors import EXIT_CHECK_FIRED
 
+    if args.model or args.hook:
+        return _conform_target(args)
+    args.faults = ",".join(CONFORM_FAULTS) if args.faults is None else args.faults
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
     unknown = sorted(set(checks) - set(CHECKS))
     if unknown or not checks:
@@ -86,3 +96,36 @@ def _cmd_conform(args: argparse.Namespace) -> int:
             print(f"results JSON: {args.out}")
     return 0 if all(r.passed for r in results) else EXIT_CHECK_FIRED
 
+
+
+def _conform_target(args: argparse.Namespace) -> int:
+    """``conform --model/--hook``: the model-agnostic checks on the user's target; every input is
+    imported and tried here, before any rank starts."""
+    import os
+
+    from openclaw_ref.conformance.report import ConformanceReport
+    from openclaw_ref.conformance.settings import CheckResult
+    from openclaw_ref.conformance.target import TargetSpec, validate_spec
+    from openclaw_ref.conformance.user_checks import run_user_checks
+    from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.core.jsonio import check_output_file
+    from openclaw_ref.core.launch import LaunchConfig, launch
+    from openclaw_ref.reporting.render import conformance_results_table
+    from openclaw_ref.sync.errors import EXIT_CHECK_FIRED
+
+    spec = TargetSpec(args.model, args.hook, args.world_size, args.wire)  # --wire: its tolerance
+    validate_spec(spec)
+    faults = tuple(f.strip() for f in (args.faults or "").split(",") if f.strip())
+    for f in faults:
+        parse_fault(f)
+    if args.out:
+        check_output_file(args.out, "--out")
+    cfg = LaunchConfig(args.world_size, backend=args.backend, timeout_s=args.timeout_s,
+                       pg_timeout_s=max(30.0, args.watchdog_s * 2))
+    results = [CheckResult(**r) for r in launch(run_user_checks, cfg, spec, faults)[0]]
+    if os.environ.get("RANK", "0") == "0":
+        print(conformance_results_table(results))
+        if args.out:
+            ConformanceReport(checks=results).write(args.out)
+            print(f"results JSON: {args.out}")
+    return 0 if all(r.passed for r in results) else EXIT_CHECK_FIRED

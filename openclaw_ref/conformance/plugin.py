@@ -3,7 +3,7 @@ options, fixtures and report, in any environment where ``openclaw-sync`` is inst
 
     pytest -m conformance --pyargs openclaw_ref.conformance.suite \
         [--openclaw-model MODULE:FACTORY] [--openclaw-hook MODULE:CALLABLE] \
-        [--openclaw-world-size N] [--openclaw-wire fp32|bf16|fp16]
+        [--openclaw-world-size N] [--openclaw-wire native|fp32|fp16|bf16]
 
 Without ``--openclaw-model`` the suite runs on the openclaw model. With it, the tests marked
 ``openclaw_model`` (they need its gating sparsity or parameter names) skip with that reason, and
@@ -26,13 +26,14 @@ from pathlib import Path
 
 import pytest
 
+from openclaw_ref.cli.choices import WIRES
+
 ENV_OUT = "OPENCLAW_CONFORMANCE_OUT"
 MARKERS = (
     "conformance: the conformance suite users run on their own cluster (pytest -m conformance)",
     "openclaw_model: needs the openclaw model; skipped under --openclaw-model",
     "slow: long cases (world size 8, nightly profile); run by `tox -e slow`, not in CI",
 )
-WIRES = ("fp32", "bf16", "fp16")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -119,15 +120,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     path = config.stash.get(_REPORT_PATH, None)
     if path:
         terminalreporter.write_line(f"conformance report: {path}")
-
-
-def load_hypothesis_profiles() -> None:
-    """Register the ``dev``/``ci``/``nightly`` profiles and load ``$HYPOTHESIS_PROFILE``'s
-    (default ``dev``). Called by the suite's and the repository's conftest, not on load."""
-    from hypothesis import HealthCheck, settings
-
-    settings.register_profile("dev", max_examples=10, deadline=None)
-    settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
-                              print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("nightly", max_examples=500, deadline=None)
-    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

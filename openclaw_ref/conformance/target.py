@@ -20,7 +20,6 @@ global batch (the equivalence check's reference).
 
 from __future__ import annotations
 
-import enum
 import importlib
 import inspect
 from collections.abc import Callable
@@ -30,14 +29,6 @@ from typing import Any
 from openclaw_ref.sync.errors import BadInput
 
 Batch = tuple[Any, Any]  # (inputs: a tensor or a tuple of forward arguments, labels)
-
-
-class Wire(enum.StrEnum):
-    """The dtype a user's hook sends gradients as; it sets the equivalence tolerance."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
 
 
 @dataclass(frozen=True)
@@ -56,12 +47,13 @@ class Target:
 @dataclass(frozen=True)
 class TargetSpec:
     """What to test, as importable names: ``model`` (``MODULE:FACTORY``; None = the openclaw
-    model), ``hook`` (``MODULE:CALLABLE``; None = stock DDP), the world size and the wire."""
+    model), ``hook`` (``MODULE:CALLABLE``; None = stock DDP), the world size and the wire the
+    hook sends (a ``sync.base.Wire`` value: it sets the equivalence tolerance)."""
 
     model: str | None = None
     hook: str | None = None
     world_size: int = 2
-    wire: Wire = Wire.FP32
+    wire: str = "fp32"
 
     @property
     def factory(self) -> str:
@@ -166,8 +158,12 @@ def check_fits(target: Target, factory: str, world_size: int) -> None:
 
 def validate_spec(spec: TargetSpec) -> None:
     """Every check that can run before a rank starts; ``BadInput`` (one line) on the first."""
+    from openclaw_ref.sync.base import Wire
+
     if spec.world_size < 2:
         raise BadInput(f"--openclaw-world-size must be >= 2; got {spec.world_size}")
+    if spec.wire not in set(Wire):
+        raise BadInput(f"--openclaw-wire must be one of {', '.join(Wire)}; got {spec.wire!r}")
     load_hook(spec.hook)
     check_fits(build_target(spec.factory), spec.factory, spec.world_size)
 

@@ -34,6 +34,7 @@ from openclaw_ref.conformance.user_run import (
 )
 from openclaw_ref.core.collectives import gather
 from openclaw_ref.core.faults import FaultSpec
+from openclaw_ref.sync.base import Wire
 from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence
 from openclaw_ref.sync.vote import plurality
 
@@ -64,7 +65,7 @@ def check_equivalence(ctx, spec: TargetSpec, option_set: str = "default") -> Che
     worst = max(((float((p.detach() - reference[n].detach()).abs().max()), n)
                  for n, p in model.named_parameters()), default=(0.0, ""))
     per_rank = gather(ctx, worst)
-    atol = EQUIVALENCE_ATOL[spec.wire]
+    atol = EQUIVALENCE_ATOL[Wire(spec.wire)]
     bad = [r for r, (diff, _) in enumerate(per_rank) if not diff <= atol]
     diff, param = max(per_rank)
     figures = {"max_abs_param_diff": diff, "per_rank": [d for d, _ in per_rank], "atol": atol,
@@ -108,10 +109,12 @@ def check_replica_consistency(ctx, spec: TargetSpec,
                        figures)
 
 
-def check_bucket_layout(ctx, spec: TargetSpec) -> CheckResult:
-    """The buckets the hook was called with, identical on every rank at every step."""
+def check_bucket_layout(ctx, spec: TargetSpec,
+                        faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
+    """The buckets the hook was called with (parameter names), identical on every rank at
+    every step."""
     layouts = Layouts()
-    train_target(ctx, spec, LoopOptions(), callbacks=[layouts])
+    train_target(ctx, spec, LoopOptions(), faults, [layouts])
     per_rank = gather(ctx, layouts.layouts)
     steps = min(len(x) for x in per_rank)
     figures = {"steps": steps, "buckets": len(per_rank[0][-1]) if steps else 0}
@@ -170,3 +173,17 @@ def fault_for(spec_text: str, model: torch.nn.Module) -> FaultSpec:
 
         fault = dataclasses.replace(fault, value=next(n for n, _ in model.named_parameters()))
     return fault
+
+
+def run_user_checks(ctx, spec: TargetSpec, faults: tuple[str, ...] = ()) -> list[dict]:
+    """``openclaw-bench conform --model/--hook`` on one rank: every model-agnostic check (the
+    DDP option sets the target supports, then each fault), results as JSON (same on all ranks)."""
+    from openclaw_ref.conformance.target import build_target
+
+    target = build_target(spec.factory)
+    sets = [n for n in DDP_OPTION_SETS
+            if not (n == "static_graph" and target.find_unused_parameters)]
+    results = [check_equivalence(ctx, spec, n) for n in sets]
+    results += [check_replica_consistency(ctx, spec), check_bucket_layout(ctx, spec)]
+    results += [check_fault(ctx, spec, fault_for(f, target.module)) for f in faults]
+    return [r.to_json() for r in results]

@@ -20,9 +20,14 @@ from openclaw_ref.conformance.user_checks import (
 pytestmark = pytest.mark.conformance
 
 # DDP option sets beyond the default one run in the slow set (and always on a user's model)
-CI_OPTION_SETS = ("default", "no_sync")
+CI_OPTION_SETS = ("default",)
 # faults the suite injects without the model's cooperation, on the model's first parameter
 FAULTS = ("bitflip", "nan-grad", "missing-grad", "scale-mismatch")
+
+
+@pytest.fixture(scope="session")
+def target(target_spec):
+    return build_target(target_spec.factory)
 
 
 def run(pools, spec, fn, *args):
@@ -38,8 +43,11 @@ def _option_sets():
 
 
 @pytest.mark.parametrize("option_set", list(_option_sets()))
-def test_n_ranks_equal_one_process_on_the_same_global_batch(pools, target_spec,
+def test_n_ranks_equal_one_process_on_the_same_global_batch(pools, target_spec, target,
                                                             conformance_report, option_set):
+    if option_set == "static_graph" and target.find_unused_parameters:
+        pytest.skip("static_graph needs the same unused parameters every step; this target "
+                    "declares find_unused_parameters (the openclaw model's set changes)")
     result = conformance_report.add_check(run(pools, target_spec, check_equivalence, option_set))
     assert result.passed, f"{result.check}: {result.detail}"
 
@@ -57,10 +65,13 @@ def test_bucket_layout_is_identical_on_every_rank(pools, target_spec, conformanc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS)
-def test_an_injected_fault_has_an_effect_and_its_outcome_is_recorded(pools, target_spec,
+def test_an_injected_fault_has_an_effect_and_its_outcome_is_recorded(pools, target_spec, target,
                                                                       conformance_report, fault):
     """The fault × hook cell of this hook: recorded for the report; a fault that changes nothing
     would mean the injector missed the model."""
-    spec_fault = fault_for(fault, build_target(target_spec.factory).module)
+    if fault == "missing-grad" and not target.find_unused_parameters:
+        pytest.skip("without find_unused_parameters DDP raises on the next forward and leaves "
+                    "the other ranks waiting: it kills the group (stock DDP's own behaviour)")
+    spec_fault = fault_for(fault, target.module)
     result = conformance_report.add_check(run(pools, target_spec, check_fault, spec_fault))
     assert result.figures["outcome"] != FaultOutcome.NO_EFFECT, result.detail

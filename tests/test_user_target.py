@@ -1,0 +1,121 @@
+"""Pointing the conformance suite at a user's model and hook (``conformance/target.py``):
+bad input is refused in one line before any rank starts, the example's averaging hook passes
+the model-agnostic checks and its hook that forgets to divide fails equivalence naming the
+ranks. The example is ``examples/my_model.py`` (importable as ``examples.my_model`` here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from openclaw_ref.cli import main
+from openclaw_ref.conformance.target import Target, TargetSpec, validate_spec
+from openclaw_ref.conformance.user_checks import check_bucket_layout, check_equivalence
+from openclaw_ref.sync.errors import BadInput
+
+REPO = Path(__file__).parents[1]
+MODEL = "examples.my_model:make_target"
+GOOD, BROKEN = "examples.my_model:good_hook", "examples.my_model:forgets_to_divide"
+
+
+def not_a_target():
+    return torch.nn.Linear(2, 2)
+
+
+def wants_an_argument(size):
+    return not_a_target()
+
+
+def hook_with_one_argument(ddp_model):
+    pass
+
+
+def uneven_target() -> Target:
+    """Rank r gets r + 1 samples: the ranks' mean losses no longer average to the global one."""
+    def batch(step, rank, world_size):
+        return torch.ones(rank + 1, 2), torch.zeros(rank + 1, dtype=torch.long)
+
+    return Target(torch.nn.Linear(2, 2), batch, F.cross_entropy)
+
+
+HERE = Path(__file__).stem
+
+
+@pytest.mark.parametrize("spec,message", [
+    (TargetSpec("no_such_module:make"), "cannot import no_such_module"),
+    (TargetSpec("examples.my_model:no_such_factory"), "has no 'no_such_factory'"),
+    (TargetSpec("examples.my_model"), "must be MODULE:NAME"),
+    (TargetSpec(f"{HERE}:not_a_target"), "returned Linear, not"),
+    (TargetSpec(f"{HERE}:wants_an_argument"), "must take 0 positional argument"),
+    (TargetSpec(MODEL, f"{HERE}:hook_with_one_argument"), "must take 2 positional argument"),
+    (TargetSpec(MODEL, "examples.my_model:FEATURES"), "is a int, not a callable"),
+    (TargetSpec(f"{HERE}:uneven_target"), "does not fit world size 2: samples per rank [1, 2]"),
+    (TargetSpec(MODEL, world_size=1), "--openclaw-world-size must be >= 2"),
+], ids=["unimportable", "missing-name", "no-colon", "wrong-return-type", "factory-signature",
+        "hook-signature", "hook-not-callable", "does-not-fit-world-size", "one-rank"])
+def test_bad_input_is_refused_in_one_line_before_any_rank_starts(spec, message):
+    with pytest.raises(BadInput) as info:
+        validate_spec(spec)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_example_with_its_hooks_is_valid_input():
+    validate_spec(TargetSpec(MODEL, GOOD))
+
+
+def test_the_cli_refuses_a_bad_hook_with_exit_2(capsys):
+    assert main(["conform", "--model", MODEL, "--hook", f"{HERE}:hook_with_one_argument"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "must take 2 positional argument" in err and len(err.splitlines()) == 1
+
+
+def test_pytest_refuses_a_bad_model_as_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           "--openclaw-model", "no_such_module:make", "--co", "-q",
+                           "tests/test_user_target.py"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "cannot import no_such_module" in proc.stderr
+
+
+def test_a_hook_that_forgets_to_divide_fails_equivalence_naming_the_ranks(pools):
+    result = pools.get(2).run(check_equivalence, TargetSpec(MODEL, BROKEN), timeout_s=180)[0]
+    assert not result.passed
+    assert result.event["ranks"] == [0, 1] and "ranks [0, 1] differ" in result.detail
+
+
+def test_the_averaging_hook_is_equivalent_to_one_process(pools):
+    result = pools.get(2).run(check_equivalence, TargetSpec(MODEL, GOOD), timeout_s=180)[0]
+    assert result.passed, result.detail
+    assert result.figures["max_abs_param_diff"] <= result.figures["atol"]
+
+
+def test_the_user_hook_sees_the_same_buckets_on_every_rank(pools):
+    result = pools.get(2).run(check_bucket_layout, TargetSpec(MODEL, GOOD), timeout_s=180)[0]
+    assert result.passed and result.figures["buckets"] >= 1, result.detail
+
+
+def test_bucket_layout_fires_when_one_rank_registers_its_parameters_in_another_order(pools):
+    """The openclaw model as a target, two same-shaped projections swapped on rank 1 only: DDP
+    reduces them by index, so rank 1's buckets hold other names."""
+    from openclaw_ref.core.faults import parse_fault
+
+    result = pools.get(2).run(check_bucket_layout, TargetSpec(),
+                              (parse_fault("permuted-params@1"),), timeout_s=180)[0]
+    assert not result.passed and result.event["ranks"] == [1], result.detail
+
+
+def test_replica_consistency_fires_on_a_bitflip_naming_the_rank_and_parameter(pools):
+    from openclaw_ref.conformance.user_checks import check_replica_consistency
+    from openclaw_ref.core.faults import parse_fault
+
+    result = pools.get(2).run(check_replica_consistency, TargetSpec(MODEL, GOOD),
+                              (parse_fault("bitflip=2.bias@1:1"),), timeout_s=180)[0]
+    assert not result.passed
+    assert result.event["ranks"] == [1] and result.event["step"] == 1
+    assert result.event["params"] == ["2.bias"]
