@@ -119,3 +119,12 @@ def test_replica_consistency_fires_on_a_bitflip_naming_the_rank_and_parameter(po
     assert not result.passed
     assert result.event["ranks"] == [1] and result.event["step"] == 1
     assert result.event["params"] == ["2.bias"]
+
+
+@pytest.mark.slow
+def test_conform_fails_a_hook_that_forgets_to_divide_with_exit_3(capsys, tmp_path):
+    out = tmp_path / "conform.json"
+    assert main(["conform", "--model", MODEL, "--hook", BROKEN, "--out", str(out)]) == 3
+    table = capsys.readouterr().out
+    assert "| equivalence (default)" in table and "ranks [0, 1] differ" in table
+    assert out.exists()
