@@ -5,7 +5,10 @@ on your own model").
                    and a mean loss, as ``openclaw_ref.conformance.target.Target``;
   good_hook        CALLABLE(ddp_model, process_group): an allreduce hook that averages;
   forgets_to_divide  the same hook without the division by the world size (it sums): the
-                   suite's equivalence check must fail on it, naming the ranks.
+                   suite's equivalence check must fail on it, naming the ranks;
+  hardened         ``harden()`` from the hook library instead of a hook of your own (replica
+                   check every step, a NaN gradient raises), which detects the suite's faults
+                   and names the rank.
 
     pytest -m conformance --pyargs openclaw_ref.conformance.suite \
         --openclaw-model my_model:make_target --openclaw-hook my_model:good_hook
@@ -19,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from openclaw_ref.conformance.target import Target
+from openclaw_ref.sync import SyncConfig, harden
 
 FEATURES, CLASSES, PER_RANK = 16, 4, 8
 
@@ -58,3 +62,7 @@ def good_hook(ddp_model, process_group) -> None:
 
 def forgets_to_divide(ddp_model, process_group) -> None:
     ddp_model.register_comm_hook(process_group, _summing)
+
+
+def hardened(ddp_model, process_group) -> None:
+    harden(ddp_model, SyncConfig(name="hardened", replica_check_every=1, nonfinite="raise"))
