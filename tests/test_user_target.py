@@ -74,6 +74,19 @@ def test_the_cli_refuses_a_bad_hook_with_exit_2(capsys):
     assert "must take 2 positional argument" in err and len(err.splitlines()) == 1
 
 
+def test_the_plugin_turns_bad_input_into_a_usage_error():
+    from types import SimpleNamespace
+
+    from openclaw_ref.conformance.plugin import pytest_configure
+
+    option = SimpleNamespace(openclaw_model=MODEL, openclaw_hook=f"{HERE}:hook_with_one_argument",
+                             openclaw_world_size=2, openclaw_wire="fp32")
+    config = SimpleNamespace(option=option, addinivalue_line=lambda *args: None)
+    with pytest.raises(pytest.UsageError, match="must take 2 positional argument"):
+        pytest_configure(config)
+
+
+@pytest.mark.slow
 def test_pytest_refuses_a_bad_model_as_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                            "--openclaw-model", "no_such_module:make", "--co", "-q",
