@@ -8,7 +8,8 @@ Rooms, each named for what it holds:
   ``core/``          the model, data, training loop and its callback protocol, run config,
                      launcher and rank pools, fault injectors
   ``conformance/``   the checks behind ``pytest -m conformance`` and ``openclaw-bench conform``,
-                     and the fault x strategy matrix
+                     the fault x strategy matrix, the suite's tests (``suite/``) and its pytest
+                     plugin, which points them at a user's model and comm hook
   ``experiments/``   what ``openclaw-bench compare`` measures: one module per section
   ``bench/``         the benchmark jobs behind asv (``benchmarks/``)
   ``reporting/``     the run record (``raw.json``), every table and plot, the claims ledger

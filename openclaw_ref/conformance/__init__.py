@@ -1,9 +1,18 @@
-"""The conformance suite's library, used by ``pytest -m conformance`` (``conformance/``) and by the
-cluster mode (``openclaw-bench conform``).
+"""The conformance suite: its library, its tests (``suite/``, shipped in the wheel) and the pytest
+plugin that runs them anywhere the package is installed (``pytest -m conformance --pyargs
+openclaw_ref.conformance.suite``), plus the cluster mode (``openclaw-bench conform``).
 
-  ``settings``   what a conformance run trains, and a check's result
-  ``recorders``  loop callbacks that watch the one training loop
-  ``checks``     one collective function per check, verdicts identical on every rank
-  ``report``     the measured figures as JSON
-  ``cluster``    the cluster mode's driver: every selected check on a live group
+  ``settings``     what a conformance run trains, and a check's result
+  ``recorders``    loop callbacks that watch the one training loop
+  ``checks``       one collective function per check, verdicts identical on every rank
+  ``report``       the measured figures as JSON
+  ``cluster``      the cluster mode's driver: every selected check on a live group
+  ``target``       a user's model and hook, named ``MODULE:NAME``: the ``Target`` protocol and
+                   the input checks that run before any rank starts
+  ``user_run``     the user's hook as one more strategy (``UserHook``) and the loop for a Target
+  ``user_checks``  the checks that apply to any model (equivalence per DDP option set, replica
+                   consistency, bucket layout, one injected fault)
+  ``plugin``       the pytest plugin (entry point ``pytest11``): ``--openclaw-*`` options,
+                   fixtures, the report
+  ``suite``        the tests themselves
 """

@@ -5,10 +5,11 @@ options, fixtures and report, in any environment where ``openclaw-sync`` is inst
         [--openclaw-model MODULE:FACTORY] [--openclaw-hook MODULE:CALLABLE] \
         [--openclaw-world-size N] [--openclaw-wire native|fp32|fp16|bf16]
 
-Without ``--openclaw-model`` the suite runs on the openclaw model. With it, the tests marked
-``openclaw_model`` (they need its gating sparsity or parameter names) skip with that reason, and
-the model-agnostic checks (``suite/test_target.py``) run on the user's model. Bad options are a
-usage error, in one line, before any rank starts (``target.validate_spec``).
+Without options the suite runs on the openclaw model. With ``--openclaw-model`` or
+``--openclaw-hook``, the tests marked ``openclaw_model`` (they check the openclaw model and the
+suite's own strategies) skip with that reason, and the model-agnostic checks
+(``suite/test_target.py``) run on the user's model (default: the openclaw model) and hook.
+Bad options are a usage error, in one line, before any rank starts (``target.validate_spec``).
 
 Fixtures: ``target_spec`` (the options as a ``TargetSpec``), ``pools`` (one rank pool per world
 size for the whole session), ``conformance_report`` (every measured figure, written at the end
@@ -76,12 +77,14 @@ def _spec(config: pytest.Config):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    model = config.getoption("openclaw_model", None)
-    if model is None:
+    given = [f"--openclaw-{name} {value}" for name, value in
+             (("model", config.getoption("openclaw_model", None)),
+              ("hook", config.getoption("openclaw_hook", None))) if value is not None]
+    if not given:
         return
     skip = pytest.mark.skip(reason=f"checks the openclaw model and the suite's own strategies "
-                                   f"(gating sparsity, parameter names); --openclaw-model "
-                                   f"{model} given")
+                                   f"(gating sparsity, parameter names); {', '.join(given)} "
+                                   f"given")
     for item in items:
         if item.get_closest_marker("openclaw_model") is not None:
             item.add_marker(skip)
