@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -75,8 +76,6 @@ def test_the_cli_refuses_a_bad_hook_with_exit_2(capsys):
 
 
 def test_the_plugin_turns_bad_input_into_a_usage_error():
-    from types import SimpleNamespace
-
     from openclaw_ref.conformance.plugin import pytest_configure
 
     option = SimpleNamespace(openclaw_model=MODEL, openclaw_hook=f"{HERE}:hook_with_one_argument",
@@ -84,6 +83,32 @@ def test_the_plugin_turns_bad_input_into_a_usage_error():
     config = SimpleNamespace(option=option, addinivalue_line=lambda *args: None)
     with pytest.raises(pytest.UsageError, match="must take 2 positional argument"):
         pytest_configure(config)
+
+
+class _Item:
+    def __init__(self, openclaw_model: bool) -> None:
+        self.openclaw_model, self.added = openclaw_model, []
+
+    def get_closest_marker(self, name):
+        return object() if name == "openclaw_model" and self.openclaw_model else None
+
+    def add_marker(self, marker):
+        self.added.append(marker)
+
+
+@pytest.mark.parametrize("model,hook,skipped", [
+    (None, None, False), (MODEL, None, True), (None, GOOD, True)],
+    ids=["no-options", "model", "hook"])
+def test_the_suites_own_model_tests_skip_only_under_a_user_target(model, hook, skipped):
+    from openclaw_ref.conformance.plugin import pytest_collection_modifyitems
+
+    options = {"openclaw_model": model, "openclaw_hook": hook}
+    config = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default))
+    own, agnostic = _Item(True), _Item(False)
+    pytest_collection_modifyitems(config, [own, agnostic])
+    assert bool(own.added) == skipped and not agnostic.added
+    if skipped:
+        assert "--openclaw-" in own.added[0].kwargs["reason"]
 
 
 @pytest.mark.slow
