@@ -17,6 +17,7 @@ engine) stay in ``checks.py`` and skip on other models.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 import torch
@@ -56,10 +57,15 @@ def _strategy(spec: TargetSpec) -> str:
     return spec.hook or f"{USER_STRATEGY} (stock DDP)"
 
 
-def check_equivalence(ctx, spec: TargetSpec, option_set: str = "default") -> CheckResult:
+def check_equivalence(ctx, spec: TargetSpec, option_set: str = "default",
+                      bucket_cap_mb: float | None = None) -> CheckResult:
     """Every rank's parameters after the run against one process on the same global batches;
-    each rank computes the reference itself from the parameters DDP started from."""
+    each rank computes the reference itself from the parameters DDP started from. A
+    ``bucket_cap_mb`` replaces the option set's (25 MB, DDP's default)."""
     options = DDP_OPTION_SETS[option_set]
+    if bucket_cap_mb is not None:
+        options = dataclasses.replace(options, bucket_cap_mb=bucket_cap_mb)
+        option_set = f"{option_set}, bucket cap {bucket_cap_mb:g} MB"
     model, start = train_target(ctx, spec, options)
     reference = dict(train_reference(spec, options, ctx.world_size, start).named_parameters())
     worst = max(((float((p.detach() - reference[n].detach()).abs().max()), n)
@@ -109,12 +115,12 @@ def check_replica_consistency(ctx, spec: TargetSpec,
                        figures)
 
 
-def check_bucket_layout(ctx, spec: TargetSpec,
-                        faults: tuple[FaultSpec, ...] = ()) -> CheckResult:
+def check_bucket_layout(ctx, spec: TargetSpec, faults: tuple[FaultSpec, ...] = (),
+                        bucket_cap_mb: float = LoopOptions.bucket_cap_mb) -> CheckResult:
     """The buckets the hook was called with (parameter names), identical on every rank at
     every step."""
     layouts = Layouts()
-    train_target(ctx, spec, LoopOptions(), faults, [layouts])
+    train_target(ctx, spec, LoopOptions(bucket_cap_mb=bucket_cap_mb), faults, [layouts])
     per_rank = gather(ctx, layouts.layouts)
     steps = min(len(x) for x in per_rank)
     figures = {"steps": steps, "buckets": len(per_rank[0][-1]) if steps else 0}
@@ -169,8 +175,6 @@ def fault_for(spec_text: str, model: torch.nn.Module) -> FaultSpec:
 
     fault = parse_fault(spec_text)
     if fault.value is None and fault.name in ("bitflip", "nan-grad", "missing-grad"):
-        import dataclasses
-
         fault = dataclasses.replace(fault, value=next(n for n, _ in model.named_parameters()))
     return fault
 

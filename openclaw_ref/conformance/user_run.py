@@ -36,12 +36,13 @@ USER_STRATEGY = "user-hook"
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """How a check trains: steps, extra DDP keyword arguments, and micro-batches per step (more
-    than one: all but the last run under ``ddp.no_sync()``)."""
+    """How a check trains: steps, extra DDP keyword arguments, micro-batches per step (more
+    than one: all but the last run under ``ddp.no_sync()``) and DDP's bucket cap."""
 
     steps: int = 4
     ddp_options: tuple[tuple[str, Any], ...] = ()
     accumulate: int = 1
+    bucket_cap_mb: float = 25.0  # torch DDP's default
 
 
 class UserHook(SyncStrategy):
@@ -100,8 +101,8 @@ def train_target(ctx, spec: TargetSpec, options: LoopOptions,
     target = build_target(spec.factory)
     model = target.module.to(ctx.device)
     loop = CallbackList([FaultInjector(faults, ctx.rank, ctx.world_size), *callbacks])
-    strategy = UserHook(loop.setup(model, SyncConfig(name=USER_STRATEGY)), spec, target,
-                        options)
+    sync = SyncConfig(name=USER_STRATEGY, bucket_cap_mb=options.bucket_cap_mb)
+    strategy = UserHook(loop.setup(model, sync), spec, target, options)
     try:
         module = loop.wrap(model, ctx, strategy)
         start = initial_state(target)

@@ -5,6 +5,8 @@ ranks. Each failure names the check, the step where there is one, and the ranks.
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from openclaw_ref.conformance.target import build_target
 from openclaw_ref.conformance.user_checks import (
@@ -75,3 +77,17 @@ def test_an_injected_fault_has_an_effect_and_its_outcome_is_recorded(pools, targ
     spec_fault = fault_for(fault, target.module)
     result = conformance_report.add_check(run(pools, target_spec, check_fault, spec_fault))
     assert result.figures["outcome"] != FaultOutcome.NO_EFFECT, result.detail
+
+
+@pytest.mark.slow
+@settings(max_examples=3)
+@given(caps=st.lists(st.floats(1e-5, 1.0), min_size=1, max_size=2))
+@example(caps=[1e-6])  # a bucket per parameter (DDP never splits one)
+def test_for_any_bucket_cap_ranks_equal_one_process_and_agree_on_buckets(pools, target_spec,
+                                                                          caps):
+    """Examples drawn first, each run on the pooled group (no spawn per example)."""
+    for cap in caps:
+        layout = run(pools, target_spec, check_bucket_layout, (), cap)
+        assert layout.passed, f"bucket cap {cap:g} MB: {layout.detail}"
+        result = run(pools, target_spec, check_equivalence, "default", cap)
+        assert result.passed, f"{result.check}: {result.detail}"
