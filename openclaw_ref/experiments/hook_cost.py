@@ -132,7 +132,7 @@ def _step_fn(cfg: HookCostConfig, ctx: RankContext) -> tuple[nn.Module, Callable
     return net, loss
 
 
-def _bucket_count(ddp: DDP) -> int:
+def bucket_count(ddp: DDP) -> int:
     """Buckets of the layout DDP uses now (rebuilt after the first iteration when it can)."""
     data = ddp._get_ddp_logging_data()
     raw = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
@@ -163,7 +163,7 @@ def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
                 sync()
                 if step >= cfg.warmup:
                     times[arm].append((time.perf_counter() - t0) * 1e3)
-        buckets = {arm: _bucket_count(arms[arm][0]) for arm in cfg.arms}
+        buckets = {arm: bucket_count(arms[arm][0]) for arm in cfg.arms}
         false_alarms = sum(len(s.events) for _, s, _ in arms.values() if s is not None)
     finally:
         for _, state, _ in arms.values():
