@@ -14,8 +14,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="tests.test_gpu" name="test_ok" time="1.0"/>
 <testcase classname="tests.test_gpu" name="test_two"><skipped type="pytest.skip"
  message="needs 2 CUDA GPUs (NCCL, one per rank)">x</skipped></testcase>
-<testcase classname="tests.test_gpu" name="test_bad"><failure message="assert 0.1 &lt;= 1e-06
-second line">tb</failure></testcase>
+<testcase classname="tests.test_gpu" name="test_bad"><failure
+ message="assert 0.1 &lt;= 1e-06&#10;second line">tb</failure></testcase>
 </testsuite></testsuites>"""
 
 
