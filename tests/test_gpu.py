@@ -129,12 +129,13 @@ def nonfinite_task(ctx) -> str:
 def digest_task(ctx) -> list[tuple[str, bool]]:
     """(dtype, CUDA digest == CPU digest of the same bytes) for tensors that span several
     digest rows and blocks, odd lengths and every dtype a parameter takes."""
-    from openclaw_ref.sync.replica_digest import ROW_WORDS, ReplicaDigest
+    from openclaw_ref.sync.replica_digest import DEVICE_BLOCK_WORDS, ROW_WORDS, ReplicaDigest
 
     g = torch.Generator().manual_seed(7)
     cpu = [torch.randn(3 * ROW_WORDS + 5, generator=g).to(d)
            for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64)]
     cpu.append(torch.randint(-2**40, 2**40, (1001,), generator=g))
+    cpu.append(torch.randn(DEVICE_BLOCK_WORDS + 3, generator=g, dtype=torch.float64))
     on_cpu = ReplicaDigest().digests(cpu)
     on_gpu = ReplicaDigest().digests([t.to(ctx.device) for t in cpu]).cpu()
     return [(str(t.dtype), bool(a == b)) for t, a, b in zip(cpu, on_cpu, on_gpu)]
@@ -176,6 +177,7 @@ def stalled_collective_task(ctx, stall_s: float, watchdog_s: float) -> list[dict
                                     watchdog_action="report"), ctx)
     try:
         for step in range(2):
+            state.begin_step(step)
             x, y = (t.to(ctx.device) for t in batch(step, 0, ctx.rank))
             loss = F.cross_entropy(hard(x), y)
             if step == 1 and stall_s > 0:
@@ -224,7 +226,7 @@ def test_a_nan_gradient_is_caught_by_the_device_side_check(nccl1):
 @one_gpu
 def test_the_cuda_replica_digest_equals_the_cpu_digest_of_the_same_bytes(nccl1):
     rows = nccl1.run(digest_task)[0]
-    assert len(rows) == 5 and all(equal for _, equal in rows), rows
+    assert len(rows) == 6 and all(equal for _, equal in rows), rows
 
 
 @one_gpu
