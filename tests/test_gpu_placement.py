@@ -2,7 +2,8 @@
 
 ``--backend nccl`` on one GPU: a lone rank uses NCCL; two or more ranks use gloo with CUDA
 tensors on the shared GPU (NCCL refuses two ranks on one device), and the results go to
-``results/<n>x<gpu>-nccl``. Without any GPU the request fails at once with exit 2 and one line.
+``results/<n>x<gpu>-nccl``; Lightning's two devices then train on the CPU, so in bf16. Without
+any GPU the request fails at once with exit 2 and one line.
 The GPU count is faked here (``torch.cuda`` patched in the parent only: nothing is spawned).
 """
 
@@ -76,3 +77,21 @@ def test_compare_with_nccl_and_no_gpu_exits_2_with_one_line_before_spawning(tmp_
     assert code == 2 and len(err) == 1 and "backend nccl needs a CUDA GPU" in err[0]
     assert set(multiprocessing.active_children()) == children
     assert list(tmp_path.iterdir()) == []
+
+
+def test_lightning_on_one_gpu_with_two_devices_trains_on_the_cpu_in_bf16(gpus, tmp_path):
+    from openclaw_ref.experiments.compare import CompareConfig
+    from openclaw_ref.experiments.sections.lightning import lightning_command
+
+    gpus(1)
+    cmd = lightning_command(CompareConfig(lightning_devices=2), tmp_path / "out.json")
+    assert cmd[cmd.index("--precision") + 1] == "bf16-mixed"  # fp16 AMP refuses the CPU
+
+
+def test_lightning_with_a_gpu_per_device_uses_fp16(gpus, tmp_path):
+    from openclaw_ref.experiments.compare import CompareConfig
+    from openclaw_ref.experiments.sections.lightning import lightning_command
+
+    gpus(2)
+    cmd = lightning_command(CompareConfig(lightning_devices=2), tmp_path / "out.json")
+    assert cmd[cmd.index("--precision") + 1] == "16-mixed"
