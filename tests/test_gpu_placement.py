@@ -52,7 +52,7 @@ def test_gloo_never_moves_tensors_to_a_gpu(gpus):
 
 def test_nccl_without_a_gpu_is_refused_with_a_reason(gpus):
     gpus(0)
-    with pytest.raises(BadInput, match="needs a CUDA GPU; this machine has none"):
+    with pytest.raises(BadInput, match="needs CUDA GPUs; this machine has none"):
         resolve_backend("nccl", 1)
 
 
@@ -74,7 +74,7 @@ def test_compare_with_nccl_and_no_gpu_exits_2_with_one_line_before_spawning(tmp_
     children = set(multiprocessing.active_children())
     code = main(["compare", "--backend", "nccl", "--out-root", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "backend nccl needs a CUDA GPU" in err[0]
+    assert code == 2 and len(err) == 1 and "backend nccl needs CUDA GPUs" in err[0]
     assert set(multiprocessing.active_children()) == children
     assert list(tmp_path.iterdir()) == []
 

@@ -109,7 +109,7 @@ def resolve_backend(backend: str, local_world_size: int) -> str:
         return "nccl" if gpus >= local_world_size else "gloo"
     if backend == "nccl":
         if gpus == 0:
-            raise BadInput("backend nccl needs a CUDA GPU; this machine has none "
+            raise BadInput("backend nccl needs CUDA GPUs; this machine has none "
                            "(use --backend gloo or auto)")
         return "nccl" if gpus >= local_world_size else "gloo"
     return backend
