@@ -191,6 +191,24 @@ def test_case_cache_remembers_skips_and_failures(tmp_path):
     assert len(calls) == 2
 
 
+def test_each_asv_round_of_the_hook_cost_reads_its_own_fresh_job(tmp_path, monkeypatch):
+    import openclaw_ref.experiments.hook_cost as hook_cost
+    from openclaw_ref.bench.cache import hook_cost_figures
+
+    jobs = []
+
+    def fake_run(cfg, threads_per_rank=1):
+        jobs.append(cfg)
+        return {"summary": {"job": len(jobs)}}
+
+    monkeypatch.setattr(hook_cost, "run", fake_run)
+    cache, settings = CaseCache(tmp_path), BenchSettings(max_world=2)
+    rounds = [[hook_cost_figures("mlp", settings, cache, figure)["job"]
+               for figure in ("fp32.ratio", "fp32.vs_python_hook_ratio")] for _ in range(3)]
+    assert rounds == [[1, 1], [2, 2], [3, 3]]  # one job per round, shared by its figures
+    assert len(jobs) == 3 and jobs[0].steps == settings.hook_steps
+
+
 # --- targets (reported, never asserted: here only their arithmetic) ----------------------------
 
 

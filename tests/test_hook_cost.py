@@ -28,11 +28,19 @@ def _raw(step_ms: dict[str, list[float]], buckets: int = 8) -> dict:
             "events": 0}
 
 
-def test_the_ratio_is_of_medians_and_a_constant_shift_gives_a_collapsed_interval():
+def test_a_constant_factor_gives_that_ratio_with_a_collapsed_interval():
     ddp = [10.0, 11.0, 12.0, 10.5, 11.5]
     s = summarize(_raw({"ddp": ddp, "hardened-fp32": [x * 1.1 for x in ddp]}))["hardened-fp32"]
     assert s["ratio"] == pytest.approx(1.1)
     assert s["ratio_low"] == pytest.approx(1.1) and s["ratio_high"] == pytest.approx(1.1)
+
+
+def test_the_ratio_is_the_median_per_step_ratio_so_a_spike_on_one_arms_step_cancels():
+    ddp = [10.0, 10.0, 10.0, 40.0, 40.0]  # steps 3 and 4: the host was busy for both arms
+    arm = [11.0, 11.0, 44.0, 44.0, 44.0]  # step 2: busy for this arm's step only
+    s = summarize(_raw({"ddp": ddp, "hardened-fp32": arm}))["hardened-fp32"]
+    assert s["ratio"] == pytest.approx(1.1)  # a ratio of medians would say 4.4
+    assert s["ratio_low"] <= 1.1 <= s["ratio_high"]
 
 
 def test_the_per_bucket_cost_is_the_extra_over_ddp_spread_over_the_buckets():

@@ -11,7 +11,7 @@ Knobs are environment variables read at import (asv's parameters are fixed at di
 ``OPENCLAW_BENCH_MAX_WORLD`` (default 8), ``_PRESET`` (small), ``_STEPS`` (12),
 ``_GLOBAL_BATCH`` (16), ``_ROUNDS`` (2), ``_RAW_ITERS`` (10), ``_THREADS`` (1 torch thread per
 rank; 0 = cores ÷ ranks), ``_BACKENDS`` (auto), ``_SEED`` (1), ``_HOOK_STEPS`` (150 timed steps
-per arm of the hook-cost job).
+per arm of each hook-cost job).
 Every job is seeded (model, data and sparsity schedule derive from ``_SEED``).
 """
 
@@ -44,9 +44,10 @@ def case_figures(cache_dir: str, kind: str, label: str, world_size: int, backend
                               cache.CaseCache(cache_dir))
 
 
-def hook_cost(cache_dir: str, model: str) -> dict:
-    """The interleaved hook-cost job's summary for ``model`` (run once per asv run)."""
-    return cache.hook_cost_figures(model, settings(), cache.CaseCache(cache_dir))
+def hook_cost(cache_dir: str, model: str, figure: str) -> dict:
+    """The interleaved hook-cost job's summary for ``model``, this round's job for ``figure``
+    (one job per asv round)."""
+    return cache.hook_cost_figures(model, settings(), cache.CaseCache(cache_dir), figure)
 
 
 def need(figures: dict, key: str) -> float:

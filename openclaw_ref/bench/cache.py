@@ -40,6 +40,15 @@ class CaseCache:
             raise RuntimeError(f"benchmark job {key} failed: {entry['error']}")
         return entry["figures"]
 
+    def draw(self, name: str) -> int:
+        """How many times ``name`` was drawn before in this directory (0 the first time); counts
+        this draw. asv runs one benchmark process at a time, so no lock is needed."""
+        path = self.directory / f"{name}.draws"
+        drawn = int(path.read_text()) if path.exists() else 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(drawn + 1))
+        return drawn
+
 
 def case_figures(case: Case, settings: BenchSettings, cache: CaseCache) -> dict:
     """Cached figures of ``case`` (runs its job the first time)."""
@@ -53,14 +62,17 @@ def case_figures(case: Case, settings: BenchSettings, cache: CaseCache) -> dict:
     raise NotImplementedError(f"unknown case kind {case.kind!r}")
 
 
-def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -> dict:
-    """Cached summary of the interleaved hook-cost job (``experiments/hook_cost.py``) on 2
-    ranks."""
+def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache,
+                      figure: str) -> dict:
+    """The summary of an interleaved hook-cost job (``experiments/hook_cost.py``) on 2 ranks,
+    for ``figure``'s next sample: the n-th request of one figure reads the n-th job, so each of
+    asv's rounds (``HookCost.rounds``) is a fresh job and the figures of one round share it."""
     from openclaw_ref.experiments.hook_cost import HookCostConfig, run
 
     if settings.max_world < 2:
         raise NotImplementedError("the hook cost needs 2 ranks")
     cfg = HookCostConfig(model=model, world_size=2, steps=settings.hook_steps,
                          warmup=min(10, max(2, settings.hook_steps // 10)), seed=settings.seed)
-    key = f"hookcost-{model}-{settings.digest()}"
+    sample = cache.draw(f"hookcost-{model}-{figure}")
+    key = f"hookcost-{model}-{settings.digest()}-{sample}"
     return cache.get(key, lambda: run(cfg, threads_per_rank=settings.threads or 1)["summary"])

@@ -62,9 +62,9 @@ class BenchSettings:
     # made 1-rank steps vary 20×); it is also how the shared torch facts were measured.
     threads: int = 1
     timeout_s: float = 900.0  # one job
-    # timed steps per arm of the interleaved hook-cost job (``experiments/hook_cost.py``); the
-    # gate figures' stability comes from here (150: ratio intervals about ±3 % on 2 cores)
-    hook_steps: int = 150
+    # timed steps per arm of each interleaved hook-cost job (``experiments/hook_cost.py``), one
+    # job per asv round: 300 steps gave the gated mlp figure ±2 % between jobs on 2 shared cores
+    hook_steps: int = 300
 
     def __post_init__(self) -> None:
         if self.steps < 3:

@@ -100,16 +100,25 @@ class RankContext:
 
 
 def resolve_backend(backend: str, local_world_size: int) -> str:
-    """``auto``: NCCL with one GPU per local rank when that many GPUs exist, else gloo."""
+    """The process group's backend. ``auto``: NCCL with one GPU per local rank when that many
+    GPUs exist, else gloo. ``nccl``: NCCL with one GPU per local rank; with fewer GPUs than local
+    ranks (one GPU, two ranks), gloo with CUDA tensors, the ranks sharing the GPUs
+    (``on_cuda``) — NCCL refuses two ranks on one GPU. No GPU at all: ``BadInput``."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
-        if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
-            return "nccl"
-        return "gloo"
-    if backend == "nccl" and not (torch.cuda.is_available()
-                                  and torch.cuda.device_count() >= local_world_size):
-        raise BadInput(f"backend nccl needs {local_world_size} GPUs on this node; "
-                       f"found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+        return "nccl" if gpus >= local_world_size else "gloo"
+    if backend == "nccl":
+        if gpus == 0:
+            raise BadInput("backend nccl needs CUDA GPUs; this machine has none "
+                           "(use --backend gloo or auto)")
+        return "nccl" if gpus >= local_world_size else "gloo"
     return backend
+
+
+def on_cuda(backend: str, local_world_size: int) -> bool:
+    """Whether ranks launched with ``backend`` keep their tensors on a GPU: always under NCCL,
+    and under a requested ``nccl`` that fell back to gloo for want of GPUs."""
+    return backend == "nccl" or resolve_backend(backend, local_world_size) == "nccl"
 
 
 def under_torchrun() -> bool:
@@ -121,10 +130,13 @@ def _set_threads(cfg: LaunchConfig, local_world_size: int) -> None:
     torch.set_num_threads(n)
 
 
-def _device_for(backend: str, local_rank: int) -> torch.device:
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+def _device_for(cuda: bool, local_rank: int) -> torch.device:
+    """Local rank ``r``'s device: GPU ``r mod GPUs`` (several ranks share one when there are
+    fewer GPUs than ranks), else the CPU."""
+    if cuda:
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
@@ -143,7 +155,8 @@ def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.
         dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
                                 timeout=timeout)
         ctx = RankContext(rank, cfg.world_size, rank, cfg.world_size, backend,
-                          _device_for(backend, rank), store, fatal_reporter(conn, send_lock))
+                          _device_for(on_cuda(cfg.backend, cfg.world_size), rank), store,
+                          fatal_reporter(conn, send_lock))
         send(conn, ("ready",), send_lock)
     except BaseException as exc:
         send(conn, failure_message(exc), send_lock)
@@ -340,7 +353,7 @@ def init_from_torchrun(cfg: LaunchConfig) -> RankContext:
                                 timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
     store = dist.distributed_c10d._get_default_store()
     return RankContext(rank, world, local_rank, local_world, backend,
-                       _device_for(backend, local_rank), store)
+                       _device_for(on_cuda(cfg.backend, local_world), local_rank), store)
 
 
 def run_in_torchrun_rank(fn: Callable[..., Any], cfg: LaunchConfig, *args: Any) -> Any:

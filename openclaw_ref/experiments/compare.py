@@ -31,7 +31,7 @@ import torch
 
 from openclaw_ref.core.environment import environment
 from openclaw_ref.core.jsonio import check_output_dir
-from openclaw_ref.core.launch import resolve_backend
+from openclaw_ref.core.launch import on_cuda, resolve_backend
 from openclaw_ref.core.model import PRESETS
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.progress import progress_bar
@@ -102,12 +102,21 @@ class CompareConfig:
 
 
 def machine_tag(backend: str, world_size: int) -> str:
-    """Names the machine class a result belongs to, e.g. ``cpu2-gloo`` or ``8xH100-nccl``."""
-    backend = resolve_backend(backend, world_size)
-    if backend == "nccl":
+    """Names the machine class a result belongs to, e.g. ``cpu2-gloo`` or ``8xH100-nccl`` (also
+    ``1xH200-nccl`` when ``--backend nccl`` runs its larger world sizes as gloo on one GPU)."""
+    resolved = resolve_backend(backend, world_size)
+    if on_cuda(backend, world_size):
         name = torch.cuda.get_device_name(0).replace("NVIDIA ", "").split()[0]
         return f"{torch.cuda.device_count()}x{name}-nccl"
-    return f"cpu{os.cpu_count()}-{backend}"
+    return f"cpu{os.cpu_count()}-{resolved}"
+
+
+def placements(backend: str, world_sizes: tuple[int, ...]) -> list[dict]:
+    """Per world size the process group's backend and where the tensors live: with ``nccl`` and
+    fewer GPUs than ranks, gloo with CUDA tensors (``launch.resolve_backend``)."""
+    return [{"world_size": w, "backend": resolve_backend(backend, w),
+             "device": "cuda" if on_cuda(backend, w) else "cpu"}
+            for w in sorted(set(world_sizes) | {1})]
 
 
 @dataclass
@@ -164,6 +173,7 @@ def _new_record(cfg: CompareConfig) -> dict[str, Any]:
         "meta": {
             "environment": environment(backend, max(cfg.world_sizes)),
             "compare_config": dataclasses.asdict(cfg),
+            "placements": placements(cfg.backend, cfg.world_sizes),
             "sections_run": [], "sections_skipped": {},
         },
     }

@@ -4,8 +4,9 @@ Separate runs on a shared host differ by ±12 %, far more than the few per cent 
 every arm here is a DDP model wrapping an identical copy of the same network, all on the same
 ranks and process group, and the arms take turns step by step (the order rotates each step so
 no arm always runs first after a barrier). Arm ``i``'s step ``s`` and the baseline's step ``s``
-ran within milliseconds of each other, which is what makes their ratio a paired measurement
-(``metrics.bootstrap_ratio``).
+ran within milliseconds of each other, which is what makes their ratio a paired measurement:
+every ratio here is the median of the per-step ratios (``metrics.median_paired_ratio``), so a
+load spike from another process, which slows both steps of a pair, cancels.
 
 Arms:
   ``ddp``                 stock DDP, its built-in C++ allreduce (the denominator)
@@ -39,7 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
-from openclaw_ref.core.metrics import bootstrap_ratio
+from openclaw_ref.core.metrics import median_paired_ratio
 from openclaw_ref.sync.errors import BadInput
 
 ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32", "hardened-fp16")
@@ -132,7 +133,7 @@ def _step_fn(cfg: HookCostConfig, ctx: RankContext) -> tuple[nn.Module, Callable
     return net, loss
 
 
-def _bucket_count(ddp: DDP) -> int:
+def bucket_count(ddp: DDP) -> int:
     """Buckets of the layout DDP uses now (rebuilt after the first iteration when it can)."""
     data = ddp._get_ddp_logging_data()
     raw = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
@@ -163,7 +164,7 @@ def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
                 sync()
                 if step >= cfg.warmup:
                     times[arm].append((time.perf_counter() - t0) * 1e3)
-        buckets = {arm: _bucket_count(arms[arm][0]) for arm in cfg.arms}
+        buckets = {arm: bucket_count(arms[arm][0]) for arm in cfg.arms}
         false_alarms = sum(len(s.events) for _, s, _ in arms.values() if s is not None)
     finally:
         for _, state, _ in arms.values():
@@ -245,16 +246,16 @@ def run_memory(world_size: int = 2) -> list[dict]:
 
 
 def summarize(raw: dict) -> dict:
-    """Per arm: median step, ratio to ddp with its paired 95 % interval, the host cost per
-    bucket beyond ddp's (µs, from the ratio and its interval), and for the hardened arms the
-    ratio to PyTorch's Python hook of the same wire."""
+    """Per arm: median step, the median per-step ratio to ddp with its 95 % interval, the host
+    cost per bucket beyond ddp's (µs, from the ratio and its interval), and for the hardened
+    arms the ratio to PyTorch's Python hook of the same wire."""
     step_ms = raw["step_ms"]
     base = step_ms[BASELINE]
     base_median = statistics.median(base)
     out = {}
     for arm in raw["arms"]:
         ms = step_ms[arm]
-        ratio = bootstrap_ratio(ms, base)
+        ratio = median_paired_ratio(ms, base)
         buckets = raw["buckets"][arm]
         per_bucket = [(r - 1) * base_median * 1e3 / buckets for r in (ratio.point, ratio.low,
                                                                        ratio.high)]
@@ -264,7 +265,7 @@ def summarize(raw: dict) -> dict:
                     "per_bucket_us_high": per_bucket[2]}
         python_hook = PYTHON_HOOK_FOR.get(arm)
         if python_hook in step_ms:
-            vs = bootstrap_ratio(ms, step_ms[python_hook])
+            vs = median_paired_ratio(ms, step_ms[python_hook])
             out[arm].update(vs_python_hook=python_hook, vs_python_hook_ratio=vs.point,
                             vs_python_hook_low=vs.low, vs_python_hook_high=vs.high)
     return out

@@ -197,9 +197,9 @@ def hook_cost_table(model: str, job: Figures) -> Table:
     return Table(
         f"Per-step cost of each comm hook, model {model} ({buckets} buckets), "
         f"{hcfg['world_size']} gloo ranks × 1 thread, {hcfg['steps']} steps per arm, arms "
-        "interleaved step by step in one job (order rotating). Ratio = median ÷ ddp's median "
-        "with a paired 95 % bootstrap interval; µs/bucket = the extra over ddp spread over the "
-        "buckets.",
+        "interleaved step by step in one job (order rotating). Ratio = median of the per-step "
+        "ratios to ddp's step with a 95 % bootstrap interval; µs/bucket = the extra over ddp "
+        "spread over the buckets.",
         ["arm", "median step ms", "÷ ddp [95 %]", "extra µs/bucket [95 %]",
          "÷ PyTorch's Python hook [95 %]"],
         rows)

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from openclaw_ref.core.pools import PoolCache
 
 if TYPE_CHECKING:
@@ -30,9 +28,12 @@ def jobs(cfg: CompareConfig) -> int:
 
 def lightning_command(cfg: CompareConfig, out: Path) -> list[str]:
     """The Lightning runner as seed 004 sets it up: DDP on ``lightning_devices`` devices, mixed
-    precision (bf16 on CPU, fp16 on GPUs), seeded, class-balanced by a WeightedRandomSampler
-    over deliberately imbalanced labels; stock DDP (``--sync ddp``) under Lightning's DDP."""
-    precision = "16-mixed" if torch.cuda.is_available() else "bf16-mixed"
+    precision (fp16 where the runner puts every device on a GPU, else bf16 on the CPU — one GPU
+    and two devices train on the CPU), seeded, class-balanced by a WeightedRandomSampler over
+    deliberately imbalanced labels; stock DDP (``--sync ddp``) under Lightning's DDP."""
+    from openclaw_ref.integrations.lightning.runner import all_on_gpus
+
+    precision = "16-mixed" if all_on_gpus(cfg.lightning_devices) else "bf16-mixed"
     return [sys.executable, "-m", "openclaw_ref.integrations.lightning", "--devices",
             str(cfg.lightning_devices), "--max-steps", str(cfg.lightning_steps),
             "--precision", precision, "--sync", "ddp", "--seed", str(cfg.seed), "--balance",

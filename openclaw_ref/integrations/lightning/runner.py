@@ -72,11 +72,16 @@ class LightningRunConfig:
         return self.train.global_batch // self.devices
 
 
+def all_on_gpus(devices: int) -> bool:
+    """Whether ``devices`` ranks train on GPUs (one each); otherwise all of them on the CPU."""
+    return torch.cuda.is_available() and torch.cuda.device_count() >= devices
+
+
 def run_lightning(cfg: LightningRunConfig) -> dict:
     """Train with ``Trainer(accelerator="cpu" or "gpu", devices=…, strategy=SyncDDPStrategy)``;
     returns this rank's result. Call from a script: Lightning re-executes it for every rank."""
     L.seed_everything(cfg.model.seed, workers=True)  # seed 004: before any process starts
-    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= cfg.devices
+    on_gpu = all_on_gpus(cfg.devices)
     if not on_gpu:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.devices))

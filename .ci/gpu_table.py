@@ -1,0 +1,62 @@
+"""Print the outcome of ``pytest -m gpu`` as a table: test → passed/skipped/failed, with the
+device it ran on. Reads the JUnit XML pytest wrote (``--junitxml``); ``tox -e gpu`` runs it
+after the tests and also writes the table to the path given second (to commit it).
+
+    python .ci/gpu_table.py <junit.xml> [<table.md>]
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def outcomes(junit_xml: str) -> list[tuple[str, str, str]]:
+    """(test, outcome, reason) per test case, in the order pytest ran them."""
+    rows = []
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        outcome, reason = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome = "skipped" if tag == "skipped" else "failed"
+                reason = (found.get("message") or "").splitlines()[0][:90] if found.get(
+                    "message") else ""
+                break
+        rows.append((name, outcome, reason))
+    return rows
+
+
+def device_name() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "torch not importable"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+    return f"{torch.cuda.device_count()} × {', '.join(names)} (torch {torch.__version__}, " \
+           f"CUDA {torch.version.cuda})"
+
+
+def table(rows: list[tuple[str, str, str]], device: str) -> str:
+    counts = {k: sum(1 for _, o, _ in rows if o == k) for k in ("passed", "skipped", "failed")}
+    lines = [f"`pytest -m gpu` on {device}: " + ", ".join(f"{v} {k}" for k, v in counts.items()),
+             "", "| test | outcome | reason |", "|---|---|---|"]
+    lines += [f"| {name} | {outcome} | {reason.replace('|', '/')} |" for name, outcome, reason
+              in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = table(outcomes(argv[0]), device_name())
+    print(text)
+    if len(argv) > 1:
+        Path(argv[1]).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
