@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import math
-import random
 import resource
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -157,12 +155,9 @@ class StepTimer:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    if not values:
+    if len(values) == 0:
         raise ValueError("percentile of no values")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
 @dataclass(frozen=True)
@@ -190,13 +185,11 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, resamples: in
         raise ValueError(f"need equal, non-empty paired samples; got {len(num)} and {len(den)}")
     if min(den) <= 0:
         raise ValueError("the denominator samples must be positive")
-    rng = random.Random(seed)
-    n = len(num)
-    ratios = []
-    for _ in range(resamples):
-        idx = [rng.randrange(n) for _ in range(n)]
-        ratios.append(statistics.median(num[i] for i in idx)
-                      / statistics.median(den[i] for i in idx))
+    num_a = np.asarray(num, dtype=np.float64)
+    den_a = np.asarray(den, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(num_a), size=(resamples, len(num_a)))
+    ratios = np.median(num_a[idx], axis=1) / np.median(den_a[idx], axis=1)
     tail = 100 * (1 - confidence) / 2
-    return RatioInterval(statistics.median(num) / statistics.median(den),
-                         percentile(ratios, tail), percentile(ratios, 100 - tail), n)
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return RatioInterval(float(np.median(num_a) / np.median(den_a)), float(low), float(high),
+                         len(num_a))
