@@ -69,10 +69,10 @@ CASES: list[Case] = [
     ("R4", "same peak", lambda: record(strategies(
         run("ddp", 2, peak=400, scope="run"), run("hardened fp32", 2, peak=400, scope="run"))),
      Verdict.NOT_REPRODUCED),
-    ("R4", "gradients below the memory noise", lambda: record(strategies(
+    ("R4", "gradients smaller than the saving to judge", lambda: record(strategies(
         {**run("ddp", 2, peak=400, scope="run"), "costs": {"wire_bytes": 422_576}},
         run("hardened fp32", 2, peak=300, scope="run"))), Verdict.NOT_MEASURABLE),
-    ("R4", "gradients above the memory noise", lambda: record(strategies(
+    ("R4", "gradients larger than the saving to judge", lambda: record(strategies(
         {**run("ddp", 2, peak=400, scope="run"), "costs": {"wire_bytes": 400 * 2**20}},
         run("hardened fp32", 2, peak=300, scope="run"))), Verdict.REPRODUCED),
     ("R4", "per-process peaks only", lambda: record(strategies(
