@@ -29,7 +29,14 @@ from claims_records import (
 )
 
 from openclaw_ref.core.metrics import bootstrap_ratio
-from openclaw_ref.reporting.claims import CLAIMS, SOURCES, Verdict, assess, assess_all
+from openclaw_ref.reporting.claims import (
+    CLAIMS,
+    MIN_REPEATS,
+    SOURCES,
+    Verdict,
+    assess,
+    assess_all,
+)
 from openclaw_ref.reporting.record import SCHEMA_VERSION, RecordError, load_record, parse_record
 from openclaw_ref.reporting.render import claims_markdown
 
@@ -136,3 +143,14 @@ def test_the_ledger_says_where_it_was_rendered_from():
     md = claims_markdown(record(), "results/cpu2-gloo")
     assert "Rendered from `results/cpu2-gloo/raw.json`" in md
     assert "shared/" not in md and "## Sources" in md
+
+
+def test_the_ledger_says_its_intervals_come_from_few_repeats():
+    text = claims_markdown(record(hardened_paired([0.5] * 5, [0.05] * 5)), "results/x")
+    assert f"From only {MIN_REPEATS} repeats" in text and "few distinct values" in text
+
+
+def test_a_claim_with_nothing_to_regenerate_says_so_in_the_ledger():
+    row = next(line for line in claims_markdown(record(), "results/x").splitlines()
+               if line.startswith("| Q1 "))
+    assert row.rstrip(" |").endswith("nothing to regenerate")

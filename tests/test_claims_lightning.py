@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from claims_records import (
+    BY_ID,
     CPU8,
     NCCL8,
     NOISY,
@@ -16,7 +17,7 @@ from claims_records import (
     record,
 )
 
-from openclaw_ref.reporting.claims import Verdict
+from openclaw_ref.reporting.claims import Verdict, assess
 from openclaw_ref.reporting.claims.judging import half_effect
 
 CASES: list[Case] = [
@@ -41,6 +42,9 @@ CASES: list[Case] = [
     ("L4", "int8 failed", lambda: record({"lightning": lightning(),
                                           "quantization": {"error": "no fbgemm"}}),
      Verdict.NOT_IMPLEMENTED),
+    ("L4", "FX failed, dynamic int8 instead", lambda: record({"lightning": lightning(),
+                                                              "quantization": SUBSTITUTED}),
+     Verdict.IMPLEMENTED),
     ("L4", "not run", lambda: record({"lightning": lightning()}), Verdict.NOT_MEASURABLE),
     ("L5", "4 ranks on 2 cores", lambda: record(precision([0.4] * 5, [0.1] * 5, 4, "fp32")),
      Verdict.NOT_MEASURABLE),
@@ -53,6 +57,22 @@ CASES: list[Case] = [
 ]
 
 
+SUBSTITUTED = {**QUANT, "method": "dynamic int8", "fx_error": "TypeError: ones()"}
+
+
 @pytest.mark.parametrize(("claim_id", "name", "make", "expected"), CASES, ids=case_ids(CASES))
 def test_rule_reaches_outcome(claim_id, name, make, expected):
     assert_reaches(claim_id, make(), expected)
+
+
+def test_l4_says_what_was_substituted_for_the_seeds_fx_path():
+    quantized = {"lightning": lightning(), "quantization": SUBSTITUTED}
+    finding = assess(BY_ID["L4"], record(quantized))
+    assert "substituted: dynamic int8" in finding.reason and "TypeError" in finding.reason
+    assert assess(BY_ID["L4"], record({"lightning": lightning(),
+                                       "quantization": QUANT})).reason == ""
+
+
+def test_l1_on_one_gpu_names_a_command_that_asks_for_one_rank():
+    finding = assess(BY_ID["L1"], record())
+    assert "--world-sizes 1 " in finding.command

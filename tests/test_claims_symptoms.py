@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from claims_records import (
+    BY_ID,
     NCCL8,
     NOISY,
     Case,
@@ -18,7 +19,7 @@ from claims_records import (
     strategies,
 )
 
-from openclaw_ref.reporting.claims import Verdict
+from openclaw_ref.reporting.claims import Verdict, assess
 
 CASES: list[Case] = [
     ("S1", "any environment", lambda: record(), Verdict.SETTING),
@@ -48,6 +49,12 @@ CASES: list[Case] = [
     ("C3", "4 ranks on 2 cores", lambda: record(strategies(*repeats("hardened fp32", 4, [10.0] * 5,
                                                                       "skew"))),
      Verdict.NOT_MEASURABLE),
+    ("C3", "skew that masking off removes", lambda: record({**strategies(*repeats(
+        "hardened fp32", 2, [10.0] * 5, "skew")), **sparsity_ablation(0.9, 0.1)}),
+     Verdict.REPRODUCED),
+    ("C3", "the same skew with masking off", lambda: record({**strategies(*repeats(
+        "hardened fp32", 2, [10.0] * 5, "skew")), **sparsity_ablation(0.99, 0.98, w=4)}),
+     Verdict.NOT_MEASURABLE),
     ("C3", "3 repeats", lambda: record(strategies(*repeats("hardened fp32", 2, [10.0] * 3,
                                                              "skew"))), Verdict.NOT_MEASURABLE),
     ("C4", "skew follows the sparse path", lambda: record(sparsity_ablation(0.9, 0.1)),
@@ -65,14 +72,10 @@ CASES: list[Case] = [
     ("C5", "no hardened multi-rank run", lambda: record(strategies(run("ddp", 2))),
      Verdict.NOT_MEASURABLE),
     ("C6", "gloo", lambda: record(strategies(run("ddp", 2))), Verdict.NOT_MEASURABLE),
-    ("C6", "fails without synchronize", lambda: record(strategies(
+    ("C6", "8 GPUs: still no experiment records it", lambda: record(strategies(
         run("ddp", 2), cuda_sync_ablation={"with": {"collectives": 1000, "failed": 0},
                                            "without": {"collectives": 1000, "failed": 80}}),
-        NCCL8), Verdict.REPRODUCED),
-    ("C6", "never fails", lambda: record(strategies(
-        run("ddp", 2), cuda_sync_ablation={"with": {"collectives": 1000, "failed": 0},
-                                           "without": {"collectives": 1000, "failed": 0}}),
-        NCCL8), Verdict.NOT_REPRODUCED),
+        NCCL8), Verdict.NOT_MEASURABLE),
     ("C7", "proxy shown", lambda: record(strategies(run("hardened fp32", 2))),
      Verdict.NOT_MEASURABLE),
 ]
@@ -81,3 +84,17 @@ CASES: list[Case] = [
 @pytest.mark.parametrize(("claim_id", "name", "make", "expected"), CASES, ids=case_ids(CASES))
 def test_rule_reaches_outcome(claim_id, name, make, expected):
     assert_reaches(claim_id, make(), expected)
+
+
+def test_skew_the_control_shows_without_masking_is_not_attributed_to_the_sparse_path():
+    rec = record({**strategies(*repeats("hardened fp32", 2, [10.0] * 5, "skew")),
+                  **sparsity_ablation(0.99, 0.98, w=4)})
+    finding = assess(BY_ID["C3"], rec)
+    assert "not attributable" in finding.reason and "C4 control" in finding.measured
+
+
+def test_claims_no_experiment_records_say_so_and_offer_no_command():
+    for claim_id in ("C6", "P1", "R5"):
+        finding = assess(BY_ID[claim_id], record(env=NCCL8))
+        assert finding.label == Verdict.NOT_MEASURABLE and finding.command == ""
+        assert "needs" in finding.reason and "does not run" in finding.reason

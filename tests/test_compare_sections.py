@@ -263,3 +263,15 @@ def test_scale_mismatch_counts_read_named_rows_of_every_rank():
     assert counts["corrupted"] == 2  # bucket 0 off on rank 1, bucket 1 off on rank 0
     assert counts["replicas_disagree"] == 1 and counts["overflow_elements"] == 2  # rank 0's
     assert counts["overflowed"] == counts["corrupted_uniform"] == 0
+
+
+@pytest.mark.parametrize(("cores", "sizes", "expected"), [
+    (2, (1, 2, 4), 2), (8, (1, 2, 4), 4), (2, (1,), 1), (1, (1, 2, 4), 4)])
+def test_the_sparsity_control_runs_at_the_largest_size_the_host_fits(monkeypatch, cores, sizes,
+                                                                     expected):
+    from openclaw_ref.experiments.compare import CompareConfig
+    from openclaw_ref.experiments.sections import ablations
+
+    monkeypatch.setattr(ablations.os, "cpu_count", lambda: cores)
+    cfg = CompareConfig(world_sizes=sizes, backend="gloo", global_batch=32)
+    assert ablations.control_size(cfg) == expected

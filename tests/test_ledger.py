@@ -36,8 +36,10 @@ def record(block: torch.Tensor, reduced: torch.Tensor, flag: float | None = None
                         flag=None if flag is None else torch.tensor(flag))
 
 
-def ledger(nonfinite: str = "skip", world: int = 3) -> Ledger:
-    policy = ScalePolicy.from_config(SyncConfig("hardened", wire="fp16", scale="auto"))
+def ledger(nonfinite: str = "skip", world: int = 3, wire: str = "fp16") -> Ledger:
+    sync = (SyncConfig("hardened", wire=wire, scale="auto") if wire == "fp16"
+            else SyncConfig("hardened", wire=wire))
+    policy = ScalePolicy.from_config(sync)
     return Ledger(world, policy, rank=0, global_ranks=[10, 11, 12][:world],
                   raise_nonfinite=nonfinite == "raise")
 
@@ -51,6 +53,19 @@ def test_a_clean_step_applies_and_counts_its_bucket_check():
     assert settle(book, record(reduced_block(3), torch.ones(8), flag=8.0)) is True
     assert book.last["checks_passed"] == book.last["checks_run"] == 1
     assert book.last["overflowed"] is False and book.events == []
+
+
+def test_an_fp16_wire_reports_its_pre_scale():
+    book = ledger()
+    settle(book, record(reduced_block(3), torch.ones(8), flag=8.0))
+    assert book.last["scale"] == 2.0 ** book.last["scale_exp"]
+
+
+@pytest.mark.parametrize("wire", ["native", "bf16"])
+def test_a_wire_without_a_pre_scale_reports_no_scale(wire):
+    book = ledger(wire=wire)
+    settle(book, record(reduced_block(3), torch.ones(8)))
+    assert "scale" not in book.last and "scale_exp" not in book.last
 
 
 def test_a_flag_from_a_finite_sum_that_overflowed_still_applies_the_step():

@@ -25,6 +25,7 @@ from openclaw_ref.core.model import build_model, preset  # noqa: E402
 from openclaw_ref.integrations.lightning import (  # noqa: E402
     OpenClawModule,
     SkillDataModule,
+    SyncDDPStrategy,
     balancing_weights,
     pad_collate,
 )
@@ -134,6 +135,17 @@ def run_trainer(tmp_path: Path, *args: str, timeout_s: float = 150) -> tuple[int
         proc.wait()
     result = json.loads(out.read_text()) if out.exists() else {}
     return proc.returncode, result, log
+
+
+def test_the_strategy_is_selected_by_its_registered_name():
+    import lightning as L
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    trainer = L.Trainer(strategy="openclaw_sync_ddp", accelerator="cpu", devices=2,
+                        logger=False, enable_checkpointing=False)
+    assert isinstance(trainer.strategy, SyncDDPStrategy)
+    assert trainer.strategy.sync_cfg.name == "hardened"
+    assert StrategyRegistry["ddp"]["strategy"] is not SyncDDPStrategy  # Lightning's own kept
 
 
 def test_hardened_strategy_trains_under_lightning_on_cpu_and_runs_its_checks(tmp_path):

@@ -66,8 +66,10 @@ def test_exporter_turns_step_metrics_into_series(exporter):
     assert value(s, "openclaw_allreduce_seconds_count", rank="0", bucket="all") == 2
     assert value(s, "openclaw_allreduce_seconds_sum", rank="0", bucket="all") == pytest.approx(6e-3)
     assert value(s, "openclaw_bucket_skew_seconds", rank="0", bucket="0") == pytest.approx(2e-3)
-    assert value(s, "openclaw_bucket_late_rank", rank="0", bucket="0") == 1
-    assert value(s, "openclaw_bucket_late_rank", rank="0", bucket="1") == 0
+    assert value(s, "openclaw_bucket_last_arrivals_total", rank="0", bucket="0",
+                 late_rank="1") == 2
+    assert value(s, "openclaw_bucket_last_arrivals_total", rank="0", bucket="1",
+                 late_rank="0") == 2
     assert value(s, "openclaw_fp16_overflow_elements_total", rank="0") == 10
     assert value(s, "openclaw_overflowed_steps_total", rank="0") == 2
     assert value(s, "openclaw_checks_run_total", rank="0") == 8
@@ -77,6 +79,77 @@ def test_exporter_turns_step_metrics_into_series(exporter):
     assert value(s, "openclaw_bucket_wait_seconds_sum", rank="0", bucket="0") == \
         pytest.approx(4e-3)
     assert value(s, "openclaw_bucket_wait_seconds_sum", rank="0", bucket="1") == 0
+
+
+def test_no_series_carries_a_rank_id_as_its_value(exporter):
+    exporter.on_step_metrics(0, HARDENED_LIKE, applied=True)
+    names = {name for name, _labels in scrape(exporter.url)}
+    assert not any(name.endswith("late_rank") for name in names)
+
+
+def test_a_step_without_a_pre_scale_exports_no_fp16_scale(exporter):
+    native = {k: v for k, v in HARDENED_LIKE.items() if k != "scale"}
+    exporter.on_step_metrics(0, native, applied=True)
+    assert not any(name == "openclaw_fp16_scale" for name, _ in scrape(exporter.url))
+
+
+def test_exporter_binds_the_address_it_is_given():
+    exp = PrometheusExporter(rank=0, port=0, host="0.0.0.0")
+    try:
+        assert exp._server.server_address[0] == "0.0.0.0"
+        assert value(scrape(f"http://127.0.0.1:{exp.port}/metrics"), "openclaw_steps_total",
+                     rank="0") == 0
+    finally:
+        exp.close()
+
+
+def test_train_passes_metrics_host_to_the_config():
+    from openclaw_ref.cli import build_parser
+    from openclaw_ref.cli.train import train_config_from_args
+
+    args = build_parser().parse_args(["train", "--metrics-port", "0",
+                                      "--metrics-host", "0.0.0.0"])
+    assert train_config_from_args(args).metrics.host == "0.0.0.0"
+    args = build_parser().parse_args(["train", "--metrics-port", "0"])
+    assert train_config_from_args(args).metrics.host == "127.0.0.1"
+
+
+def test_an_unresolvable_metrics_host_is_bad_input():
+    with pytest.raises(BadInput, match="--metrics-host"):
+        MetricsConfig(port=0, host="no such host!")
+
+
+def test_a_harden_user_exports_from_their_own_loop(tmp_path):
+    # the documented API: no openclaw loop, only harden() and on_step_metrics once per step
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from openclaw_ref.sync import harden
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    exp = PrometheusExporter(rank=dist.get_rank(), port=0)
+    try:
+        ddp = DDP(torch.nn.Linear(4, 2))
+        state = harden(ddp, SyncConfig(name="hardened"))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(3):
+            state.begin_step(step)
+            ddp(torch.randn(8, 4)).square().mean().backward()
+            applied = state.finish_step(step)
+            opt.step()
+            opt.zero_grad()
+            exp.on_step_metrics(step, state.step_metrics(), applied, state.events)
+        state.close()
+        s = scrape(exp.url)
+    finally:
+        exp.close()
+        dist.destroy_process_group()
+    assert value(s, "openclaw_steps_total", rank="0") == 3
+    assert value(s, "openclaw_allreduce_seconds_count", rank="0", bucket="all") == 3
+    assert value(s, "openclaw_checks_run_total", rank="0") >= 3
+    assert not any(name == "openclaw_fp16_scale" for name, _ in s)  # a native wire
 
 
 def test_each_event_is_counted_once_across_steps(exporter):

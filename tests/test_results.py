@@ -199,15 +199,6 @@ def test_back_to_back_regenerations_give_identical_verdicts_with_five_repeats(tm
     assert found[0] == found[1]
 
 
-def test_atomic_writes_get_the_permissions_of_a_plain_open(tmp_path):
-    from openclaw_ref.core.jsonio import write_text_atomic
-
-    plain = tmp_path / "plain.txt"
-    plain.write_text("x")
-    atomic = write_text_atomic(tmp_path / "atomic.txt", "x")
-    assert atomic.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
-
-
 # ---------------------------------------------------------------------------------------------
 # The record holds figures only; every caption and table comes from the renderer
 

@@ -46,8 +46,11 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                    help="no progress bar on stderr")
     p.add_argument("--out", default=None, help="write the run JSON here (rank 0)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="serve Prometheus metrics on 127.0.0.1:PORT+rank (0: a free port per "
+                   help="serve Prometheus metrics on HOST:PORT+rank (0: a free port per "
                         "rank, logged); needs the metrics extra")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="address the metrics endpoints bind to (loopback by default; 0.0.0.0 "
+                        "lets a remote Prometheus scrape a multi-node job)")
     p.add_argument("--skew-barrier-ms", type=float, default=None, metavar="MS",
                    help="seed P2: barrier before the next backward when the across-rank std of "
                         "the sync time exceeds MS (the seed used 1.5); None: off")
@@ -78,7 +81,8 @@ def train_config_from_args(args: argparse.Namespace):
         sparsity_range=args.sparsity, eval_every=args.eval_every,
         sync=sync_config_from_args(args),
         data=data, faults=tuple(parse_fault(f) for f in args.inject), backend=args.backend,
-        metrics=MetricsConfig(port=args.metrics_port, skew_barrier_ms=args.skew_barrier_ms),
+        metrics=MetricsConfig(port=args.metrics_port, host=args.metrics_host,
+                              skew_barrier_ms=args.skew_barrier_ms),
         timeout_s=args.timeout_s, progress=not args.no_progress, out=args.out,
     )
     cfg.validate()

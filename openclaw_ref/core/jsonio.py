@@ -1,25 +1,44 @@
-"""Atomic writes: a reader sees the old file or the new one, never half of either; and the one
-check that an output path can be written, run before any work (bad input, exit 2) so a long run
-never fails at its final write."""
+"""Atomic writes: a reader sees the old file or the new one, never half of either, and after the
+call returns both the data and the rename are on disk (the file and its directory are fsynced);
+and the one check that an output path can be written, run before any work (bad input, exit 2) so
+a long run never fails at its final write.
+
+A new file gets the mode ``open()`` would give it (0o666 less the umask): the temporary file is
+created with ``os.open(..., 0o666)`` so the kernel applies the umask. The process umask is never
+read or changed here (``os.umask`` can only be read by setting it, a race with other threads)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from openclaw_ref.sync.errors import BadInput
 
+_NEW_FILE_MODE = 0o666  # the kernel subtracts the umask, as for open()
 
-def _default_mode() -> int:
-    """What ``open()`` would give a new file (0o666 less the umask): ``mkstemp`` makes 0o600,
-    which would leave published results unreadable to everyone else."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+
+def _create_temp_beside(path: Path) -> tuple[int, Path]:
+    """A new, empty, exclusively created file in ``path``'s directory: (fd, its path)."""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _NEW_FILE_MODE), tmp
+        except FileExistsError:
+            continue
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (POSIX: the entry lives in the directory)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -62,17 +81,17 @@ def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp_beside(path)
     try:
-        os.fchmod(fd, _default_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    _fsync_directory(path.parent)
     return path
 
 

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import math
-import random
 import resource
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -157,12 +155,9 @@ class StepTimer:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    if not values:
+    if len(values) == 0:
         raise ValueError("percentile of no values")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
 @dataclass(frozen=True)
@@ -178,20 +173,23 @@ class RatioInterval:
         return self.low <= x <= self.high
 
 
-def _check_pairs(num: Sequence[float], den: Sequence[float]) -> None:
+def _pairs(num: Sequence[float], den: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     if len(num) != len(den) or not num:
         raise ValueError(f"need equal, non-empty paired samples; got {len(num)} and {len(den)}")
     if min(den) <= 0:
         raise ValueError("the denominator samples must be positive")
+    return np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
 
 
-def _paired_bootstrap(statistic: Callable[[list[int]], float], n: int, resamples: int,
-                      confidence: float, seed: int) -> tuple[float, float]:
-    """Percentile interval of ``statistic`` over resampled pair indices (seeded)."""
-    rng = random.Random(seed)
-    values = [statistic([rng.randrange(n) for _ in range(n)]) for _ in range(resamples)]
+def _resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
+    """``resamples`` × ``n`` pair indices drawn with replacement by a seeded generator."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def _interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
     tail = 100 * (1 - confidence) / 2
-    return percentile(values, tail), percentile(values, 100 - tail)
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, resamples: int = 2000,
@@ -202,11 +200,11 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, resamples: in
     the host's drift; resampling repeat indices keeps that pairing. Invariants: the generator
     is seeded, so the same inputs always give the same interval (a re-render never flips a
     verdict); ``low <= high``; the interval collapses to the point when every pair agrees."""
-    _check_pairs(num, den)
-    low, high = _paired_bootstrap(
-        lambda idx: statistics.median(num[i] for i in idx) / statistics.median(den[i] for i in idx),
-        len(num), resamples, confidence, seed)
-    return RatioInterval(statistics.median(num) / statistics.median(den), low, high, len(num))
+    num_a, den_a = _pairs(num, den)
+    idx = _resample_indices(len(num_a), resamples, seed)
+    low, high = _interval(np.median(num_a[idx], axis=1) / np.median(den_a[idx], axis=1),
+                          confidence)
+    return RatioInterval(float(np.median(num_a) / np.median(den_a)), low, high, len(num_a))
 
 
 def median_paired_ratio(num: Sequence[float], den: Sequence[float], *, resamples: int = 2000,
@@ -217,8 +215,8 @@ def median_paired_ratio(num: Sequence[float], den: Sequence[float], *, resamples
     milliseconds apart, so a load spike from another process moves both and cancels, where a
     ratio of medians lets a spike that hit one arm's steps more than the other's through. Same
     invariants as ``bootstrap_ratio``."""
-    _check_pairs(num, den)
-    ratios = [a / b for a, b in zip(num, den)]
-    low, high = _paired_bootstrap(lambda idx: statistics.median(ratios[i] for i in idx),
-                                  len(ratios), resamples, confidence, seed)
-    return RatioInterval(statistics.median(ratios), low, high, len(ratios))
+    num_a, den_a = _pairs(num, den)
+    ratios = num_a / den_a
+    idx = _resample_indices(len(ratios), resamples, seed)
+    low, high = _interval(np.median(ratios[idx], axis=1), confidence)
+    return RatioInterval(float(np.median(ratios)), low, high, len(ratios))

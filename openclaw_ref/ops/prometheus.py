@@ -6,19 +6,26 @@ events)``, with ``metrics`` = the strategy's ``step_metrics()``. Nothing here kn
 strategy produced them; keys a strategy does not report are simply not exported.
 
 Exporter (``PrometheusExporter``, needs the ``metrics`` extra = prometheus_client):
-  * one HTTP endpoint per rank, bound to 127.0.0.1 unless ``MetricsConfig.host`` says otherwise,
-    on ``port + rank`` (``port > 0``) or a free port (``port == 0``; the chosen port is logged
-    and published in the rendezvous store under ``openclaw/metrics/port/<rank>``);
+  * one HTTP endpoint per rank, bound to ``host`` — 127.0.0.1 (loopback) unless asked
+    (``MetricsConfig.host``, ``--metrics-host 0.0.0.0`` so a remote Prometheus can scrape a
+    multi-node job) — on ``port + rank`` (``port > 0``) or a free port (``port == 0``; the
+    chosen port is logged and published in the rendezvous store under
+    ``openclaw/metrics/port/<rank>``);
+  * usable without our loop: after ``state = harden(ddp)``, call
+    ``exporter.on_step_metrics(step, state.step_metrics(), applied, state.events)`` once per
+    step (``applied``: ``finish_step``'s verdict, or True without the step protocol);
   * its own ``CollectorRegistry`` — no process-global state, so several exporters (tests, two
     runs in one process) never collide;
-  * series (all carry ``rank``): ``openclaw_allreduce_seconds`` histogram by ``bucket``
-    (``bucket="all"`` = the whole step's sync time), ``openclaw_bucket_skew_seconds`` and
-    ``openclaw_bucket_late_rank`` gauges, ``openclaw_bucket_wait_seconds`` histogram (how long
-    this rank's bucket waited for the last rank, from the per-rank ready times), counters
-    ``openclaw_fp16_overflow_elements_total``,
+  * series (every one carries the exporting ``rank`` as a label; no value is a rank id):
+    ``openclaw_allreduce_seconds`` histogram by ``bucket`` (``bucket="all"`` = the whole step's
+    sync time), ``openclaw_bucket_skew_seconds`` gauge, ``openclaw_bucket_last_arrivals_total``
+    counter by ``bucket`` and ``late_rank`` (how often each rank reached the bucket last),
+    ``openclaw_bucket_wait_seconds`` histogram (how long this rank's bucket waited for the last
+    rank, from the per-rank ready times), counters ``openclaw_fp16_overflow_elements_total``,
     ``openclaw_overflowed_steps_total``, ``openclaw_skipped_steps_total``,
     ``openclaw_checks_run_total``, ``openclaw_checks_fired_total{kind}``,
-    ``openclaw_skew_barriers_total``, ``openclaw_steps_total``; gauge ``openclaw_fp16_scale``.
+    ``openclaw_skew_barriers_total``, ``openclaw_steps_total``; gauge ``openclaw_fp16_scale``
+    only on an FP16 wire (a native or bf16 wire has no pre-scale: the series is absent, not 1).
     The seed's ``nccl_allreduce_time_ms`` becomes ``openclaw_allreduce_seconds`` (Prometheus
     base units; "nccl" would be false on gloo).
 
@@ -34,6 +41,7 @@ the same branch — a barrier on some ranks only would pair with a different col
 
 from __future__ import annotations
 
+import socket
 import statistics
 import sys
 from collections.abc import Sequence
@@ -58,12 +66,18 @@ class MetricsConfig:
     """Observability of a run. Defaults: nothing exported, no barrier (zero cost)."""
 
     port: int | None = None  # None = no exporter; 0 = a free port per rank; N = N + rank
-    host: str = "127.0.0.1"  # never a public interface unless asked
+    host: str = "127.0.0.1"  # loopback: never a public interface unless asked
     skew_barrier_ms: float | None = None  # seed P2; None = off (the seed's value is 1.5)
 
     def __post_init__(self) -> None:
         if self.port is not None and not 0 <= self.port <= 65535:
             raise BadInput(f"--metrics-port must be in 0..65535; got {self.port}")
+        if self.port is not None:
+            try:
+                socket.getaddrinfo(self.host, None)
+            except (socket.gaierror, UnicodeError):
+                raise BadInput(f"--metrics-host {self.host!r}: not an address of this "
+                               "machine's resolver") from None
         if self.skew_barrier_ms is not None and self.skew_barrier_ms <= 0:
             raise BadInput(f"--skew-barrier-ms must be positive; got {self.skew_barrier_ms}")
 
@@ -107,9 +121,9 @@ class PrometheusExporter(Callback):
         self.skew_s = Gauge("openclaw_bucket_skew_seconds",
                             "Last step's arrival skew of a bucket (latest - earliest rank)",
                             ["rank", "bucket"], registry=r)
-        self.late_rank = Gauge("openclaw_bucket_late_rank",
-                               "The rank that arrived last at a bucket in the last step",
-                               ["rank", "bucket"], registry=r)
+        self.last_arrivals = Counter("openclaw_bucket_last_arrivals",
+                                     "Steps in which late_rank reached the bucket last",
+                                     ["rank", "bucket", "late_rank"], registry=r)
         self.overflow_elements = Counter("openclaw_fp16_overflow_elements",
                                          "Elements that overflowed the fp16 wire",
                                          ["rank"], registry=r)
@@ -171,7 +185,7 @@ class PrometheusExporter(Callback):
             if b.get("skew_ms") is not None:
                 self.skew_s.labels(rk, idx).set(float(b["skew_ms"]) / 1e3)
             if b.get("late_rank") is not None:
-                self.late_rank.labels(rk, idx).set(int(b["late_rank"]))
+                self.last_arrivals.labels(rk, idx, str(int(b["late_rank"]))).inc()
             ready = b.get("ready_ms")
             if isinstance(ready, (list, tuple)) and self.rank < len(ready):
                 self.wait_s.labels(rk, idx).observe(

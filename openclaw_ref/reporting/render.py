@@ -56,8 +56,8 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
     env = rec.environment
     found = assess_all(rec)
     counts = {v: sum(f.label == v for _, f in found) for v in Verdict}
-    rows = [[c.id, c.text, c.source, f.ran, f.measured, f"**{f.verdict}**", f"`{f.command}`"]
-            for c, f in found]
+    rows = [[c.id, c.text, c.source, f.ran, f.measured, f"**{f.verdict}**",
+             f"`{f.command}`" if f.command else "nothing to regenerate"] for c, f in found]
     schema = (f"record schema {rec.upgraded_from}, read as {rec.schema_version}: no figure "
               "changed" if rec.upgraded_from else f"record schema {rec.schema_version}")
     where = (f"Rendered from `{rendered_from}/raw.json` ({schema}) by `openclaw-bench report`; "
@@ -66,7 +66,11 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
     vocabulary = (f"Vocabulary: {', '.join(Verdict)}. Timing is judged only at ranks ≤ cores "
                   f"(GPUs under NCCL), from ≥ {MIN_REPEATS} interleaved repeats with a seeded "
                   "bootstrap interval; an interval containing the threshold is *inside the "
-                  "noise here*.")
+                  f"noise here*. From only {rec.config.get('repeats', MIN_REPEATS)} repeats an "
+                  "interval takes few distinct values, so a verdict near its threshold can move "
+                  "with one repeat (rerun with a larger `--repeats`). \"regenerate with\" names "
+                  "the compare run that writes the figures a verdict reads; \"nothing to "
+                  "regenerate\" where no run here can move it.")
     head = ["# Seed claims ledger", "", where, "",
             f"Measured on: {env.describe()}, git {env.git_sha}, {env.date}.", "",
             "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items() if v), "",

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from openclaw_ref.sync.base import Wire
 from openclaw_ref.sync.control import BucketVerdict, check_blocks, verify
 from openclaw_ref.sync.control_layout import READY_UNIT_US, decode_block
 from openclaw_ref.sync.errors import ConsistencyError, Event, NonFiniteGradient
@@ -183,11 +184,11 @@ class Ledger:
             "overflow_elements": overflow_elements,
             "elements": elements,
             "overflowed": overflowed,
-            "scale": 2.0 ** exponent,
-            "scale_exp": exponent,
             "checks_run": run,
             "checks_passed": passed,
         }
+        if self.policy.wire is Wire.FP16:  # a native or bf16 wire is never pre-scaled
+            self.last.update(scale=2.0 ** exponent, scale_exp=exponent)
         return not overflowed
 
     def _drop_gradients(self, step: int, overflow_elements: int, exponent: int) -> None:

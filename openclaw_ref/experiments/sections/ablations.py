@@ -7,10 +7,13 @@ interleaved (order rotated per repeat)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from typing import TYPE_CHECKING
 
-from openclaw_ref.core.launch import RankContext, RankPool
+import torch
+
+from openclaw_ref.core.launch import RankContext, RankPool, resolve_backend
 from openclaw_ref.core.metrics import percentile
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.train import TrainConfig
@@ -86,9 +89,18 @@ def _barrier_rows(barrier: dict[str, list[dict]], w: int) -> list[dict]:
             for arm, runs in barrier.items()]
 
 
+def control_size(cfg: CompareConfig) -> int:
+    """The largest multi-rank size whose ranks each get a core (a GPU under NCCL) — the size
+    the ledger judges skew at (C3/C4) — else the largest size."""
+    backend = resolve_backend(cfg.backend, max(cfg.world_sizes))
+    capacity = torch.cuda.device_count() if backend == "nccl" else (os.cpu_count() or 1)
+    fit = [w for w in cfg.world_sizes if 2 <= w <= capacity]
+    return max(fit) if fit else max(cfg.world_sizes)
+
+
 def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
-    """The sparsity control at the largest size, the P2 arms at 2 ranks (else the largest)."""
-    w = max(cfg.world_sizes)
+    """The sparsity control at ``control_size``, the P2 arms at 2 ranks (else the largest)."""
+    w = control_size(cfg)
     sparsity = _sparsity(cfg, w, pools, progress)
     pw = 2 if 2 in cfg.world_sizes else w
     barrier = skew_barrier_interleaved(cfg, pools.get(pw), pw, progress)

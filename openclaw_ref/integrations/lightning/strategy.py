@@ -13,6 +13,11 @@ exporter) then the fault injector — the order Lightning ran them in before the
 so parameter names are the plain loop's. The end of a step (``after_step``, the step's metrics)
 runs from ``SyncStepEnd``, a Lightning callback the strategy adds to its trainer, after the
 runner's step clock.
+
+Registration: importing this package registers the strategy in Lightning's ``StrategyRegistry``
+as ``openclaw_sync_ddp`` (the hardened hook, defaults otherwise), so
+``Trainer(strategy="openclaw_sync_ddp")`` works. Lightning 2.6 reads no entry point for
+strategies (only for callbacks), so the import is what registers it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from torch import nn
 
 from openclaw_ref.core.callbacks import CallbackList
@@ -65,6 +70,14 @@ class SyncDDPStrategy(DDPStrategy):
         self.skipped_steps = 0
         self._step = 0
         self._target: nn.Module | None = None  # the model the callbacks act on
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Lightning's registration hook: only our own name (the parent's would re-register
+        ``ddp``, ``ddp_spawn``, ... as this class)."""
+        strategy_registry.register(
+            cls.strategy_name, cls, override=True,
+            description="DDP with the openclaw hardened comm hook (also on CPU/gloo)")
 
     def rank_context(self) -> RankContext:
         return RankContext(self.global_rank, self.world_size, self.local_rank, self.num_processes,
@@ -155,3 +168,6 @@ class SyncStepEnd(L.Callback):
         strategy = trainer.strategy
         if isinstance(strategy, SyncDDPStrategy):
             strategy.end_step(trainer.global_step - 1)  # global_step already advanced
+
+
+SyncDDPStrategy.register_strategies(StrategyRegistry)

@@ -18,8 +18,9 @@ from openclaw_ref.reporting.claims.evidence import (
     step_ms,
 )
 from openclaw_ref.reporting.claims.judging import (
-    CMD_CONFORM,
+    CMD_FAULTS,
     CMD_NCCL8,
+    CMD_OVERFLOW,
     HW_8GPU,
     Needs,
     cmd_cores,
@@ -148,14 +149,14 @@ def uniform_prescale_cuts_fp16_overflow(rec: RunRecord) -> Finding:
     if worse:
         return Finding(Verdict.REFUTED, ran, text, "the uniform pre-scale overflows more than "
                        f"stock ddp-fp16 on {', '.join(f'{wl} ×{w}' for wl, w in sorted(worse))}",
-                       CMD_CONFORM)
+                       CMD_OVERFLOW)
     if not hot:
         return Finding(Verdict.NOT_MEASURABLE, ran, text, "stock ddp-fp16 never overflows on "
-                       "these workloads: nothing to reduce", CMD_CONFORM)
+                       "these workloads: nothing to reduce", CMD_OVERFLOW)
     ok = all(v["seed"]["overflow_rate"] <= 0.00017
              and v["seed"]["overflow_rate"] < v["base"]["overflow_rate"] for v in hot)
     return Finding(Verdict.REPRODUCED if ok else Verdict.NOT_REPRODUCED, ran, text,
-                   command=CMD_CONFORM)
+                   command=CMD_OVERFLOW)
 
 
 @claim("F4", "NCCL environment: async error handling, ring algorithm, ≥ 4 rings, 2 MB buffer",
@@ -167,8 +168,7 @@ def nccl_reads_seed_settings(rec: RunRecord) -> Finding:
     text = "; ".join(f"{f['level']}: {f['variable']} → {f['replacement']}" for f in findings)
     ran = "doctor's lint of the seed's NCCL settings (recorded by compare)"
     if any(f["level"] == "error" for f in findings):
-        return Finding(Verdict.REFUTED, ran, text, "a variable NCCL does not read",
-                       "NCCL_RING_ALGO=1 NCCL_MIN_NRINGS=4 openclaw-bench doctor")
+        return Finding(Verdict.REFUTED, ran, text, "a variable NCCL does not read")
     return Finding(Verdict.NOT_MEASURABLE, ran, text or "no finding",
                    f"the settings' performance needs {HW_8GPU}", CMD_NCCL8)
 
@@ -194,7 +194,7 @@ def seed_hook_catches_scale_and_layout_faults(rec: RunRecord) -> Finding:
             f"misses {missed or 'nothing'}")
     ran = "the seed's hook as written, fault × outcome matrix"
     if outcome.get("none") not in (None, "no-effect"):
-        return Finding(Verdict.REFUTED, ran, text, "breaks a fault-free run", CMD_CONFORM)
+        return Finding(Verdict.REFUTED, ran, text, "breaks a fault-free run", CMD_FAULTS)
     ok = all(g in caught for g in F5_GUARDS) and any(g in caught for g in F5_LAYOUT)
     return Finding(Verdict.REPRODUCED if ok else Verdict.NOT_REPRODUCED, ran, text,
-                   command=CMD_CONFORM)
+                   command=CMD_FAULTS)

@@ -21,7 +21,21 @@ MIN_REPEATS = 5
 CMD_REPEATS = f"openclaw-bench compare --repeats {MIN_REPEATS}"
 CMD_NCCL8 = f"openclaw-bench compare --backend nccl --world-sizes 1,2,4,8 --repeats {MIN_REPEATS}"
 CMD_NCCL4 = f"openclaw-bench compare --backend nccl --world-sizes 1,4 --repeats {MIN_REPEATS}"
-CMD_CONFORM = "pytest -m conformance"
+# Each finding's command writes the raw.json its verdict is read from (a compare run), or is
+# NOTHING when no run here can change the verdict (a setting, a question, an undefined figure,
+# or a figure no experiment of this suite records).
+
+
+def cmd_sections(*names: str) -> str:
+    """The compare run that records only ``names`` (each a compare section)."""
+    return f"openclaw-bench compare --sections {','.join(names)}"
+
+
+CMD_FAULTS = cmd_sections("faults")
+CMD_OVERFLOW = cmd_sections("overflow")
+CMD_LIGHTNING = cmd_sections("lightning")
+CMD_ONE_GPU_PRECISION = "openclaw-bench compare --backend nccl --world-sizes 1 --sections precision"
+NOTHING = ""
 HW_8GPU = "8 GPUs with NCCL (the seed's 8×A100)"
 HW_4GPU = "4 GPUs with NCCL (seed 004's devices=4)"
 

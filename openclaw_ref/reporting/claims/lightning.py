@@ -13,9 +13,12 @@ from collections.abc import Callable
 
 from openclaw_ref.reporting.claims.evidence import precision_rows, section
 from openclaw_ref.reporting.claims.judging import (
+    CMD_LIGHTNING,
     CMD_NCCL4,
+    CMD_ONE_GPU_PRECISION,
     HW_4GPU,
     Needs,
+    cmd_sections,
     half_effect,
     judge_ratio,
     size_to_judge,
@@ -49,7 +52,7 @@ def single_device_flow_is_slow(rec: RunRecord) -> Finding:
     ran = "1-device fp32 time per iteration, extrapolated to 1M samples"
     if rec.environment.gpu_count < 1:
         return Finding(Verdict.NOT_MEASURABLE, ran, "no GPU recorded", "needs a GPU",
-                       "openclaw-bench compare --backend nccl --sections precision")
+                       CMD_ONE_GPU_PRECISION)
     one = _one_device_fp32(precision_rows(rec))
     if one is None:
         raise Missing("1-device fp32 row")
@@ -75,7 +78,7 @@ def lightning_trains_ddp_with_mixed_precision(rec: RunRecord) -> Finding:
                    f"{lt.get('steps')} steps, {lt.get('steps_per_s', float('nan')):.2f} steps/s, "
                    f"final loss {lt.get('final_loss', float('nan')):.4f}",
                    "" if ok else "the run lacks DDP, mixed precision or training progress",
-                   "pytest tests/test_lightning.py")
+                   CMD_LIGHTNING)
 
 
 def _speedup_over_one_device(rec: RunRecord, multi: Callable[[dict], bool], threshold: float,
@@ -119,7 +122,9 @@ def four_gpu_ddp_amp_speedup(rec: RunRecord) -> Finding:
        "(fbgemm) for deployment", source="seed 004, pitfalls", outcomes=INTERFACE)
 def seeded_sampling_and_int8_model(rec: RunRecord) -> Finding:
     """Implemented if the recorded Lightning run seeded workers and used the weighted sampler,
-    and an int8 model (fbgemm/x86) was measured; not implemented if any part failed."""
+    and an int8 model (fbgemm/x86) was measured; not implemented if any part failed. Where the
+    seed's FX path failed and another int8 method stood in, the reason says what was
+    substituted and why."""
     lt, q = section(rec, "lightning"), section(rec, "quantization")
     ok = (bool(lt.get("seed_everything_workers")) and bool(lt.get("weighted_sampler"))
           and "error" not in q and q.get("accuracy_int8") is not None)
@@ -129,8 +134,11 @@ def seeded_sampling_and_int8_model(rec: RunRecord) -> Finding:
                                          f"{q.get('accuracy_int8')}, latency "
                                          f"{q.get('latency_fp32_ms')} → {q.get('latency_int8_ms')}"
                                          " ms" if "error" not in q else f"error {q['error']}"))
+    substituted = (f"substituted: {q.get('method') or 'another int8 method'} for the seed's FX "
+                   f"path, which failed here ({q['fx_error']})" if q.get("fx_error") else "")
     return Finding(Verdict.IMPLEMENTED if ok else Verdict.NOT_IMPLEMENTED, "Lightning pitfalls "
-                   "and int8 quantization of the trained model on CPU", text)
+                   "and int8 quantization of the trained model on CPU", text,
+                   substituted if ok else "", cmd_sections("lightning", "quantization"))
 
 
 @claim("L5", "Training 3.2× faster, memory −47%, accuracy within ±0.5%",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 from openclaw_ref.reporting.claims.evidence import as_ms, curve, fault_cases, pct, section
-from openclaw_ref.reporting.claims.judging import CMD_CONFORM
+from openclaw_ref.reporting.claims.judging import CMD_FAULTS, CMD_OVERFLOW, NOTHING
 from openclaw_ref.reporting.claims.registry import Family, Finding, Missing, Verdict
 from openclaw_ref.reporting.record import RunRecord
 
@@ -47,7 +47,7 @@ def late_rank_shifts_bucket_boundaries(rec: RunRecord) -> Finding:
     else:
         label = Verdict.NOT_REPRODUCED
     return Finding(label, f"late-rank fault (Δt = {value}) × every strategy",
-                   "; ".join(f"{c['strategy']}: {c['cell']}" for c in late), tree, CMD_CONFORM)
+                   "; ".join(f"{c['strategy']}: {c['cell']}" for c in late), tree, CMD_FAULTS)
 
 
 @claim("M2", "Layer-wise gradient-distribution entropy H = 4.21 bits (BERT-base 2.03)",
@@ -62,7 +62,7 @@ def gradient_entropy_proxy(rec: RunRecord) -> Finding:
                    "SparseGatingUnit.sparse_mask_entropy() over the curve run",
                    f"proxy: mean binary mask entropy {statistics.mean(bits):.3f} bits per unit "
                    "(≤ 1 by definition; the seed's 4.21 bits is of another distribution)",
-                   "the seed does not define the distribution")
+                   "the seed does not define the distribution", NOTHING)
 
 
 @claim("M3", "Non-deterministic kernel launches put the same parameter in different DDP "
@@ -79,7 +79,7 @@ def bucket_layouts_differ_across_ranks(rec: RunRecord) -> Finding:
                    "bucket layouts recorded on every rank (recording comm hook)",
                    "; ".join(f"{a['strategy']} ×{a['world_size']}: "
                              f"{'identical' if a['aligned'] else 'DIFFER'} over {a['steps']} steps"
-                             for a in align), command=CMD_CONFORM)
+                             for a in align), command=CMD_FAULTS)
 
 
 def _mismatch_rows_at_8_ranks(rec: RunRecord) -> list[dict]:
@@ -125,4 +125,4 @@ def scale_mismatch_overflows_fp16(rec: RunRecord) -> Finding:
                    f"mismatch, {r['overflowed_uniform']} with a uniform scale (added: "
                    f"{pct(added)}); {r['corrupted']} corrupted silently",
                    "the overflow comes from the scale itself; the mismatch corrupts silently"
-                   if label == Verdict.REFUTED else "", CMD_CONFORM)
+                   if label == Verdict.REFUTED else "", CMD_OVERFLOW)

@@ -5,6 +5,7 @@ Both questions share one rule, registered once per question.
 
 from __future__ import annotations
 
+from openclaw_ref.reporting.claims.judging import NOTHING
 from openclaw_ref.reporting.claims.registry import Family, Finding, Verdict
 from openclaw_ref.reporting.record import RunRecord
 
@@ -15,7 +16,7 @@ QUESTIONS = "seed 000, closing questions"
 
 def open_question(rec: RunRecord) -> Finding:
     """A question the seed asks, not a claim: listed, never judged."""
-    return Finding(Verdict.OPEN_QUESTION, "—", "a question, not a claim")
+    return Finding(Verdict.OPEN_QUESTION, "—", "a question, not a claim", command=NOTHING)
 
 
 claim("Q1", "Open: with channel-wise sparsity, should L2-norm bucketing become "

@@ -7,6 +7,7 @@ suite's model implements the sparse path the seed describes.
 from __future__ import annotations
 
 from openclaw_ref.reporting.claims.evidence import curve
+from openclaw_ref.reporting.claims.judging import NOTHING
 from openclaw_ref.reporting.claims.registry import INTERFACE, Family, Finding, Missing, Verdict
 from openclaw_ref.reporting.record import RunRecord
 
@@ -32,7 +33,7 @@ def differences_from_seed_setting(rec: RunRecord) -> Finding:
     if gb != 256:
         diffs.append(f"global batch {gb} instead of 256")
     return Finding(Verdict.SETTING, "—", f"here: {env.describe()}; differs: "
-                   + ("; ".join(diffs) if diffs else "nothing"))
+                   + ("; ".join(diffs) if diffs else "nothing"), command=NOTHING)
 
 
 @claim("S2", "Dynamic sparse path, sparsity ratio in [0.12, 0.68], a SparseGatingUnit; "

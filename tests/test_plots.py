@@ -1,0 +1,43 @@
+"""The plots: what each must let a reader judge (see ``reporting/plots.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from openclaw_ref.reporting.plots import (  # noqa: E402
+    distinct_styles,
+    render_plots,
+    scaling_points,
+)
+from openclaw_ref.reporting.record import load_record  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("n", [1, 10, 15, 40])
+def test_every_bucket_gets_its_own_colour(n):
+    colours = [c for c, _marker in distinct_styles(n)]
+    assert len(set(colours)) == n
+
+
+def test_scaling_points_are_the_median_and_range_over_repeats_per_world_size():
+    def run(w, repeat, step):
+        return {"variant": "ddp", "world_size": w, "repeat": repeat,
+                "step_ms": [999.0, 999.0, step, step, step]}  # 2 warm-up steps excluded
+
+    raw = {"strategies": {"runs": [run(1, 0, 10.0), run(1, 1, 30.0), run(1, 2, 20.0),
+                                   run(2, 0, 40.0), {"variant": "ddp", "world_size": 4,
+                                                     "repeat": 0, "error": "crash"}]}}
+    assert scaling_points(raw) == {"ddp": [(1, 20.0, 10.0, 30.0), (2, 40.0, 40.0, 40.0)]}
+
+
+def test_the_committed_record_renders_every_plot(tmp_path):
+    rec = load_record(ROOT / "results" / "cpu2-gloo" / "raw.json")
+    made = render_plots(rec, tmp_path)
+    assert sorted(p.name for p in made) == ["bucket_timeline.png", "loss_curves.png",
+                                           "overflow_vs_scale.png", "step_times.png"]
+    assert all(p.stat().st_size > 10_000 for p in made)
