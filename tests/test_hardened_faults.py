@@ -210,18 +210,26 @@ def test_a_wire_overflow_skips_the_step_on_every_rank_and_backs_off_the_scale(po
         assert 0 < r["summary"]["overflow_rate_elements"] < 1
 
 
-def test_a_diverged_replica_is_named_by_the_replica_check(pools):
-    sync = SyncConfig("hardened", replica_check_every=1)
+def test_a_weight_nudged_after_the_optimizer_step_is_named_at_the_next_step_with_k_1(pools):
+    sync = SyncConfig("hardened", replica_slices=1)
     results = pools.get(2).run(run_with_fault, sync, Fault("perturb", 1, 1))
     err = _same_error_everywhere(results, ReplicaDivergence)
     assert err.ranks == [1] and err.step == 2 and err.params == [WATCHED]
 
 
-def test_replica_checks_pass_and_are_counted_without_a_fault(pools):
-    sync = SyncConfig("hardened", replica_check_every=2)
-    results = pools.get(2).run(run_with_fault, sync, Fault(), 4)
-    assert results[0]["error"] is None
-    assert results[0]["summary"]["replica_checks"] == 2
+def test_a_weight_nudged_after_the_optimizer_step_is_named_within_k_steps_by_default(pools):
+    k = SyncConfig("hardened").replica_slices
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("perturb", 1, 1),
+                               2 + k)
+    err = _same_error_everywhere(results, ReplicaDivergence)
+    assert err.ranks == [1] and 2 <= err.step <= 1 + k and err.params == [WATCHED]
+
+
+def test_replica_digests_ride_every_step_and_stay_silent_without_a_fault(pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", replica_slices=2),
+                               Fault(), 4)
+    assert all(r["error"] is None for r in results)
+    assert results[0]["summary"]["replica_checks"] == 4
 
 
 def test_a_stalled_rank_is_named_by_the_watchdog_with_exit_code_4():
