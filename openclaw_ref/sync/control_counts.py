@@ -8,6 +8,9 @@ Encoding. Every field the active ranks must agree on — the agreed chunks of a
 is the number of ranks whose bit is 1, and the active ranks agree iff every bit count is 0 or
 ``n_active`` (one element each active rank sets to 1; a joined rank sets ``joined`` instead and
 abstains from every count). Exact, not probabilistic: a count is an integer sum of 0/1 terms.
+A rank that wrote nothing or twice makes ``n_active + n_joined`` differ from W; what sums cannot
+tell is one rank writing twice while another writes nothing, which cannot arise (each rank
+zero-fills and writes its own contribution once; there are no per-rank positions to confuse).
 Also counted: ranks whose own gradients held NaN/inf, and the absent-gradient bits (which must
 all be 0). Counts are exact while a group's ranks stay within the wire's exact-integer limit
 (fp32 2^24, fp16 2,048, bf16 256): beyond it the ranks are split into groups of that many, one
@@ -252,7 +255,7 @@ def _detail(marks: list[float], units: list[float], joined: bool) -> Figures:
     first at the latest time."""
     active = [r for r, m in enumerate(marks) if m == 1.0]
     if not active:
-        return Figures([], 0.0, None, joined)
+        return Figures([], 0.0, 0, joined)  # as ``verify``: no active rank, rank 0
     ready = [units[r] * READY_UNIT_US / 1e3 for r in active]
     late = active[max(range(len(ready)), key=lambda i: (ready[i], -i))]
     return Figures(ready, max(ready) - min(ready), late, joined)
