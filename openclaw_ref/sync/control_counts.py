@@ -218,10 +218,17 @@ def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
     replica_ok = _agree(step[1:], step[0])
     ready = rows[:, G * COUNT_FIELDS:]
     parts = [ok.double(), replica_ok.double().reshape(1), counts[:, JOINED]]
-    if layout.detail:
+    if layout.detail:  # skew and late rank on the device: the first active rank at the max
         d = ready.view(B, W, DETAIL_FIELDS)
-        parts += [d[:, :, 0].reshape(-1),
-                  (d[:, :, 1] * 65536 + d[:, :, 2] * 256 + d[:, :, 3]).reshape(-1)]
+        marks = d[:, :, 0]
+        ms = (d[:, :, 1] * 65536 + d[:, :, 2] * 256 + d[:, :, 3]) * READY_UNIT_US / 1e3
+        on = marks == 1
+        hi = torch.where(on, ms, torch.full_like(ms, -1.0))
+        lo = torch.where(on, ms, torch.full_like(ms, float("inf")))
+        some = on.any(1)  # none active (every rank joined): skew 0, rank 0, as ``verify``
+        parts += [torch.where(some, hi.amax(1) - lo.amin(1), 0.0),
+                  torch.where(some, hi.argmax(1), 0).double(), marks.reshape(-1),
+                  ms.reshape(-1)]
     else:
         parts.append(ready.view(B, G, HIST_BINS).sum(1).reshape(-1))
     flat = torch.cat(parts)
@@ -234,10 +241,16 @@ def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
     at = 2 * B + 1
     figures: list[Figures | None] = []
     if layout.detail:
-        marks, units, at = host[at:at + B * W], host[at + B * W:at + 2 * B * W], at + 2 * B * W
+        skew, late, at = host[at:at + B], host[at + B:at + 2 * B], at + 2 * B
+        marks, ms, at = host[at:at + B * W], host[at + B * W:at + 2 * B * W], at + 2 * B * W
         for b in range(B):
-            figures.append(_detail(marks[b * W:(b + 1) * W], units[b * W:(b + 1) * W],
-                                   joined_n[b] > 0) if oks[b] else None)
+            if not oks[b]:
+                figures.append(None)
+                continue
+            ready = ms[b * W:(b + 1) * W]
+            if joined_n[b] > 0:  # the active ranks' times only
+                ready = [t for t, m in zip(ready, marks[b * W:(b + 1) * W]) if m == 1.0]
+            figures.append(Figures(ready, skew[b], int(late[b]), joined_n[b] > 0))
     else:
         hist, at = host[at:at + B * HIST_BINS], at + B * HIST_BINS
         for b in range(B):
@@ -248,17 +261,6 @@ def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
                        counts.tolist() if failed else [],
                        step.tolist() if not rep_ok else [])
     return check, host[at:]
-
-
-def _detail(marks: list[float], units: list[float], joined: bool) -> Figures:
-    """Exact figures from the per-rank ready times of the active ranks; the late rank is the
-    first at the latest time."""
-    active = [r for r, m in enumerate(marks) if m == 1.0]
-    if not active:
-        return Figures([], 0.0, 0, joined)  # as ``verify``: no active rank, rank 0
-    ready = [units[r] * READY_UNIT_US / 1e3 for r in active]
-    late = active[max(range(len(ready)), key=lambda i: (ready[i], -i))]
-    return Figures(ready, max(ready) - min(ready), late, joined)
 
 
 def _binned(hist: list[float], joined: bool) -> Figures:
