@@ -2,10 +2,12 @@
 of the parameters DDP keeps equal, so every parameter is compared every K steps with no
 collective beyond stock DDP's on a clean step.
 
-The partition. ``checks.synchronized_parameters`` (registration order, frozen ones included)
-is cut into K contiguous slices of about equal bytes — a pure function of the parameter shapes
-and K, which the start-up check proves equal on every rank. Step s digests slice s mod K (the
-clock every rank agrees on, checked in the same block).
+The partition. The bytes of ``checks.synchronized_parameters`` (registration order, frozen
+ones included), laid end to end, are cut into K ranges of equal size at element boundaries, so
+every step digests T/K bytes whatever the parameter sizes (a large parameter is split across
+steps) — a pure function of the parameter shapes and K, which the start-up check proves equal
+on every rank. Step s digests slice s mod K (the clock every rank agrees on, checked in the
+same block), one ``ReplicaDigest`` per piece (a parameter's part in the slice).
 
 When. The digest is taken in the hook of the step's last bucket, inside backward: the
 parameters are then what the previous optimizer step left, and the optimizer step of this step
@@ -34,16 +36,25 @@ from openclaw_ref.sync.errors import ReplicaDivergence
 from openclaw_ref.sync.replica_digest import ReplicaDigest
 from openclaw_ref.sync.vote import plurality
 
+Piece = tuple[int, int, int]  # (parameter index, first element, end element)
 
-def partition(sizes: Sequence[int], k: int) -> list[list[int]]:
-    """K contiguous slices of parameter indices with about equal bytes: parameter i goes to
-    slice ⌊K · (bytes before i + half its bytes) / total⌋. Some slices may be empty (K > P)."""
-    total = sum(sizes) or 1
-    out: list[list[int]] = [[] for _ in range(k)]
-    before = 0
-    for i, n in enumerate(sizes):
-        out[min(k - 1, (k * (2 * before + n)) // (2 * total))].append(i)
-        before += n
+
+def partition(shapes: Sequence[tuple[int, int]], k: int) -> list[list[Piece]]:
+    """K slices of the parameters' bytes laid end to end in registration order, each of
+    ⌊T/K⌋ or ⌈T/K⌉ bytes (T: all bytes), cut at element boundaries: slice j holds the pieces
+    of the parameters its byte range meets. ``shapes``: (elements, bytes per element) per
+    parameter. Together the slices cover every element exactly once."""
+    total = sum(n * size for n, size in shapes)
+    out: list[list[Piece]] = [[] for _ in range(k)]
+    offset = 0
+    for i, (n, size) in enumerate(shapes):
+        end = offset + n * size
+        for j in range(k):
+            lo, hi = max(offset, j * total // k), min(end, (j + 1) * total // k)
+            a, b = -(-(lo - offset) // size), -(-(hi - offset) // size)
+            if lo < hi and a < b:
+                out[j].append((i, a, b))
+        offset = end
     return out
 
 
@@ -53,11 +64,11 @@ class ReplicaSlices:
     def __init__(self, named: Sequence[tuple[str, nn.Parameter]], k: int) -> None:
         self.named = list(named)
         self.k = k
-        self.slices = partition([p.numel() * p.element_size() for _, p in self.named],
+        self.slices = partition([(p.numel(), p.element_size()) for _, p in self.named],
                                 max(k, 1))
         self.width = max((len(s) for s in self.slices), default=0)  # gather row length
         self.digest = ReplicaDigest()
-        self.last: torch.Tensor | None = None  # per-parameter digests of the last slice
+        self.last: torch.Tensor | None = None  # per-piece digests of the last slice
         self.last_slice = -1
 
     @property
@@ -68,13 +79,14 @@ class ReplicaSlices:
         """0-dim int64: the combined digest of slice ``clock mod K``, on the parameters' device
         (no host synchronisation); the per-parameter digests are kept for a gather."""
         self.last_slice = clock % self.k
-        params = [self.named[i][1] for i in self.slices[self.last_slice]]
-        self.last = self.digest.digests(params) if params else torch.zeros(0, dtype=torch.int64)
+        pieces = [self.named[i][1].detach().reshape(-1)[a:b]
+                  for i, a, b in self.slices[self.last_slice]]
+        self.last = self.digest.digests(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
         return ReplicaDigest.combine(self.last)
 
     def gather_row(self) -> list[int]:
         """This rank's row for the failure gather: 1 + slice index (0: no digest this step),
-        then the per-parameter digests padded with zeros to ``width``."""
+        then the per-piece digests padded with zeros to ``width``."""
         if self.last is None:
             return [0] * (1 + self.width)
         mine = self.last.tolist()
@@ -97,10 +109,10 @@ class ReplicaSlices:
             return None
         index = mine[[i for i in range(len(mine)) if i not in off][0]][0] - 1
         names, split = [], ""
-        for j, p in enumerate(self.slices[index]):
+        for j, (p, _, _) in enumerate(self.slices[index]):
             values = [row[1 + j] for row in mine]
             _, odd = plurality(values)
-            if odd:
+            if odd and self.named[p][0] not in names:
                 names.append(self.named[p][0])
                 split = split or split_view([format(v & _MASK64, "016x") for v in values],
                                             odd, ranks)
