@@ -120,8 +120,7 @@ def bin_floor_ms(k: int) -> float:
     return 0.0 if k == 0 else 2.0 ** ((k - 1) / HIST_PER_OCTAVE) * READY_UNIT_US / 1e3
 
 
-_SHIFTS = torch.arange(CHUNK_BITS - 1, -1, -1)
-_DIGEST_SHIFTS = torch.arange(DIGEST_BITS - 1, -1, -1)
+_SHIFTS = torch.arange(CHUNK_BITS - 1, -1, -1)  # host only: slots are encoded on the host
 
 
 def count_rows(slots: torch.Tensor) -> torch.Tensor:
@@ -143,8 +142,10 @@ def count_rows(slots: torch.Tensor) -> torch.Tensor:
 
 
 def digest_bits(digest: torch.Tensor) -> torch.Tensor:
-    """The 64 bits of a 0-dim int64 digest, most significant first, on its device."""
-    return torch.bitwise_right_shift(digest, _DIGEST_SHIFTS.to(digest.device)).bitwise_and_(1)
+    """The 64 bits of a 0-dim int64 digest, most significant first, on its device (the shifts
+    are made there: no host-to-device copy, no stream synchronization)."""
+    shifts = torch.arange(DIGEST_BITS - 1, -1, -1, device=digest.device)
+    return torch.bitwise_right_shift(digest, shifts).bitwise_and_(1)
 
 
 def write_counts(block: torch.Tensor, layout: CountLayout, rank: int, slots: torch.Tensor,
