@@ -173,9 +173,10 @@ class Ledger:
         cause is told from the counts and the ranks are not named."""
         rows: list[list[int]] | None = None
         if not all(checked.ok) or not checked.replica_ok:
-            if checked.joined:
+            if checked.joined:  # raises, unless only NaN counts failed (judged below)
                 self._raise_unnamed(step, records, checked)
-            rows = counted.gather()
+            else:
+                rows = counted.gather()
         verdicts = []
         for b, (rec, ok, fig) in enumerate(zip(records, checked.ok, checked.figures)):
             self.checks_run += 1
