@@ -2,11 +2,15 @@
 hook and the bucketed engine).
 
 ``Ledger.settle`` is the only place a step is judged. In order:
-  1. wait for the step's buckets and blocks; ``control.check_blocks`` passes the clean buckets
-     on the device and brings the verdicts — and each bucket's wire-overflow flag, where the
-     wire can overflow — to the host in ONE synchronization; a bucket it cannot pass is decoded
-     and ``control.verify`` raises the named error (the same on every rank: the blocks are
-     bitwise identical everywhere) or names the ranks whose own gradients held NaN/inf;
+  1. wait for the step's buckets and blocks; the clean check — ``control_counts.check_counts``
+     on the hardened hook's counted block (``CountedStep``), ``control.check_blocks`` on the
+     bucketed engine's per-rank blocks — passes the clean buckets on the device and brings the
+     verdicts — and each bucket's wire-overflow flag, where the wire can overflow — to the host
+     in ONE synchronization; a bucket it cannot pass is decoded (a counted step first gathers
+     every rank's slots: one extra collective, entered by every rank since every rank sees the
+     same counts) and ``control.verify`` raises the named error (the same on every rank) or
+     names the ranks whose own gradients held NaN/inf; a replica row that fails raises
+     ``ReplicaDivergence`` after the buckets pass;
   2. a local non-finite gradient: under ``nonfinite="raise"`` ``NonFiniteGradient`` naming the
      ranks; otherwise an event names them and the step is skipped on every rank together;
   3. overflow: every bucket with a local non-finite gradient or a fired wire flag (the sum of
