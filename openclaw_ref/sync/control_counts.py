@@ -120,9 +120,6 @@ def bin_floor_ms(k: int) -> float:
     return 0.0 if k == 0 else 2.0 ** ((k - 1) / HIST_PER_OCTAVE) * READY_UNIT_US / 1e3
 
 
-_SHIFTS = torch.arange(CHUNK_BITS - 1, -1, -1)  # host only: slots are encoded on the host
-
-
 def count_rows(slots: torch.Tensor) -> torch.Tensor:
     """(B, COUNT_FIELDS + HIST_BINS) int64: one rank's contribution per bucket from its slots
     ``(B, SLOT_FIELDS)`` (0..255 chunks): the count fields, then its one-hot ready bin. A slot
@@ -132,7 +129,8 @@ def count_rows(slots: torch.Tensor) -> torch.Tensor:
     active = slots[:, 0] == MAGIC
     out[:, ACTIVE] = active.long()
     out[:, JOINED] = (slots[:, 0] == MAGIC_JOINED).long()
-    bits = (slots[:, 1:NONFINITE, None] >> _SHIFTS).bitwise_and_(1).reshape(B, AGREED_BITS)
+    shifts = torch.arange(CHUNK_BITS - 1, -1, -1)  # most significant bit first
+    bits = (slots[:, 1:NONFINITE, None] >> shifts).bitwise_and_(1).reshape(B, AGREED_BITS)
     out[:, BITS0:NONFINITE_COUNT] = bits * active[:, None]
     out[:, NONFINITE_COUNT] = slots[:, NONFINITE] * active
     c = slots[:, READY]
