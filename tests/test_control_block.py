@@ -10,9 +10,7 @@ from hypothesis import strategies as st
 
 from openclaw_ref.sync.control import READY_DETAIL_MAX_RANKS, check_blocks, verify
 from openclaw_ref.sync.control_layout import (
-    NONFINITE,
     SLOT_FIELDS,
-    StepBlock,
     block_size,
     decode_block,
     encode_slot,
@@ -268,21 +266,6 @@ def test_per_rank_ready_times_stay_on_the_device_beyond_the_detail_limit():
     world = READY_DETAIL_MAX_RANKS + 1
     checked, _ = check_blocks(reduced_block([slot()] * world, torch.float32)[None], [3], 0)
     assert checked.verdicts[0].ready_ms is None and checked.verdicts[0].skew_ms == 0.0
-
-
-def test_the_step_block_writes_our_slot_of_every_bucket_with_the_local_flags():
-    block = StepBlock(rank=1, world_size=3)
-    slots = [slot(bucket=0), slot(bucket=1, absent=2)]
-    block.add(slots[0], torch.tensor(3.5))
-    block.add(slots[1], torch.tensor(float("nan")))
-    tail = torch.full((2 * block_size(3),), 9.0, dtype=torch.float16)  # any wire dtype
-    block.write(tail)
-    sent = tail.view(2, block_size(3)).float()
-    for b, (s, bad) in enumerate(zip(slots, [False, True])):
-        expected = torch.zeros(block_size(3))
-        write_block(expected, 1, [*s[:NONFINITE], int(bad), *s[NONFINITE + 1:]])
-        assert torch.equal(sent[b], expected)
-    assert block.slots == [] and block.flags == []  # a new step starts empty
 
 
 def test_a_local_nan_is_named_by_verify_and_never_passed_by_check_blocks():

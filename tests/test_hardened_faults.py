@@ -36,7 +36,8 @@ class Fault:
     """A test-only fault on one rank: ``clock`` (logical clock one ahead from ``step``),
     ``swap`` (experts 0 and 1 of layer 0 registered in swapped order), ``nan`` / ``huge`` (a
     gradient multiplied by NaN / 1e9 at ``step``), ``perturb`` (a weight nudged after ``step``),
-    ``sleep`` (stall before backward at ``step``), ``cap`` (half the bucket cap on one rank),
+    ``sleep`` (stall before backward at ``step``), ``clip`` (gradients clipped on this rank
+    only at ``step``, as in BLOOM-176B / DeepSpeed#1801), ``cap`` (half the bucket cap on one rank),
     ``scale`` (the rank pre-scales by 2^``exponent`` from the start: the seed's M4)."""
 
     kind: str = "none"
@@ -94,6 +95,8 @@ def run_with_fault(ctx, sync: SyncConfig, fault: Fault, steps: int = 3,
             applied = state.finish_step(step)
             seen["applied"].append(applied)
             seen["metrics"].append(state.step_metrics())
+            if mine and step == fault.step and fault.kind == "clip":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
             if applied:
                 opt.step()
             opt.zero_grad(set_to_none=True)
@@ -210,18 +213,36 @@ def test_a_wire_overflow_skips_the_step_on_every_rank_and_backs_off_the_scale(po
         assert 0 < r["summary"]["overflow_rate_elements"] < 1
 
 
-def test_a_diverged_replica_is_named_by_the_replica_check(pools):
-    sync = SyncConfig("hardened", replica_check_every=1)
+def test_a_weight_nudged_after_the_optimizer_step_is_named_at_the_next_step_with_k_1(pools):
+    sync = SyncConfig("hardened", replica_slices=1)
     results = pools.get(2).run(run_with_fault, sync, Fault("perturb", 1, 1))
     err = _same_error_everywhere(results, ReplicaDivergence)
     assert err.ranks == [1] and err.step == 2 and err.params == [WATCHED]
 
 
-def test_replica_checks_pass_and_are_counted_without_a_fault(pools):
-    sync = SyncConfig("hardened", replica_check_every=2)
-    results = pools.get(2).run(run_with_fault, sync, Fault(), 4)
-    assert results[0]["error"] is None
-    assert results[0]["summary"]["replica_checks"] == 2
+def test_a_weight_nudged_after_the_optimizer_step_is_named_within_k_steps_by_default(pools):
+    k = SyncConfig("hardened").replica_slices
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("perturb", 1, 1),
+                               2 + k)
+    err = _same_error_everywhere(results, ReplicaDivergence)
+    assert err.ranks == [1] and 2 <= err.step <= 1 + k and err.params == [WATCHED]
+
+
+@pytest.mark.parametrize("k", [1, None], ids=["K=1", "default K"])
+def test_gradient_clipping_on_one_rank_only_is_named_within_k_steps(pools, k):
+    sync = SyncConfig("hardened") if k is None else SyncConfig("hardened", replica_slices=k)
+    window = sync.replica_slices
+    results = pools.get(2).run(run_with_fault, sync, Fault("clip", 1, 1), 2 + window)
+    err = _same_error_everywhere(results, ReplicaDivergence)
+    assert err.ranks == [1] and 2 <= err.step <= 1 + window and err.params
+    assert "first differing parameter " + err.params[0] in str(err)
+
+
+def test_replica_digests_ride_every_step_and_stay_silent_without_a_fault(pools):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", replica_slices=2),
+                               Fault(), 4)
+    assert all(r["error"] is None for r in results)
+    assert results[0]["summary"]["replica_checks"] == 4
 
 
 def test_a_stalled_rank_is_named_by_the_watchdog_with_exit_code_4():

@@ -4,12 +4,14 @@ same collectives per step, and the metrics the run JSON promises."""
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.nn.functional as F
 
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.control_counts import CountLayout
 from openclaw_ref.sync.costs import recorded_collectives, step_cost
 from tests.helpers import record_of, train_cfg
 
@@ -120,7 +122,7 @@ def test_hardened_issues_exactly_as_many_collectives_per_step_as_ddp(pools):
     assert hard["collectives"] == ddp["collectives"] > 2
     buckets = ddp["collectives"] - 1  # less DDP's used-map allreduce
     extra = sum(n for _, n in recorded) - sum(n for _, n in ddp_recorded)
-    assert extra == buckets * 22 * 2  # B × SLOT_FIELDS × W, once per step
+    assert extra == CountLayout(2, torch.float16).size(buckets)  # the counted block, once
     assert hard["wire_bytes"] < ddp["wire_bytes"]  # fp16 payload + a few control elements
 
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.control_layout import block_size, encode_slot, write_block
+from openclaw_ref.sync.control_counts import CountLayout, write_counts
+from openclaw_ref.sync.control_layout import block_size, encode_slot, joined_slot, write_block
 from openclaw_ref.sync.errors import ClockMismatch, NonFiniteGradient
-from openclaw_ref.sync.ledger import BucketRecord, Ledger
+from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger
 from openclaw_ref.sync.precision import ScalePolicy
 
 
@@ -112,3 +113,60 @@ def test_blocks_handed_over_as_one_tensor_give_the_same_verdict_as_the_records()
         with pytest.raises(ClockMismatch) as err:
             ledger().settle(4, recs, sync_ms=0.0, verify_started=0.0, blocks=blocks)
         assert err.value.ranks == [11]
+
+
+# --- the hardened hook's counted step block -------------------------------------------------
+
+
+def counted_step(world: int, slots: list[list[int]], gathered: list[list[int]] | None = None):
+    """The counted block of one bucket as the SUM leaves it, and its failure path: ``gather``
+    hands back ``gathered`` (None: the test fails if the ledger gathers)."""
+    layout = CountLayout(world, torch.float32)
+    block = torch.zeros(layout.size(1))
+    for r, s in enumerate(slots):
+        mine = torch.empty(layout.size(1))
+        write_counts(mine, layout, r, torch.tensor([s]))
+        block += mine
+
+    def gather() -> list[list[int]]:
+        assert gathered is not None, "no gather expected"
+        return gathered
+
+    return CountedStep(block, layout, gather, lambda rows, active: None)
+
+
+def _slot(clock: int = 4, nonfinite: bool = False) -> list[int]:
+    return encode_slot(clock=clock, bucket=0, digest=7, scale_exp=12, ready_s=1e-3,
+                       nonfinite=nonfinite)
+
+
+def settle_counted(book: Ledger, step: CountedStep) -> bool:
+    rec = BucketRecord(0, ["w"], 8, None, torch.ones(8))
+    return book.settle(4, [rec], sync_ms=0.0, verify_started=0.0, counted=step)
+
+
+def test_a_clean_counted_step_applies_without_a_gather():
+    book = ledger()
+    assert settle_counted(book, counted_step(3, [_slot()] * 3)) is True
+    assert book.last["buckets"][0]["late_rank"] == 10
+
+
+def test_a_failing_counted_step_gathers_the_slots_and_names_the_global_rank():
+    slots = [_slot(), _slot(), _slot(clock=5)]
+    with pytest.raises(ClockMismatch) as err:
+        settle_counted(ledger(), counted_step(3, slots, gathered=slots))
+    assert err.value.ranks == [12]
+
+
+def test_with_a_joined_rank_a_disagreement_is_raised_by_kind_without_a_gather_or_ranks():
+    slots = [_slot(), _slot(clock=5), joined_slot()]
+    with pytest.raises(ClockMismatch) as err:
+        settle_counted(ledger(), counted_step(3, slots))
+    assert err.value.ranks == [] and "joined" in str(err.value)
+
+
+def test_with_a_joined_rank_a_nan_still_skips_the_step_everywhere():
+    book = ledger()
+    slots = [_slot(), _slot(nonfinite=True), joined_slot()]
+    assert settle_counted(book, counted_step(3, slots)) is True  # the reduced values are finite
+    assert [e.kind for e in book.events] == ["NonFiniteGradient"] and book.events[0].ranks == []

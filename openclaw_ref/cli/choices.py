@@ -23,4 +23,4 @@ CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consi
 CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",
                   "late-rank=250ms")  # conformance.settings.ConformSettings().faults
 HOOK_COST_ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32",
-                  "hardened-fp16")  # experiments.hook_cost.ARMS
+                  "hardened-fp16", "hardened-fp32-noreplica")  # experiments.hook_cost.ARMS

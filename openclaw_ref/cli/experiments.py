@@ -48,15 +48,18 @@ def _cmd_hook_cost(args: argparse.Namespace) -> int:
 
 def add_verify_scale(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify-scale", help="cost of checking a step's control blocks at 8 to "
-                                            "8,192 ranks (synthesized blocks, one process)")
+                                            "8,192 ranks and 16 to 1,024 buckets, per-rank and "
+                                            "counted (synthesized blocks, one process)")
     p.set_defaults(func=_cmd_verify_scale)
 
 
 def _cmd_verify_scale(args: argparse.Namespace) -> int:
-    from openclaw_ref.experiments.verify_scale import measure
+    from openclaw_ref.experiments.verify_scale import measure, measure_counts
+    from openclaw_ref.reporting.control_counts_tables import counted_block_table
 
     for row in measure():
         print(row)
+    print(counted_block_table(measure_counts()).markdown())
     return 0
 
 

@@ -30,7 +30,11 @@ def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_e
                    help="the bucketed engine's bucket plan")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size cap (MB)")
     p.add_argument("--replica-check-every", type=int, default=replica_check_every, metavar="K",
-                   help="compare the replicas' parameters every K steps (0: never)")
+                   help="bucketed: compare the replicas' parameters every K steps (0: never)")
+    p.add_argument("--replica-slices", type=int, default=None, metavar="K",
+                   help="hardened: every parameter's replica compared within K steps, one "
+                        "slice per step in the step's control block (1: all every step; 0: "
+                        "off; default: SyncConfig's)")
     p.add_argument("--watchdog-s", type=float, default=60.0,
                    help="a bucket's allreduce unfinished this long gets a diagnosis of the "
                         "late ranks")
@@ -43,7 +47,8 @@ def sync_config_from_args(args: argparse.Namespace):
     """The ``SyncConfig`` the flags of ``add_sync_arguments`` describe (raises BadInput)."""
     from openclaw_ref.sync.base import SyncConfig
 
+    slices = {} if args.replica_slices is None else {"replica_slices": args.replica_slices}
     return SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
                       nonfinite=args.nonfinite, bucket_cap_mb=args.bucket_cap_mb,
                       replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s,
-                      watchdog_action=args.watchdog_action)
+                      watchdog_action=args.watchdog_action, **slices)

@@ -57,7 +57,8 @@ class MatrixSettings:
 
     def sync_config(self, strategy: str) -> SyncConfig:
         """``ddp``/``ddp-fp16`` as users get them; ``hardened`` with an FP16 wire at the seed's
-        2^12 (so scale faults are meaningful), replica check every K steps, a short watchdog
+        2^12 (so scale faults are meaningful), every parameter's replica compared within K steps
+        (``replica_slices`` for hardened, ``replica_check_every`` for bucketed), a short watchdog
         that ends a hung job at its own deadline (``WatchdogAction.EXIT``: the default,
         ``RAISE``, would leave a hang to gloo's timeout); ``bucketed`` likewise, with the
         agreed planner."""
@@ -66,6 +67,7 @@ class MatrixSettings:
         planner = "norm-ema-agreed" if strategy == "bucketed" else "static"
         return SyncConfig(name=strategy, wire="fp16", scale="4096", planner=planner,
                           replica_check_every=self.replica_check_every,
+                          replica_slices=self.replica_check_every,
                           watchdog_s=self.watchdog_s, watchdog_action=WatchdogAction.EXIT)
 
     def train_config(self, strategy: str, fault: str | None):

@@ -196,8 +196,11 @@ def ddp_case_task(ctx, case: DDPCase) -> dict:
     rank = ctx.rank
     group = _group_for(case, rank)
     oracle = _train(_build(case, group), case, rank)
+    # replica_slices=1: every parameter compared at every step, so a false alarm that any K
+    # could raise (K only picks which parameters a step compares) shows here
     sync = SyncConfig(name="hardened", wire=case.wire, nonfinite="skip" if case.scaler
-                      else "raise", bucket_cap_mb=case.ddp.get("bucket_cap_mb", 25.0))
+                      else "raise", bucket_cap_mb=case.ddp.get("bucket_cap_mb", 25.0),
+                      replica_slices=1)
     ddp = _build(case, group)
     state = harden(ddp, sync, ctx)
     reply: dict[str, Any] = {"rank": rank, "oracle": oracle, "error": None}

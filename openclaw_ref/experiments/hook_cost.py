@@ -14,6 +14,8 @@ Arms:
   ``fp16_compress_hook``  PyTorch's ``default_hooks.fp16_compress_hook``
   ``hardened-fp32``       ``harden()`` with every per-bucket check, fp32 wire
   ``hardened-fp16``       ``harden()`` with every per-bucket check, fp16 wire (fixed 2^12)
+  ``hardened-fp32-noreplica``  ``hardened-fp32`` without the replica digest in the step block
+                          (``replica_slices=0``): what the default digest costs
 
 Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB bucket cap, about
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
@@ -43,10 +45,12 @@ from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.core.metrics import median_paired_ratio
 from openclaw_ref.sync.errors import BadInput
 
-ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32", "hardened-fp16")
+ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32", "hardened-fp16",
+        "hardened-fp32-noreplica")
 BASELINE = "ddp"
 # each hardened wire beside PyTorch's Python hook for the same wire (the stretch target)
-PYTHON_HOOK_FOR = {"hardened-fp32": "allreduce_hook", "hardened-fp16": "fp16_compress_hook"}
+PYTHON_HOOK_FOR = {"hardened-fp32": "allreduce_hook", "hardened-fp16": "fp16_compress_hook",
+                   "hardened-fp32-noreplica": "allreduce_hook"}
 MLP_WIDTH, MLP_LAYERS, MLP_BATCH = 512, 8, 32
 BUCKET_CAP_MB = {"mlp": 1.0, "tiny": 0.025}
 
@@ -103,7 +107,9 @@ def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unus
     elif arm == "fp16_compress_hook":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif arm.startswith("hardened-"):
-        cfg = SyncConfig(name="hardened", wire=arm.split("-")[1], bucket_cap_mb=cap_mb)
+        off = arm.endswith("-noreplica")
+        cfg = SyncConfig(name="hardened", wire=arm.split("-")[1], bucket_cap_mb=cap_mb,
+                         **({"replica_slices": 0} if off else {}))
         return ddp, harden(ddp, cfg, ctx)
     return ddp, None
 

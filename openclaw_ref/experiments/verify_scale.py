@@ -11,6 +11,12 @@ which are synthesized exactly as the allreduce would leave them (every rank's sl
 
 Also stated: the control block's bytes per bucket, ``SLOT_FIELDS · W`` elements of the wire
 dtype, and its share of a bucket of a given size.
+
+``measure_counts`` times what the hardened hook runs now: ``control_counts.check_counts`` on
+the counted step block (O(B) elements whatever W) of a clean step, synthesized exactly as the
+SUM leaves it (n ranks' agreeing bits count n; ready times one per rank, or binned beyond 64
+ranks; the replica row n × the digest's bits), for W = 8 … 8,192 and B = 16 … 1,024, with its
+bytes per step beside the per-rank block's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,18 @@ import time
 import torch
 
 from openclaw_ref.sync.control import check_blocks, verify
-from openclaw_ref.sync.control_layout import block_size, decode_block, encode_slot
+from openclaw_ref.sync.control_counts import (
+    COUNT_FIELDS,
+    DIGEST_BITS,
+    HIST_BINS,
+    STEP_FIELDS,
+    CountLayout,
+    check_counts,
+    count_rows,
+    hist_bin,
+    write_counts,
+)
+from openclaw_ref.sync.control_layout import SLOT_FIELDS, block_size, decode_block, encode_slot
 
 WORLD_SIZES = (8, 64, 1024, 8192)
 BUCKETS = 16
@@ -101,3 +118,67 @@ def check_over_pass(world_size: int, buckets: int = BUCKETS, repeats: int = 21) 
         t2 = time.perf_counter()
         ratios.append((t1 - t0) / (t2 - t1))
     return statistics.median(ratios)
+
+
+COUNT_WORLD_SIZES = (8, 64, 1024, 8192)
+COUNT_BUCKETS = (16, 128, 1024)
+
+
+def synthesized_counts(world_size: int, buckets: int, dtype: torch.dtype = torch.float32,
+                       seed: int = 0) -> torch.Tensor:
+    """The reduced counted block of a clean step of ``buckets`` buckets at W ranks: exactly
+    the SUM of every rank's ``write_counts`` (built per rank up to 64 ranks; beyond, per group
+    from one template slot, since the agreeing bits of n ranks sum to n × the template's)."""
+    layout = CountLayout(world_size, dtype)
+    g = torch.Generator().manual_seed(seed)
+    ready = torch.randint(0, 5000, (world_size, buckets), generator=g)
+    digest = torch.tensor(0x0123456789ABCDEF, dtype=torch.int64)
+
+    def slots(r: int) -> torch.Tensor:
+        return torch.tensor([encode_slot(clock=11, bucket=b, digest=0x5EED ^ b, scale_exp=0,
+                                         ready_s=int(ready[r, b]) * 1e-5)
+                             for b in range(buckets)], dtype=torch.int64)
+
+    total = torch.zeros(layout.size(buckets), dtype=torch.float64)
+    if layout.detail:
+        one = torch.empty(layout.size(buckets), dtype=dtype)
+        for r in range(world_size):
+            write_counts(one, layout, r, slots(r), replica=digest)
+            total += one.double()
+        return total.to(dtype)
+    G, template = layout.groups, count_rows(slots(0))[:, :COUNT_FIELDS].double()
+    rows = total[:buckets * layout.row].view(buckets, layout.row)
+    hist = rows[:, G * COUNT_FIELDS:].view(buckets, G, HIST_BINS)
+    step = total[buckets * layout.row:].view(G, STEP_FIELDS)
+    bits = (torch.bitwise_right_shift(digest, torch.arange(DIGEST_BITS - 1, -1, -1)) & 1)
+    for k in range(G):
+        members = list(range(k * layout.group_size,
+                             min(world_size, (k + 1) * layout.group_size)))
+        n = len(members)
+        rows[:, k * COUNT_FIELDS:(k + 1) * COUNT_FIELDS] = n * template
+        bins = hist_bin(ready[members])  # ready units of 10 µs, as encode_slot quantizes them
+        for b in range(buckets):
+            hist[b, k] = torch.bincount(bins[:, b], minlength=HIST_BINS).double()
+        step[k, 0], step[k, 1:] = n, n * bits.double()
+    return total.to(dtype)
+
+
+def measure_counts(world_sizes=COUNT_WORLD_SIZES, bucket_counts=COUNT_BUCKETS,
+                   repeats: int = 9) -> list[dict]:
+    """Per (W, B): the clean check's µs per bucket (median of ``repeats``, the one host read
+    included) and the step block's bytes, counted and per-rank."""
+    torch.set_num_threads(1)
+    rows = []
+    for w in world_sizes:
+        for b in bucket_counts:
+            layout = CountLayout(w, torch.float32)
+            block = synthesized_counts(w, b)
+            check, _ = check_counts(block, layout, b)
+            assert all(check.ok) and check.replica_ok, (w, b)
+            t = _median_s(lambda x=block, lay=layout, n=b: check_counts(x, lay, n), repeats)
+            rows.append({"world_size": w, "buckets": b, "check_us_per_bucket": t / b * 1e6,
+                         "step_bytes_fp32": layout.nbytes(b),
+                         "step_bytes_fp16": CountLayout(w, torch.float16).nbytes(b),
+                         "step_bytes_bf16": CountLayout(w, torch.bfloat16).nbytes(b),
+                         "per_rank_step_bytes_fp32": SLOT_FIELDS * w * b * 4})
+    return rows

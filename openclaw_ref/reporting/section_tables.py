@@ -238,8 +238,11 @@ def _verify_table(rows: list[Figures]) -> Table:
 
 
 def hook_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    from openclaw_ref.reporting.control_counts_tables import counted_block_table  # imports us
+
+    counted = [counted_block_table(sec["verify_counts"])] if "verify_counts" in sec else []
     return ([hook_cost_table(model, job) for model, job in sec["jobs"].items()]
-            + [_memory_table(sec["memory"]), _verify_table(sec["verify"])])
+            + [_memory_table(sec["memory"]), _verify_table(sec["verify"])] + counted)
 
 
 # Section → (heading, its tables), in the document's order.

@@ -137,7 +137,10 @@ class SyncConfig:
     scale: str = "4096"
     planner: Planner = Planner.STATIC
     bucket_cap_mb: float = 25.0  # torch DDP's default
-    replica_check_every: int = 0  # steps between parameter-digest comparisons; 0 = off
+    replica_check_every: int = 0  # bucketed engine: steps between replica checks; 0 = off
+    # hardened: the synchronized parameters are cut into K slices, one digested per step in the
+    # step's control block, so every parameter is compared every K steps; 0 = off
+    replica_slices: int = 16
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
     watchdog_action: WatchdogAction = WatchdogAction.RAISE
     nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
@@ -156,6 +159,8 @@ class SyncConfig:
             raise BadInput(f"bucket cap must be positive; got {self.bucket_cap_mb}")
         if self.replica_check_every < 0:
             raise BadInput("replica check interval must be >= 0 (0 = off)")
+        if self.replica_slices < 0:
+            raise BadInput("replica slices must be >= 0 (0 = off)")
         if self.watchdog_s <= 0:
             raise BadInput("watchdog deadline must be positive")
 

@@ -68,9 +68,10 @@ class BucketVerdict:
     index: int
     ready_ms: list[float] | None
     skew_ms: float
-    late_rank: int
+    late_rank: int | None  # None: not known (a ready-time histogram beyond 64 ranks)
     joined: bool = False  # some rank had joined (DDP.join()) and abstained
     nonfinite_ranks: tuple[int, ...] = ()  # ranks whose own gradients held NaN/inf
+    nonfinite_seen: bool = False  # some rank's did, but the ranks could not be named
 
 
 def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdict:

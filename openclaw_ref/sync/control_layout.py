@@ -8,7 +8,10 @@ chunks (integers 0..255), exact in fp32 — and in fp16/bf16, so the bucketed en
 bucket's block to its gradients on any wire dtype. The hardened hook sends the blocks of every
 bucket of a step at the tail of the step's last bucket (``StepBlock``), in the order the
 buckets were issued, so position k describes every rank's k-th bucket collective — what each
-rank believed it reduced there — with no collective beyond stock DDP's.
+rank believed it reduced there — with no collective beyond stock DDP's. The hardened hook sends
+these slots as counts (``control_counts``: O(B) elements whatever W) and gathers the slots
+themselves only on a step whose counts fail, for ``control.verify`` to judge and name; the
+bucketed engine still sends one slot per rank per bucket.
 
 Fields of a slot (chunks, most significant first):
   ``magic``      1  0xA5: the slot was written (a zero slot = that rank sent no block); 0x5A: the
@@ -29,8 +32,10 @@ Fields of a slot (chunks, most significant first):
 Every chunk before ``nonfinite`` must be the same on every active rank; the last two legitimately
 differ, which is why they come last.
 
-Size: ``SLOT_FIELDS`` × W elements per bucket per step (88 B per rank in fp32): 0.72 MB per
-bucket at 8,192 ranks — 2.75 % of a 25 MB bucket's bytes, and 69 % of a 1 MB one.
+Size of a per-rank block: ``SLOT_FIELDS`` × W elements per bucket (88 B per rank in fp32):
+0.72 MB per bucket at 8,192 ranks. The counted block of the hardened hook: 752 B per bucket in
+fp32 from 65 ranks up (``control_counts``); the failure gather: ``SLOT_FIELDS`` × B int64 per
+rank.
 """
 
 from __future__ import annotations
@@ -143,16 +148,15 @@ def write_block(block: torch.Tensor, rank: int, slot: Sequence[int]) -> None:
 
 
 class StepBlock:
-    """The hardened hook's control block for one step: this rank's slot for every bucket it
-    issues, sent at the tail of the step's last bucket.
+    """The hardened hook's slots for one step: this rank's slot for every bucket it issues,
+    written as counts (``control_counts.write_counts``) at the tail of the step's last bucket.
 
-    Why per step: a slot appended to each bucket's own allreduce forces every bucket through a
+    Why per step: a block appended to each bucket's own allreduce forces every bucket through a
     separate wire buffer (a copy of all gradients) and a tensor write per bucket; a block of its
     own would add a collective (≈ 1.8 ms of latency per step on gloo here). Riding at the tail
     of the last bucket costs neither: that bucket's one pass writes the wire instead of dividing
-    in place. A bucket costs one Python list append; the step, one zero fill and one copy of
-    B × ``SLOT_FIELDS`` values. The local non-finite flags arrive as 0-dim device tensors
-    (sums, never read on the host here) and are written into their column on the device."""
+    in place. A bucket costs one Python list append. The local non-finite flags arrive as 0-dim
+    device tensors (sums, never read on the host in the hook)."""
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
@@ -172,18 +176,6 @@ class StepBlock:
 
     def clear(self) -> None:
         self.slots, self.flags = [], []
-
-    def write(self, block: torch.Tensor) -> None:
-        """Fill ``block`` (``len(self) * block_size(W)`` elements of any wire dtype): zeros, then
-        our slot of every bucket; the step's slots are cleared."""
-        B, W, F = len(self.slots), self.world_size, SLOT_FIELDS
-        block.zero_()
-        mine = block.view(B, W, F)[:, self.rank]
-        mine.copy_(torch.tensor(self.slots, dtype=block.dtype), non_blocking=True)
-        if self.flags:
-            sums = torch.stack(self.flags)
-            mine[:, NONFINITE] = (sums - sums).ne(0).to(block.dtype)  # NaN for NaN and ±inf
-        self.clear()
 
 
 @dataclass(frozen=True)

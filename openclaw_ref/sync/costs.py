@@ -14,7 +14,8 @@ Definitions (per training step, per rank, steady state):
                     (``.tolist()``/``.item()``), counted as they would be on CUDA; DDP's
                     reducer-internal waits are not ours to count and are listed in ``notes``
   ``periodic``      extra collectives every ``replica_check_every`` steps (an
-                    ``all_gather_object`` is two all_gathers: sizes, then payload)
+                    ``all_gather_object`` is two all_gathers: sizes, then payload); the
+                    hardened hook has none (its replica digest rides in the step block)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from openclaw_ref.sync.base import SyncStrategy
-from openclaw_ref.sync.control_layout import block_size
+from openclaw_ref.sync.control_counts import CountLayout
 from openclaw_ref.sync.precision import WIRE_DTYPES
 
 USED_MAP_BYTES = 4  # DDP's local_used_map is int32, one per parameter tensor
@@ -65,18 +66,18 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
     name = strategy.name
     if name == "local":
         return StepCost(name, world_size, 0, 0, 0, notes="no synchronization")
-    period = strategy.cfg.replica_check_every
+    period = strategy.cfg.replica_check_every if name == "bucketed" else 0
     periodic = 2 if period else 0
     if name in ("ddp", "ddp-fp16", "hardened"):  # ddp-detail adds wrapper collectives: not modelled
         sizes, n_params, unused = _ddp_layout(strategy.ddp)
         used_map = (1, n_params * USED_MAP_BYTES) if unused else (0, 0)
         grad_elem = 4  # fp32 gradients
         if name == "hardened":
-            wire = _element_size(WIRE_DTYPES.get(strategy.cfg.wire, torch.float32))  # native: fp32
-            block = block_size(world_size) * len(sizes)
-            payload = (sum(s // grad_elem for s in sizes) + block) * wire
+            dtype = WIRE_DTYPES.get(strategy.cfg.wire, torch.float32)  # native: fp32
+            block = CountLayout(world_size, dtype).size(len(sizes))
+            payload = (sum(s // grad_elem for s in sizes) + block) * _element_size(dtype)
             return StepCost(name, world_size, len(sizes) + used_map[0], payload + used_map[1],
-                            1, periodic, period,
+                            1,
                             notes=f"{len(sizes)} buckets + used-map allreduce; the step's "
                                   f"control block ({block} elements) rides in the last bucket; "
                                   "1 host sync (the step check)")

@@ -4,8 +4,9 @@ The hook path itself (``hardened.hardened_hook``) stays small and reads straight
 state it calls into lives here: the step lifecycle (the clock every rank must agree on, the
 ready-time origin, the end-of-backward settle that hands the step to ``ledger.Ledger``), the
 per-bucket caches the hook reuses from step to step (membership digests, wire buffers, the
-encoded pieces of its control-block slots), the periodic replica check, and the statistics
-reported per step and per run. Nothing here issues a collective except the replica check.
+encoded pieces of its control-block slots), the replica slices digested into the step block,
+and the statistics reported per step and per run. Nothing here issues a collective except the
+gather of a step whose counted block fails its check (``ledger.CountedStep``).
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ from torch import nn
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
+from openclaw_ref.sync.control_counts import CountLayout, write_counts
 from openclaw_ref.sync.control_layout import (
+    NONFINITE,
     StepBlock,
     assemble_slot,
     clock_chunks,
     membership_digest,
     slot_middle,
 )
-from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError
-from openclaw_ref.sync.ledger import BucketRecord, Ledger
+from openclaw_ref.sync.errors import CollectiveFailed
+from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger
 from openclaw_ref.sync.precision import ScalePolicy
+from openclaw_ref.sync.replica_slices import ReplicaSlices
 from openclaw_ref.sync.watchdog import Watchdog
 
 
@@ -68,12 +72,13 @@ class HardenState:
         self._first_issue: float | None = None
         self._verdict: bool | None = None  # of the last settled step, until finish_step reads it
         self.last_layout: list[tuple[int, list[str]]] = []  # (bucket, members) last settled
-        self._replica_checked_at = -1
-        self.replica_digest = checks.ReplicaDigest()  # its tables and scratch reused per check
+        # replica consistency: one slice of the synchronized parameters per step, in the block
+        self.replicas = ReplicaSlices(self.synchronized, cfg.replica_slices)
         self._members: dict[tuple[int, ...], tuple[int, list[str]]] = {}
         self._wires: dict[int, torch.Tensor] = {}  # only for wires that differ from the grads
         self.block = StepBlock(self.rank, self.world_size)
-        self._step_block: torch.Tensor | None = None  # its rows, sent with the last bucket
+        self._step_block: CountedStep | None = None  # sent with the last bucket
+        self._sent: tuple[torch.Tensor, torch.Tensor | None] | None = None  # slots, NaN flags
         self._middles: dict[tuple[int, int, int], list[int]] = {}
         self._clock_chunks: tuple[int, list[int]] = (-1, [])
         # CUDA only: ready times from events on the current stream (host clocks there measure
@@ -136,13 +141,46 @@ class HardenState:
             self._clock_chunks = (self.clock, clock_chunks(self.clock))
         return assemble_slot(self._clock_chunks[1], middle, ready_s=ready_s, absent=absent)
 
+    def block_layout(self, wire_dtype: torch.dtype) -> CountLayout:
+        return CountLayout(self.world_size, wire_dtype)
+
     def attach_block(self, block: torch.Tensor) -> None:
-        """Write the step's slots into ``block`` (the last bucket's wire tail) and point every
-        record of the step at its row."""
-        rows = self._step_block = block.view(len(self.block), -1)
-        self.block.write(block)
-        for record, row in zip(self._records, rows):
+        """Write this rank's counts for the step (its slots, NaN flags and replica digest:
+        ``control_counts``) into ``block`` (the last bucket's wire tail) and point every
+        record of the step at its row; the slots are kept for a failure gather."""
+        layout = self.block_layout(block.dtype)
+        B = len(self.block)
+        slots = torch.tensor(self.block.slots, dtype=torch.int64)
+        flags = None
+        if self.block.flags:
+            sums = torch.stack(self.block.flags)
+            flags = (sums - sums).ne(0)  # NaN for NaN and ±inf: never read on the host here
+        replica = None
+        if self.replicas.enabled:
+            replica = self.replicas.digest_slice(self.clock)
+            self.ledger.replica_checks += 1
+        write_counts(block, layout, self.rank, slots, flags, replica)
+        self.block.clear()
+        self._sent = (slots, flags)
+        self._step_block = CountedStep(block, layout, self._gather, self._replica_error)
+        for record, row in zip(self._records, block[:B * layout.row].view(B, layout.row)):
             record.block = row
+
+    def _gather(self) -> list[list[int]]:
+        """Every rank's slots of the step and replica row, in rank order: the failure path's
+        one extra collective (every rank sees the same failing counts, so all enter it)."""
+        slots, flags = self._sent if self._sent is not None else (None, None)
+        assert slots is not None, "a counted step always kept its slots"
+        slots = slots.clone()
+        if flags is not None:
+            slots[:, NONFINITE] = flags.to("cpu", torch.int64)
+        row = slots.reshape(-1).tolist() + self.replicas.gather_row()
+        device = checks._collective_device(self.group, torch.device("cpu"))
+        local = torch.tensor(row, dtype=torch.int64, device=device)
+        return checks._gather_rows(local, self.group).tolist()
+
+    def _replica_error(self, rows: list[list[int]], active: list[int]):
+        return self.replicas.divergence(rows, active, step=self.clock - 1)
 
     def open_step(self, t: float) -> None:
         """A bucket of a backward: the first one starts the step's exposed-time clock."""
@@ -185,12 +223,11 @@ class HardenState:
         if self._records:
             self._settle()
         self._start_clock()
-        self._maybe_check_replicas()
 
     def begin_step(self, step: int) -> None:
-        """Name the step (the clock every rank must agree on); every K steps compare replicas.
-        A caller of this protocol reads each step's verdict from ``finish_step``, so a wire
-        overflow's gradients are no longer dropped for it (``Ledger`` step 5)."""
+        """Name the step (the clock every rank must agree on). A caller of this protocol reads
+        each step's verdict from ``finish_step``, so a wire overflow's gradients are no longer
+        dropped for it (``Ledger`` step 5)."""
         if self.watchdog is not None:
             self.watchdog.check()
         if self._records:
@@ -199,7 +236,6 @@ class HardenState:
         self.clock = step
         self._verdict = None
         self._start_clock()
-        self._maybe_check_replicas()
 
     def finish_step(self, step: int | None = None) -> bool:
         """The verdict of the step the last backward settled: False = every rank skips this
@@ -231,7 +267,7 @@ class HardenState:
         try:
             blocks, self._step_block = self._step_block, None
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
-                                               blocks=blocks)
+                                               counted=blocks)
         except Exception as exc:  # a failed collective: the watchdog's diagnosis, if it has one
             if self.watchdog is not None:
                 self.watchdog.check(exc)
@@ -246,20 +282,6 @@ class HardenState:
             self.ledger.last["device_ready_ms"] = {
                 index: self._device_t0.elapsed_time(event) for index, event in self._device_marks}
             self._device_marks = []
-
-    def _maybe_check_replicas(self) -> None:
-        k = self.cfg.replica_check_every
-        if not k or self.clock % k or self._replica_checked_at == self.clock:
-            return
-        self._replica_checked_at = self.clock
-        self.ledger.replica_checks += 1
-        try:
-            checks.replica_check(self.synchronized, step=self.clock, group=self.group,
-                                 digest=self.replica_digest)
-        except ConsistencyError as exc:
-            self.ledger.count_check(False)
-            raise exc.renumbered(self.global_ranks) from None
-        self.ledger.count_check(True)
 
     def step_metrics(self) -> dict:
         return dict(self.ledger.last)

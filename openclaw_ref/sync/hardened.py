@@ -18,9 +18,12 @@ hook
      (``control_layout.StepBlock``: Python integers, encoded once per bucket where they
      cannot change);
   4. hands the allreduce's ``Work`` to the watchdog, which polls it (gloo and NCCL alike).
-The step's last bucket goes through its wire buffer with the step's control block (B × W × 22
-values) at its tail: exactly the collectives stock DDP issues, and per bucket one pass (the
-sum) more than PyTorch's ``allreduce_hook``.
+The step's last bucket goes through its wire buffer with the step's control block at its tail
+— counts of O(B) elements whatever the world size, this rank's digest of one slice of the
+parameters included (``control_counts``, ``replica_slices``): exactly the collectives stock DDP
+issues on a clean step, and per bucket one pass (the sum) more than PyTorch's
+``allreduce_hook``. A step whose counts show a disagreement gathers the per-rank slots with one
+extra collective, so the error names the ranks exactly as the per-rank check does.
 
 Once DDP has issued its last bucket, at the end of the autograd graph task that bucket fired in
 (a callback queued on the engine, where DDP queues its own finalize; a reentrant activation
@@ -51,9 +54,11 @@ What the hook and the step check share (caches, clock, ledger) is ``harden_state
 A backward whose parameters received gradients while no bucket went through the hook (a
 forward through ``ddp.module``; parameters replaced by a conversion after wrapping) raises
 ``GradientsNotAveraged`` from ``backward()``: ``averaged.AveragingWatch``.
-``DDP.join()`` is supported: a joined rank's shadow allreduces carry a "joined" slot that
-abstains from every comparison. The replica check (``replica_check_every``) is a collective in
-the forward and must not be combined with ``join()``.
+``DDP.join()`` is supported: a joined rank's shadow allreduces carry a "joined" count that
+abstains from every comparison (while a rank has joined, a disagreement is raised by its kind
+without naming ranks: the joined rank takes no part in the gather). Replica divergence
+(``replica_slices``, K = ``SyncConfig.replica_slices``) is caught within K steps and raised from
+``backward()`` as ``ReplicaDivergence``, before the optimizer step.
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
-from openclaw_ref.sync.control_layout import block_size, joined_slot
+from openclaw_ref.sync.control_counts import write_counts
+from openclaw_ref.sync.control_layout import joined_slot
 from openclaw_ref.sync.ddp import wrap_ddp
 from openclaw_ref.sync.harden_state import HardenState
 from openclaw_ref.sync.ledger import BucketRecord
@@ -107,8 +113,7 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
         wire = grads.div_(state.world_size)
         state._wires.pop(index, None)  # a last bucket before DDP's rebuild keeps no buffer
     else:
-        wire = state.wire_buffer(index, grads, block_size(state.world_size) * len(state.block)
-                                 if last else 0)
+        wire = state.wire_buffer(index, grads, _block_elements(state, grads) if last else 0)
         to_wire(grads, wire[:n], state.world_size, exponent, state.policy.loss_scaler)
     record = BucketRecord(index, names, n, None, wire[:n])
     state._records.append(record)
@@ -136,6 +141,11 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     return record.done
 
 
+def _block_elements(state: HardenState, grads: torch.Tensor) -> int:
+    """Elements of the step's counted block (``control_counts``) on this bucket's wire."""
+    return state.block_layout(state.policy.dtype_for(grads.dtype)).size(len(state.block))
+
+
 def _plain_allreduce(state: HardenState, bucket):
     """The hook after ``close()`` (DDP cannot unregister it): PyTorch's ``allreduce_hook``."""
     grads = bucket.buffer().div_(state.world_size)
@@ -155,11 +165,13 @@ def _shadow_allreduce(state: HardenState, bucket):
     if not last and exponent == 0 and state.policy.dtype_for(grads.dtype) == grads.dtype:
         wire = grads.zero_()
     else:
-        wire = state.wire_buffer(bucket.index(), grads, block_size(state.world_size)
-                                 * len(state.block) if last else 0)
+        wire = state.wire_buffer(bucket.index(), grads,
+                                 _block_elements(state, grads) if last else 0)
         wire[:n].zero_()
         if last:
-            state.block.write(wire[n:])
+            slots = torch.tensor(state.block.slots, dtype=torch.int64)
+            write_counts(wire[n:], state.block_layout(wire.dtype), state.rank, slots)
+            state.block.clear()
     fut = dist.all_reduce(wire, group=state.group, async_op=True).get_future()
 
     def done(f: torch.futures.Future) -> torch.Tensor:

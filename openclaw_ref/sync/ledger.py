@@ -2,11 +2,15 @@
 hook and the bucketed engine).
 
 ``Ledger.settle`` is the only place a step is judged. In order:
-  1. wait for the step's buckets and blocks; ``control.check_blocks`` passes the clean buckets
-     on the device and brings the verdicts — and each bucket's wire-overflow flag, where the
-     wire can overflow — to the host in ONE synchronization; a bucket it cannot pass is decoded
-     and ``control.verify`` raises the named error (the same on every rank: the blocks are
-     bitwise identical everywhere) or names the ranks whose own gradients held NaN/inf;
+  1. wait for the step's buckets and blocks; the clean check — ``control_counts.check_counts``
+     on the hardened hook's counted block (``CountedStep``), ``control.check_blocks`` on the
+     bucketed engine's per-rank blocks — passes the clean buckets on the device and brings the
+     verdicts — and each bucket's wire-overflow flag, where the wire can overflow — to the host
+     in ONE synchronization; a bucket it cannot pass is decoded (a counted step first gathers
+     every rank's slots: one extra collective, entered by every rank since every rank sees the
+     same counts) and ``control.verify`` raises the named error (the same on every rank) or
+     names the ranks whose own gradients held NaN/inf; a replica row that fails raises
+     ``ReplicaDivergence`` after the buckets pass;
   2. a local non-finite gradient: under ``nonfinite="raise"`` ``NonFiniteGradient`` naming the
      ranks; otherwise an event names them and the step is skipped on every rank together;
   3. overflow: every bucket with a local non-finite gradient or a fired wire flag (the sum of
@@ -30,15 +34,30 @@ hook and the bucketed engine).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from openclaw_ref.sync.base import Wire
 from openclaw_ref.sync.control import BucketVerdict, check_blocks, verify
-from openclaw_ref.sync.control_layout import READY_UNIT_US, decode_block
-from openclaw_ref.sync.errors import ConsistencyError, Event, NonFiniteGradient
+from openclaw_ref.sync.control_counts import (
+    CountCheck,
+    CountLayout,
+    check_counts,
+    first_failing_field,
+)
+from openclaw_ref.sync.control_layout import READY_UNIT_US, SLOT_FIELDS, decode_block
+from openclaw_ref.sync.errors import (
+    BucketMisalignment,
+    ClockMismatch,
+    ConsistencyError,
+    Event,
+    MissingGradient,
+    NonFiniteGradient,
+    ReplicaDivergence,
+    ScaleMismatch,
+)
 from openclaw_ref.sync.precision import OverflowStats, ScalePolicy, count_nonfinite
 
 WIRE_OVERFLOW = "WireOverflow"  # Event kind: a wire-only overflow's gradients were dropped
@@ -57,6 +76,23 @@ class BucketRecord:
     # 0-dim sum of the reduced wire where the wire itself can overflow (an fp16 wire, a
     # pre-scale); None where it cannot (the average of finite values is finite)
     flag: torch.Tensor | None = None
+
+
+@dataclass
+class CountedStep:
+    """A step whose buckets were checked by counts (``control_counts``): the reduced step
+    block, its layout, and the failure path — ``gather`` (a collective every rank enters
+    together: each rank's ``B × SLOT_FIELDS`` slots, then its replica row) and ``replicas``
+    (the replica error the gathered rows show, given the active ranks, or None)."""
+
+    block: torch.Tensor
+    layout: CountLayout
+    gather: Callable[[], list[list[int]]]
+    replicas: Callable[[list[list[int]], list[int]], ConsistencyError | None]
+
+
+_UNNAMED = {"missing": BucketMisalignment, "clock": ClockMismatch, "bucket": BucketMisalignment,
+            "digest": BucketMisalignment, "scale": ScaleMismatch, "absent": MissingGradient}
 
 
 class Ledger:
@@ -92,8 +128,8 @@ class Ledger:
         self.checks_passed += passed
 
     def _verdicts(self, step: int, records: Sequence[BucketRecord], extra: torch.Tensor | None,
-                  blocks: torch.Tensor | None) -> tuple[list[BucketVerdict],
-                                                        list[float | None], list[float]]:
+                  blocks: torch.Tensor | None, counted: CountedStep | None = None
+                  ) -> tuple[list[BucketVerdict], list[float | None], list[float]]:
         """Every bucket's verdict (raising the first disagreement), the host values of the
         wire flags (None where a bucket has none) and of ``extra``."""
         for r in records:
@@ -103,11 +139,19 @@ class Ledger:
         riders = [records[i].flag.to(torch.float64).reshape(1) for i in flagged]
         if extra is not None:
             riders.append(extra.to(torch.float64).reshape(-1))
+        if counted is not None:
+            checked, host = check_counts(counted.block, counted.layout, len(records),
+                                         torch.cat(riders) if riders else None)
+            verdicts = self._counted_verdicts(step, records, checked, counted)
+            flags: list[float | None] = [None] * len(records)
+            for k, i in enumerate(flagged):
+                flags[i] = host[k]
+            return verdicts, flags, host[len(flagged):]
         if blocks is None:
             blocks = torch.stack([r.block for r in records])
         checked, host = check_blocks(blocks, [r.index for r in records], self.rank,
                                      torch.cat(riders) if riders else None)
-        flags: list[float | None] = [None] * len(records)
+        flags = [None] * len(records)
         for k, i in enumerate(flagged):
             flags[i] = host[k]
         verdicts = []
@@ -126,11 +170,64 @@ class Ledger:
             self._pending_checks[1] += 1
         return verdicts, flags, host[len(flagged):]
 
+    def _counted_verdicts(self, step: int, records: Sequence[BucketRecord], checked: CountCheck,
+                          counted: CountedStep) -> list[BucketVerdict]:
+        """Verdicts of a counted step. A bucket or replica row the counts cannot pass: with no
+        rank joined, every rank gathers the per-rank slots and ``verify`` judges and names as
+        for the per-rank block; with a joined rank (which takes no part in a gather) the
+        cause is told from the counts and the ranks are not named."""
+        rows: list[list[int]] | None = None
+        if not all(checked.ok) or not checked.replica_ok:
+            if checked.joined:  # raises, unless only NaN counts failed (judged below)
+                self._raise_unnamed(step, records, checked)
+            else:
+                rows = counted.gather()
+        verdicts = []
+        for b, (rec, ok, fig) in enumerate(zip(records, checked.ok, checked.figures)):
+            self.checks_run += 1
+            self._pending_checks[0] += 1
+            if ok:
+                verdict = BucketVerdict(rec.index, fig.ready_ms, fig.skew_ms, fig.late_rank,
+                                        fig.joined)
+            elif rows is not None:
+                values = [v for row in rows for v in row[b * SLOT_FIELDS:(b + 1) * SLOT_FIELDS]]
+                try:
+                    verdict = verify(decode_block(values, self.world_size), bucket=rec.index,
+                                     params=rec.params)
+                except ConsistencyError as exc:
+                    raise exc.renumbered(self.global_ranks) from None
+            else:  # joined, only NaN counts: the step is judged, the ranks unnamed
+                verdict = BucketVerdict(rec.index, None, 0.0, None, True, nonfinite_seen=True)
+            verdicts.append(verdict)
+            self.checks_passed += 1
+            self.bucket_checks += 1
+            self._pending_checks[1] += 1
+        if not checked.replica_ok and rows is not None:
+            tail = len(records) * SLOT_FIELDS
+            active = [r for r, row in enumerate(rows) if row[0] == 0xA5]
+            err = counted.replicas([row[tail:] for row in rows], active)
+            if err is not None:
+                raise err.renumbered(self.global_ranks) from None
+        return verdicts
+
+    def _raise_unnamed(self, step: int, records: Sequence[BucketRecord],
+                       checked: CountCheck) -> None:
+        """A disagreement while some rank had joined: its kind from the counts, no ranks."""
+        why = ("the ranks cannot be named while a rank has joined (DDP.join()): a joined rank "
+               "takes no part in the gather that names them")
+        for rec, ok, counts in zip(records, checked.ok, checked.counts):
+            field = None if ok else first_failing_field(counts, self.world_size)
+            if field in _UNNAMED:
+                raise _UNNAMED[field](f"the active ranks disagree on the {field} field; {why}",
+                                      step=step, bucket=rec.index, params=rec.params)
+        if not checked.replica_ok and checked.step_counts:
+            raise ReplicaDivergence(f"parameter replicas differ bitwise; {why}", step=step)
+
     def _nonfinite(self, step: int, records: Sequence[BucketRecord],
                    verdicts: Sequence[BucketVerdict]) -> None:
         """Ranks whose own gradients held NaN/inf: raise, or record the event (the policy)."""
         for rec, v in zip(records, verdicts):
-            if not v.nonfinite_ranks:
+            if not v.nonfinite_ranks and not v.nonfinite_seen:
                 continue
             err = NonFiniteGradient(
                 "local gradients held NaN/inf before the wire" if self.raise_nonfinite else
@@ -143,36 +240,36 @@ class Ledger:
 
     def settle(self, step: int, records: Sequence[BucketRecord], *, sync_ms: float,
                verify_started: float, extra: torch.Tensor | None = None,
-               blocks: torch.Tensor | None = None) -> bool:
+               blocks: torch.Tensor | None = None, counted: CountedStep | None = None) -> bool:
         """Judge the step (module docstring); True when the optimizer step may run. ``extra``:
         a reduced tensor the caller needs on the host too (read in the same sync; its values
         land in ``self.extra``). ``blocks``: the records' blocks as one ``(B, ·)`` tensor, when
-        the caller already holds them so (the hardened hook's step block): no copy is made."""
+        the caller already holds them so; ``counted``: the hardened hook's counted step block
+        (``control_counts``), checked instead of per-rank blocks."""
         exponent = self.policy.exponent
-        verdicts, flags, self.extra = (self._verdicts(step, records, extra, blocks) if records
-                                       else ([], [], []))
+        verdicts, flags, self.extra = (self._verdicts(step, records, extra, blocks, counted)
+                                       if records else ([], [], []))
         self._nonfinite(step, records, verdicts)
         suspect = [i for i, (v, f) in enumerate(zip(verdicts, flags))
-                   if v.nonfinite_ranks or (f is not None and not _finite(f))]
+                   if v.nonfinite_ranks or v.nonfinite_seen or (f is not None and not _finite(f))]
         counts = {i: count_nonfinite(records[i].reduced) for i in suspect}
         buckets = []
         for v in verdicts:
-            entry = {"index": v.index, "skew_ms": v.skew_ms,
-                     "late_rank": self.global_ranks[v.late_rank]}
+            late = None if v.late_rank is None else self.global_ranks[v.late_rank]
+            entry = {"index": v.index, "skew_ms": v.skew_ms, "late_rank": late}
             if v.ready_ms is not None:
                 entry["ready_ms"] = v.ready_ms
             buckets.append(entry)
             if v.skew_ms > self.max_skew_ms:
                 self.max_skew_ms = v.skew_ms
-                self.max_skew_at = {"step": step, "bucket": v.index,
-                                    "late_rank": self.global_ranks[v.late_rank]}
+                self.max_skew_at = {"step": step, "bucket": v.index, "late_rank": late}
         overflow_elements = sum(counts.values())
         elements = sum(r.elements for r in records)
         overflowed = overflow_elements > 0
         self.overflow.add(elements, overflow_elements, skipped=overflowed)
         self.policy.update(overflowed)
         if overflowed and self.drop_overflowed and not self.policy.loss_scaler and not any(
-                v.nonfinite_ranks for v in verdicts):
+                v.nonfinite_ranks or v.nonfinite_seen for v in verdicts):
             self._drop_gradients(step, overflow_elements, exponent)
         run, passed = self._pending_checks
         self._pending_checks = [0, 0]

@@ -1,7 +1,7 @@
 """Section ``hook_cost`` (issue 12's figures): each hook's per-step cost beside stock DDP and
 PyTorch's Python hooks, arms interleaved in one 2-rank job per model
 (``experiments.hook_cost``), the memory each hook holds, and the cost of verifying a step's
-control blocks at 8 to 8,192 ranks (``experiments.verify_scale``)."""
+control blocks at 8 to 8,192 ranks, per-rank and counted (``experiments.verify_scale``)."""
 
 from __future__ import annotations
 
@@ -36,5 +36,6 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     out["memory"] = hook_cost.run_memory(WORLD_SIZE)
     progress.tick("hook memory")
     out["verify"] = verify_scale.measure()
+    out["verify_counts"] = verify_scale.measure_counts()
     progress.tick("verification at scale")
     return out
