@@ -112,15 +112,16 @@ class CaseOutcome:
         return f"{self.outcome}" + (f" ({'; '.join(where)})" if where else "")
 
 
-def case_task(ctx: RankContext, cfg) -> tuple[str, Any]:
-    """One matrix case on one rank: train, and turn an in-band detection (raised on every rank
-    at the same step) into a reply, so the group survives for the next case. The monitored
-    barrier proves every rank got out of the run; if one did not, it raises and the pool
-    (which then has a wedged rank) is replaced by the caller."""
+def case_task(ctx: RankContext, cfg, callbacks: Sequence[Any] = ()) -> tuple[str, Any]:
+    """One matrix case on one rank: train (with ``callbacks``, e.g. a corpus fault), and turn an
+    in-band detection (raised on every rank at the same step) into a reply, so the group
+    survives for the next case. The monitored barrier proves every rank got out of the run;
+    if one did not, it raises and the pool (which then has a wedged rank) is replaced by the
+    caller."""
     from openclaw_ref.core.train import train_rank
 
     try:
-        return ("ok", train_rank(ctx, cfg))
+        return ("ok", train_rank(ctx, cfg, callbacks))
     except ConsistencyError as exc:
         if ctx.world_size > 1:
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
