@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.util
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from openclaw_ref.conformance.fault_matrix import CaseOutcome, case_task, classify
@@ -25,6 +29,11 @@ from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FaultSpec
 from openclaw_ref.core.launch import RankContext, RankPool
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import ConsistencyError
+
+# The plain-model user script (a clone's ``examples/``; not part of an installed package).
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "silent_errors" / "silent_errors.py"
+SCRIPT_STEPS = 8
 
 
 class Column(enum.StrEnum):
@@ -85,13 +94,40 @@ def corpus_task(ctx: RankContext, job: tuple[Any, str | None]) -> tuple[str, Any
     return case_task(ctx, cfg, callbacks=[CorpusFault(name, ctx.rank, ctx.world_size)])
 
 
+def user_script() -> ModuleType:
+    """``examples/silent_errors/silent_errors.py`` as a module, loaded once per process."""
+    name = "openclaw_silent_errors_example"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT)
+        if spec is None or spec.loader is None or not SCRIPT.exists():
+            raise FileNotFoundError(f"{SCRIPT} is missing: the corpus scripts need a clone")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def script_task(ctx: RankContext, job: tuple[str, str, int]) -> tuple[str, Any]:
+    """One plain-model case on one rank (the pool's process group is the script's): the user
+    script's training with (pattern, column, steps), replied as ``case_task`` replies."""
+    pattern_name, column, steps = job
+    try:
+        summary = user_script().train(pattern_name, column, steps)
+    except ConsistencyError as exc:
+        return ("detected", exc)
+    return ("ok", {"summary": summary, "events": []})
+
+
 class CorpusRunner:
     """Runs pattern × column cases on a shared pool (``get_pool(world_size)``), each column's
-    clean run once for its reference digest."""
+    clean run once for its reference digest: on the openclaw model (the loop with a
+    ``CorpusFault``), or with ``script=True`` on the plain-model user script."""
 
-    def __init__(self, settings: CorpusSettings, get_pool: Callable[[int], RankPool]) -> None:
+    def __init__(self, settings: CorpusSettings, get_pool: Callable[[int], RankPool], *,
+                 script: bool = False) -> None:
         self.settings = settings
         self._get_pool = get_pool
+        self.script = script
         self.references: dict[Column, str] = {}
 
     def reference(self, column: Column) -> str:
@@ -104,6 +140,10 @@ class CorpusRunner:
 
     def _run(self, column: Column, name: str | None) -> tuple[str, Any]:
         st = self.settings
+        if self.script:
+            job: tuple = (name or "none", column.value, SCRIPT_STEPS)
+            return self._get_pool(st.world_size).run(script_task, job,
+                                                     timeout_s=st.case_timeout_s)[0]
         return self._get_pool(st.world_size).run(corpus_task, (st.train_config(column), name),
                                                  timeout_s=st.case_timeout_s)[0]
 
@@ -131,5 +171,5 @@ def steps_to_detect(out: CaseOutcome, p: Pattern) -> int | None:
     return max(0, out.step - p.first_step)
 
 
-__all__ = ["CORPUS", "Column", "CorpusRunner", "CorpusSettings", "corpus_task", "hardened_defaults",
-           "hardened_k1", "steps_to_detect"]
+__all__ = ["CORPUS", "Column", "CorpusRunner", "CorpusSettings", "corpus_task",
+           "hardened_defaults", "hardened_k1", "script_task", "steps_to_detect"]
