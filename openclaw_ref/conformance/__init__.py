@@ -6,4 +6,6 @@ cluster mode (``openclaw-bench conform``).
   ``checks``     one collective function per check, verdicts identical on every rank
   ``report``     the measured figures as JSON
   ``cluster``    the cluster mode's driver: every selected check on a live group
+  ``fault_matrix``  the fault × strategy matrix and its one outcome classifier
+  ``corpus``     published DDP silent errors × (ddp, ddp-detail, harden() defaults, K=1)
 """
