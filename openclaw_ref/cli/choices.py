@@ -16,7 +16,7 @@ PLANNERS = ("static", "norm-ema", "norm-ema-agreed")  # sync.base.Planner
 NONFINITE_POLICIES = ("skip", "raise")  # sync.base.NonFinitePolicy
 WATCHDOG_ACTIONS = ("raise", "report", "exit")  # sync.base.WatchdogAction
 BACKENDS = ("auto", "gloo", "nccl")
-SECTIONS = ("strategies", "curves", "faults", "precision", "overflow", "raw_allreduce",
+SECTIONS = ("strategies", "curves", "faults", "corpus", "precision", "overflow", "raw_allreduce",
             "ablations", "lightning", "quantization", "hook_cost")  # experiments.registry
 CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consistency",
           "equivalence", "fault-detection")  # conformance.cluster.CHECKS

@@ -7,6 +7,8 @@ openclaw_ref.conformance.suite``), plus the cluster mode (``openclaw-bench confo
   ``checks``       one collective function per check, verdicts identical on every rank
   ``report``       the measured figures as JSON
   ``cluster``      the cluster mode's driver: every selected check on a live group
+  ``fault_matrix``  the fault × strategy matrix and its one outcome classifier
+  ``corpus``       published DDP silent errors × (ddp, ddp-detail, harden() defaults, K=1)
   ``target``       a user's model and hook, named ``MODULE:NAME``: the ``Target`` protocol and
                    the input checks that run before any rank starts
   ``user_run``     the user's hook as one more strategy (``UserHook``) and the loop for a Target

@@ -114,15 +114,16 @@ class CaseOutcome:
         return f"{self.outcome}" + (f" ({'; '.join(where)})" if where else "")
 
 
-def case_task(ctx: RankContext, cfg) -> tuple[str, Any]:
-    """One matrix case on one rank: train, and turn an in-band detection (raised on every rank
-    at the same step) into a reply, so the group survives for the next case. The monitored
-    barrier proves every rank got out of the run; if one did not, it raises and the pool
-    (which then has a wedged rank) is replaced by the caller."""
+def case_task(ctx: RankContext, cfg, callbacks: Sequence[Any] = ()) -> tuple[str, Any]:
+    """One matrix case on one rank: train (with ``callbacks``, e.g. a corpus fault), and turn an
+    in-band detection (raised on every rank at the same step) into a reply, so the group
+    survives for the next case. The monitored barrier proves every rank got out of the run;
+    if one did not, it raises and the pool (which then has a wedged rank) is replaced by the
+    caller."""
     from openclaw_ref.core.train import train_rank
 
     try:
-        return ("ok", train_rank(ctx, cfg))
+        return ("ok", train_rank(ctx, cfg, callbacks))
     except ConsistencyError as exc:
         if ctx.world_size > 1:
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
@@ -149,9 +150,12 @@ def _late_rank_from_metrics(record: dict, step: int,
 
 def classify(strategy: str, spec: FaultSpec, world_size: int, *, reply: tuple | None = None,
              failure: BaseException | None = None, reference_digest: str | None = None,
-             replica_check_every: int = 0, died: Sequence[int] = ()) -> CaseOutcome:
+             replica_check_every: int = 0, died: Sequence[int] = (),
+             window: int | None = None) -> CaseOutcome:
     """What happened, from what the system surfaced (never from what the injector knows):
-    the rank's reply (a record, or the detection it raised in-band), or the pool's failure."""
+    the rank's reply (a record, or the detection it raised in-band), or the pool's failure.
+    ``window``: the steps after the fault within which a detection is in time (default: the
+    replica interval for a bit flip, otherwise the next step)."""
     out = CaseOutcome(strategy, _fault_label(spec), "no-effect",
                       expected_ranks=[spec.target_rank(world_size)],
                       expected_params=spec.target_params())
@@ -164,7 +168,8 @@ def classify(strategy: str, spec: FaultSpec, world_size: int, *, reply: tuple | 
         _from_record(out, spec, world_size, reply[1] or {}, reference_digest)
     if detection is not None:
         _from_detection(out, detection)
-    window = max(1, replica_check_every) if spec.name == "bitflip" else 1
+    if window is None:
+        window = max(1, replica_check_every) if spec.name == "bitflip" else 1
     _judge_attribution(out, spec, window)
     return out
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.experiments.sections import (
     ablations,
+    corpus,
     curves,
     faults,
     hook_cost,
@@ -54,6 +55,8 @@ SECTIONS: dict[str, Section] = {
                           strategies.jobs, strategies.run, 5.8),
     "curves": _plain("long loss/validation curves, ddp vs hardened", curves, 56.4),
     "faults": _plain("fault × strategy outcome matrix", faults, 2.8),
+    "corpus": _plain("published DDP silent errors × (ddp, ddp-detail, harden() defaults, K=1), "
+                     "openclaw model and plain-MLP script", corpus, 4.3),
     "precision": _plain("seed 004's precision × devices matrix", precision, 3.0),
     "overflow": _plain("fp16 overflow rate vs scale", overflow, 3.8),
     "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.2),

@@ -48,7 +48,7 @@ READABLE_VERSIONS = (1, 2, 3, 4)
 REGENERATE = "regenerate it with `openclaw-bench compare`"
 
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
-SECTIONS = ("strategies", "curves", "faults", "precision", "overflow", "raw_allreduce",
+SECTIONS = ("strategies", "curves", "faults", "corpus", "precision", "overflow", "raw_allreduce",
             "ablations", "doctor", "lightning", "quantization", "hook_cost")
 
 

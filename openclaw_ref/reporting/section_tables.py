@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 from tabulate import tabulate
 
+from openclaw_ref.reporting.corpus_tables import corpus_tables
+
 Figures = Mapping[str, Any]
 
 
@@ -248,6 +250,7 @@ def hook_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
 # Section → (heading, its tables), in the document's order.
 SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]] = {
     "faults": ("Fault × strategy outcomes", fault_tables),
+    "corpus": ("Published DDP silent errors", corpus_tables),
     "overflow": ("FP16 overflow", overflow_tables),
     "precision": ("Seed 004: precision × devices", precision_tables),
     "raw_allreduce": ("Raw allreduce of the same bytes", raw_allreduce_tables),

@@ -1,0 +1,48 @@
+"""Section ``corpus``: the published DDP silent-error patterns × (stock DDP, ``ddp-detail``,
+``harden()`` defaults, ``harden()`` with K=1), on the openclaw model and on the plain-model user
+script of ``examples/silent_errors/`` (2 ranks each), with each pattern's public source."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from openclaw_ref.conformance.corpus import (
+    Column,
+    CorpusRunner,
+    CorpusSettings,
+    steps_to_detect,
+)
+from openclaw_ref.core.corpus_faults import CORPUS
+from openclaw_ref.core.pools import PoolCache
+
+if TYPE_CHECKING:
+    from openclaw_ref.experiments.compare import CompareConfig, Progress
+
+MODELS = ("openclaw", "plain-mlp")
+
+
+def jobs(cfg: CompareConfig) -> int:
+    return len(MODELS) * len(Column) * len(CORPUS)
+
+
+def _cases(runner: CorpusRunner, model: str, progress: Progress) -> list[dict]:
+    cases = []
+    for column in Column:
+        for p in CORPUS:
+            out = runner.run_case(column, p.name)
+            cases.append({**out.to_json(), "model": model, "column": column.value,
+                          "pattern": p.name, "steps_to_detect": steps_to_detect(out, p)})
+            progress.tick(f"corpus {model} {p.name} × {column.value}")
+    return cases
+
+
+def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
+    """Every pattern × column on both models; each column's clean run is its reference."""
+    settings = CorpusSettings()
+    cases = []
+    for model in MODELS:
+        runner = CorpusRunner(settings, pools.get, script=model == "plain-mlp")
+        cases += _cases(runner, model, progress)
+    return {"settings": {**dataclasses.asdict(settings), "script_steps": 8},
+            "patterns": [dataclasses.asdict(p) for p in CORPUS], "cases": cases}
