@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy, Wire
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
@@ -53,6 +53,7 @@ class StockDDP(SyncStrategy):
     """``ddp``: DistributedDataParallel with its default fp32 allreduce (no hook)."""
 
     name = "ddp"
+    hook_wire: ClassVar[Wire] = Wire.NATIVE  # what the hook puts on the wire
 
     def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         self.ddp = wrap_ddp(model, ctx, self.cfg)
@@ -81,6 +82,7 @@ class StockDDPFP16(StockDDP):
     by the world size, so a local element at or above 65520 becomes inf on the wire)."""
 
     name = "ddp-fp16"
+    hook_wire = Wire.FP16
 
     def comm_hook(self, ddp: DDP) -> tuple[Any, CommHook]:
         return ddp.process_group, default_hooks.fp16_compress_hook
@@ -97,6 +99,7 @@ class BF16HookDDP(StockDDP):
     """``ddp-bf16``: PyTorch's ``bf16_compress_hook`` (cast to bf16, ÷W, SUM, cast back)."""
 
     name = "ddp-bf16"
+    hook_wire = Wire.BF16
 
     def comm_hook(self, ddp: DDP) -> tuple[Any, CommHook]:
         return ddp.process_group, bf16_compress
