@@ -30,7 +30,9 @@ from openclaw_ref.sync.base import SyncConfig, WatchdogAction
 from openclaw_ref.sync.errors import ConsistencyError, SyncTimeout
 
 OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
-MATRIX_STRATEGIES = ("ddp", "ddp-fp16", "hardened", "bucketed")
+# Columns: stock DDP, PyTorch's own comm hooks as users register them, then the suite's own.
+MATRIX_STRATEGIES = ("ddp", "ddp-allreduce", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "hardened",
+                     "bucketed")
 
 # ---------------------------------------------------------------------------------------------
 # The fault × strategy matrix
@@ -56,12 +58,12 @@ class MatrixSettings:
         return f"{fault}{'=' + value if value else ''}:{self.fault_step}"
 
     def sync_config(self, strategy: str) -> SyncConfig:
-        """``ddp``/``ddp-fp16`` as users get them; ``hardened`` with an FP16 wire at the seed's
-        2^12 (so scale faults are meaningful), replica check every K steps, a short watchdog
-        that ends a hung job at its own deadline (``WatchdogAction.EXIT``: the default,
-        ``RAISE``, would leave a hang to gloo's timeout); ``bucketed`` likewise, with the
-        agreed planner."""
-        if strategy in ("ddp", "ddp-fp16", "local"):
+        """Stock DDP, with or without one of PyTorch's hooks, as users get it (``as_shipped``);
+        ``hardened`` with an FP16 wire at the seed's 2^12 (so scale faults are meaningful),
+        replica check every K steps, a short watchdog that ends a hung job at its own deadline
+        (``WatchdogAction.EXIT``: the default, ``RAISE``, would leave a hang to gloo's
+        timeout); ``bucketed`` likewise, with the agreed planner."""
+        if as_shipped(strategy):
             return SyncConfig(name=strategy)
         planner = "norm-ema-agreed" if strategy == "bucketed" else "static"
         return SyncConfig(name=strategy, wire="fp16", scale="4096", planner=planner,
@@ -326,6 +328,14 @@ def self_exited_ranks(pool: RankPool) -> list[int]:
     Reads the pool's processes: ``RankPool`` has no public exit-code accessor yet."""
     procs = getattr(pool, "_procs", [])
     return [r for r, p in enumerate(procs) if p.exitcode is not None and p.exitcode != -9]
+
+
+def as_shipped(strategy: str) -> bool:
+    """Whether ``strategy`` is run with no settings of ours: no sync at all, or DDP plus at
+    most one of PyTorch's comm hooks (``sync.ddp.is_stock``)."""
+    from openclaw_ref.sync.ddp import is_stock
+
+    return strategy == "local" or is_stock(STRATEGIES.get(strategy))
 
 
 def matrix_strategies() -> tuple[str, ...]:

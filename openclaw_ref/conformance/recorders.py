@@ -103,11 +103,11 @@ class BucketLayouts(Callback):
     def wrap(self, model: nn.Module, ctx: RankInfo, strategy: SyncStrategy) -> nn.Module | None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        from openclaw_ref.sync.ddp import StockDDP, wrap_ddp
+        from openclaw_ref.sync.ddp import is_stock, wrap_ddp
 
         # DDP plus at most one of PyTorch's hooks (``StockDDP.comm_hook``), nothing else: its
-        # hook is run inside the recorder. A subclass with its own ``wrap`` is not recorded.
-        if not isinstance(strategy, StockDDP) or type(strategy).wrap is not StockDDP.wrap:
+        # hook is run inside the recorder.
+        if not is_stock(type(strategy)):
             return None
         ddp = wrap_ddp(model, ctx, strategy.cfg)
         state, hook = strategy.comm_hook(ddp) or (None, default_hooks.allreduce_hook)

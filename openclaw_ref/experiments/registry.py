@@ -53,7 +53,7 @@ SECTIONS: dict[str, Section] = {
     "strategies": Section("every strategy × world size, repeated",
                           strategies.jobs, strategies.run, 5.8),
     "curves": _plain("long loss/validation curves, ddp vs hardened", curves, 56.4),
-    "faults": _plain("fault × strategy outcome matrix", faults, 2.8),
+    "faults": _plain("fault × hook outcome matrix (stock DDP, PyTorch's hooks, ours)", faults, 2.8),
     "precision": _plain("seed 004's precision × devices matrix", precision, 3.0),
     "overflow": _plain("fp16 overflow rate vs scale", overflow, 3.8),
     "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.2),

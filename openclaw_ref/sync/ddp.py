@@ -67,6 +67,13 @@ class StockDDP(SyncStrategy):
         return None
 
 
+def is_stock(factory: object) -> bool:
+    """Whether a ``STRATEGIES`` entry is DDP plus at most one of PyTorch's hooks and nothing
+    else: a ``StockDDP`` class that does not change how DDP is built (``ddp-detail`` does)."""
+    return (isinstance(factory, type) and issubclass(factory, StockDDP)
+            and factory.wrap is StockDDP.wrap)
+
+
 class AllreduceHookDDP(StockDDP):
     """``ddp-allreduce``: PyTorch's ``default_hooks.allreduce_hook`` (divide by W, then an fp32
     SUM allreduce): what stock DDP computes, through the Python hook path."""
