@@ -255,7 +255,7 @@ def hook_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
 
 # Section → (heading, its tables), in the document's order.
 SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]] = {
-    "faults": ("Fault × hook outcomes", fault_tables),
+    "faults": ("Fault × strategy outcomes", fault_tables),
     "overflow": ("FP16 overflow", overflow_tables),
     "precision": ("Seed 004: precision × devices", precision_tables),
     "raw_allreduce": ("Raw allreduce of the same bytes", raw_allreduce_tables),
