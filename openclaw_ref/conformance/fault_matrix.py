@@ -1,4 +1,6 @@
-"""The fault × strategy matrix: what each sync path does when each fault is injected.
+"""The fault × hook matrix: what each sync path does when each fault is injected — stock DDP,
+DDP with one of PyTorch's own comm hooks (run as shipped: any ``sync.ddp.is_stock`` strategy is
+one more column, no code here per hook), and the suite's own strategies.
 
 ``MatrixRunner`` runs one short training per (strategy, fault) cell on reusable rank pools
 (group-killing faults on fresh pools with short deadlines), and ``classify`` turns what the
@@ -339,8 +341,8 @@ def as_shipped(strategy: str) -> bool:
 
 
 def matrix_strategies() -> tuple[str, ...]:
-    """The matrix's strategies that exist in this build (all four once ``hardened`` and
-    ``bucketed`` are registered)."""
+    """The matrix's columns that exist in this build (every one of ``MATRIX_STRATEGIES`` once
+    all are registered)."""
     return tuple(s for s in MATRIX_STRATEGIES if s in STRATEGIES)
 
 __all__ = ["FAULTS", "MATRIX_STRATEGIES", "OUTCOMES", "CaseOutcome", "MatrixRunner",
