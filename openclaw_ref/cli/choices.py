@@ -9,8 +9,8 @@ each list equal to its home, so they cannot drift."""
 from __future__ import annotations
 
 PRESETS = ("tiny", "small", "base")  # core.model.PRESETS
-STRATEGIES = ("ddp", "ddp-fp16", "ddp-detail", "local", "hardened", "bucketed",
-              "seed-f5")  # sync.STRATEGIES
+STRATEGIES = ("ddp", "ddp-allreduce", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "ddp-detail",
+              "local", "hardened", "bucketed", "seed-f5")  # sync.STRATEGIES
 WIRES = ("native", "fp32", "fp16", "bf16")  # sync.base.Wire
 PLANNERS = ("static", "norm-ema", "norm-ema-agreed")  # sync.base.Planner
 NONFINITE_POLICIES = ("skip", "raise")  # sync.base.NonFinitePolicy

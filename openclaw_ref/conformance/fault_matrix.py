@@ -1,4 +1,6 @@
-"""The fault × strategy matrix: what each sync path does when each fault is injected.
+"""The fault × hook matrix: what each sync path does when each fault is injected — stock DDP,
+DDP with one of PyTorch's own comm hooks (run as shipped: any ``sync.ddp.is_stock`` strategy is
+one more column, no code here per hook), and the suite's own strategies.
 
 ``MatrixRunner`` runs one short training per (strategy, fault) cell on reusable rank pools
 (group-killing faults on fresh pools with short deadlines), and ``classify`` turns what the
@@ -30,7 +32,9 @@ from openclaw_ref.sync.base import SyncConfig, WatchdogAction
 from openclaw_ref.sync.errors import ConsistencyError, SyncTimeout
 
 OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
-MATRIX_STRATEGIES = ("ddp", "ddp-fp16", "hardened", "bucketed")
+# Columns: stock DDP, PyTorch's own comm hooks as users register them, then the suite's own.
+MATRIX_STRATEGIES = ("ddp", "ddp-allreduce", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "hardened",
+                     "bucketed")
 
 # ---------------------------------------------------------------------------------------------
 # The fault × strategy matrix
@@ -56,13 +60,13 @@ class MatrixSettings:
         return f"{fault}{'=' + value if value else ''}:{self.fault_step}"
 
     def sync_config(self, strategy: str) -> SyncConfig:
-        """``ddp``/``ddp-fp16`` as users get them; ``hardened`` with an FP16 wire at the seed's
-        2^12 (so scale faults are meaningful), every parameter's replica compared within K steps
-        (``replica_slices`` for hardened, ``replica_check_every`` for bucketed), a short watchdog
-        that ends a hung job at its own deadline (``WatchdogAction.EXIT``: the default,
-        ``RAISE``, would leave a hang to gloo's timeout); ``bucketed`` likewise, with the
-        agreed planner."""
-        if strategy in ("ddp", "ddp-fp16", "local"):
+        """Stock DDP, with or without one of PyTorch's hooks, as users get it (``as_shipped``);
+        ``hardened`` with an FP16 wire at the seed's 2^12 (so scale faults are meaningful),
+        every parameter's replica compared within K steps (``replica_slices`` for hardened,
+        ``replica_check_every`` for bucketed), a short watchdog that ends a hung job at its own
+        deadline (``WatchdogAction.EXIT``: the default, ``RAISE``, would leave a hang to gloo's
+        timeout); ``bucketed`` likewise, with the agreed planner."""
+        if as_shipped(strategy):
             return SyncConfig(name=strategy)
         planner = "norm-ema-agreed" if strategy == "bucketed" else "static"
         return SyncConfig(name=strategy, wire="fp16", scale="4096", planner=planner,
@@ -335,9 +339,17 @@ def self_exited_ranks(pool: RankPool) -> list[int]:
     return [r for r, p in enumerate(procs) if p.exitcode is not None and p.exitcode != -9]
 
 
+def as_shipped(strategy: str) -> bool:
+    """Whether ``strategy`` is run with no settings of ours: no sync at all, or DDP plus at
+    most one of PyTorch's comm hooks (``sync.ddp.is_stock``)."""
+    from openclaw_ref.sync.ddp import is_stock
+
+    return strategy == "local" or is_stock(STRATEGIES.get(strategy))
+
+
 def matrix_strategies() -> tuple[str, ...]:
-    """The matrix's strategies that exist in this build (all four once ``hardened`` and
-    ``bucketed`` are registered)."""
+    """The matrix's columns that exist in this build (every one of ``MATRIX_STRATEGIES`` once
+    all are registered)."""
     return tuple(s for s in MATRIX_STRATEGIES if s in STRATEGIES)
 
 __all__ = ["FAULTS", "MATRIX_STRATEGIES", "OUTCOMES", "CaseOutcome", "MatrixRunner",

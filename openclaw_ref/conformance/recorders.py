@@ -103,15 +103,16 @@ class BucketLayouts(Callback):
     def wrap(self, model: nn.Module, ctx: RankInfo, strategy: SyncStrategy) -> nn.Module | None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        from openclaw_ref.sync.ddp import wrap_ddp
+        from openclaw_ref.sync.ddp import is_stock, wrap_ddp
 
-        stock_hooks = {"ddp": default_hooks.allreduce_hook,
-                       "ddp-fp16": default_hooks.fp16_compress_hook}
-        if strategy.cfg.name not in stock_hooks:
+        # DDP plus at most one of PyTorch's hooks (``StockDDP.comm_hook``), nothing else: its
+        # hook is run inside the recorder.
+        if not is_stock(type(strategy)):
             return None
         ddp = wrap_ddp(model, ctx, strategy.cfg)
-        self.recorder = LayoutRecorder(model, stock_hooks[strategy.cfg.name])
-        ddp.register_comm_hook(None, self.recorder)
+        state, hook = strategy.comm_hook(ddp) or (None, default_hooks.allreduce_hook)
+        self.recorder = LayoutRecorder(model, hook)
+        ddp.register_comm_hook(state, self.recorder)
         return ddp
 
     def before_sync(self, step: int, model: nn.Module, strategy: SyncStrategy) -> None:

@@ -79,7 +79,8 @@ CONSTRUCTION_TIME: frozenset[str] = frozenset({"local-buckets", "permuted-params
 # Strategies whose FP16 pre-scale policy takes the fault (``SyncStrategy.scale_policy``).
 PRESCALING_STRATEGIES: frozenset[str] = frozenset({"hardened", "bucketed"})
 # Strategies built on torch DDP (bucket layout set by ``bucket_cap_mb``).
-DDP_STRATEGIES: frozenset[str] = frozenset({"ddp", "ddp-fp16", "hardened", "seed-f5"})
+DDP_STRATEGIES: frozenset[str] = frozenset({"ddp", "ddp-allreduce", "ddp-fp16", "ddp-bf16",
+                                             "ddp-powersgd", "hardened", "seed-f5"})
 BITFLIP_BIT = 22
 DEFAULT_SCALE_EXPONENT = 12
 

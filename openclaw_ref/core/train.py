@@ -120,9 +120,12 @@ class TrainConfig:
         return d
 
 
+SGD_MOMENTUM = 0.9  # the conformance equivalence tolerance of PowerSGD depends on it
+
+
 def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=SGD_MOMENTUM)
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
 
 

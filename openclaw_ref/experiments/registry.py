@@ -54,7 +54,7 @@ SECTIONS: dict[str, Section] = {
     "strategies": Section("every strategy × world size, repeated",
                           strategies.jobs, strategies.run, 5.8),
     "curves": _plain("long loss/validation curves, ddp vs hardened", curves, 56.4),
-    "faults": _plain("fault × strategy outcome matrix", faults, 2.8),
+    "faults": _plain("fault × hook outcome matrix (stock DDP, PyTorch's hooks, ours)", faults, 2.8),
     "corpus": _plain("published DDP silent errors × (ddp, ddp-detail, harden() defaults, K=1), "
                      "openclaw model and plain-MLP script", corpus, 4.3),
     "precision": _plain("seed 004's precision × devices matrix", precision, 3.0),

@@ -37,6 +37,17 @@ def _yes(flag: Any, no: str = "no") -> str:
     return "yes" if flag else no
 
 
+def _hook_columns(powersgd: Figures | None) -> str:
+    """The caption's sentence on the columns of PyTorch's own hooks (records that have them)."""
+    if powersgd is None:
+        return ""
+    return (" ddp: no hook; ddp-allreduce / ddp-fp16 / ddp-bf16 / ddp-powersgd: stock DDP with "
+            "PyTorch's allreduce_hook / fp16_compress_hook / bf16_compress_hook / powerSGD_hook "
+            f"(rank {powersgd['rank']}, error feedback, compression from step "
+            f"{powersgd['start_iter']}, orthogonalization epsilon {powersgd['epsilon']:g}, "
+            "buckets one after another; judged against its own fault-free run).")
+
+
 def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
     st, cases, alignment = sec["settings"], sec["cases"], sec["bucket_alignment"]
     strategies = list(dict.fromkeys(c["strategy"] for c in cases))
@@ -51,7 +62,7 @@ def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
         "result differs from the fault-free run) / hang-timeout / crash / no-effect. seed-f5: "
         "the seed's F5 hook as written (forward hook before wrapping, ×2^12 never undone, "
         "rank-0 assertion over its own shapes) on stock DDP; fault 'none': its fault-free run "
-        "against stock ddp's.",
+        "against stock ddp's." + _hook_columns(sec.get("powersgd")),
         ["fault"] + strategies,
         [[f] + [cell.get((f, s), "") for s in strategies] for f in faults])
     layouts = Table(

@@ -9,7 +9,13 @@ from collections.abc import Callable
 
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.bucketed import Bucketed
-from openclaw_ref.sync.ddp import StockDDP, StockDDPFP16
+from openclaw_ref.sync.ddp import (
+    AllreduceHookDDP,
+    BF16HookDDP,
+    PowerSGDDDP,
+    StockDDP,
+    StockDDPFP16,
+)
 from openclaw_ref.sync.detail import DetailDDP
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.hardened import Hardened
@@ -25,7 +31,10 @@ def _seed_f5(cfg: SyncConfig) -> SyncStrategy:
 
 STRATEGIES: dict[str, Callable[[SyncConfig], SyncStrategy]] = {
     "ddp": StockDDP,
+    "ddp-allreduce": AllreduceHookDDP,  # PyTorch's own hooks, registered as users do
     "ddp-fp16": StockDDPFP16,
+    "ddp-bf16": BF16HookDDP,
+    "ddp-powersgd": PowerSGDDDP,
     "ddp-detail": DetailDDP,  # TORCH_DISTRIBUTED_DEBUG=DETAIL, the check to beat
     "local": LocalOnly,
     "hardened": Hardened,

@@ -7,8 +7,10 @@ a hang by their own deadline. Stock DDP's outcomes are asserted as the facts we 
 table is what users come for. Known gaps are strict xfails: the day they are fixed, the xfail
 turns into a failure and the table here must be updated.
 
-The whole matrix runs once per session (module fixture) on the shared 2-rank pool; faults that
-kill the group (crash, hang) get fresh pools with short deadlines.
+The matrix of these four columns runs once per session (module fixture) on the shared 2-rank
+pool; faults that kill the group (crash, hang) get fresh pools with short deadlines. The columns
+of PyTorch's own hooks are asserted in ``test_fault_matrix_hooks.py`` (a few cells in CI, the
+whole columns under ``slow``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import dataclasses
 import pytest
 
 from openclaw_ref.conformance.fault_matrix import (
-    MATRIX_STRATEGIES,
     CaseOutcome,
     MatrixRunner,
     MatrixSettings,
@@ -30,6 +31,7 @@ from openclaw_ref.reporting.render import fault_matrix_table
 pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 
 SETTINGS = MatrixSettings()
+COLUMNS = ("ddp", "ddp-fp16", "hardened", "bucketed")
 
 # What stock DDP does, as measured here (torch 2.13, gloo, 2 ranks); see the module docstring.
 STOCK_FACTS: dict[str, str] = {
@@ -53,7 +55,7 @@ def matrix(pools, conformance_report) -> dict[tuple[str, str], CaseOutcome]:
     runner = MatrixRunner(SETTINGS, get_pool=pools.get)
     outcomes: dict[tuple[str, str], CaseOutcome] = {}
     try:
-        for strategy in matrix_strategies():
+        for strategy in (s for s in matrix_strategies() if s in COLUMNS):
             for fault in FAULTS:
                 cell = outcomes[strategy, fault] = runner.run_case(strategy, fault)
                 print(f"{strategy:9s} {fault:16s} {cell.wall_s:5.1f} s  {cell.summary()}")
@@ -79,7 +81,7 @@ def test_stock_ddp_outcome_is_the_measured_fact(matrix, strategy, fault):
 
 
 @pytest.mark.parametrize("fault", ["crash"])
-@pytest.mark.parametrize("strategy", MATRIX_STRATEGIES)
+@pytest.mark.parametrize("strategy", COLUMNS)
 def test_a_crashed_rank_is_named(matrix, strategy, fault):
     cell = _cell(matrix, strategy, fault)
     assert cell.outcome == "crash" and cell.attributed, cell

@@ -1,6 +1,7 @@
-"""Section ``faults``: the fault × strategy outcome matrix (2 ranks), the seed's F5 hook as
-written through the same matrix (plus its fault-free case), and every strategy's bucket layout
-recorded on every rank (the seed's M3)."""
+"""Section ``faults``: the fault × hook outcome matrix (2 ranks) — stock DDP, PyTorch's own comm
+hooks as users register them, the suite's strategies — the seed's F5 hook as written through the
+same matrix (plus its fault-free case), and every column's bucket layout recorded on every rank
+(the seed's M3)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from openclaw_ref.conformance.fault_matrix import (
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.sync import STRATEGIES
+from openclaw_ref.sync.ddp import POWERSGD_EPSILON, POWERSGD_RANK, POWERSGD_START_ITER
 from openclaw_ref.sync.errors import ConsistencyError
 
 if TYPE_CHECKING:
@@ -28,7 +30,9 @@ SEED_F5 = "seed-f5"
 
 
 def jobs(cfg: CompareConfig) -> int:
-    return 4 * 9 + 10 + 4  # the matrix, the seed-f5 column (with "none"), the layouts
+    columns = len(matrix_strategies())
+    # the matrix, the seed-f5 column (with "none"), the layouts
+    return columns * len(FAULTS) + len(FAULTS) + 1 + columns
 
 
 def _case(outcome: CaseOutcome, fault_name: str) -> dict:
@@ -104,7 +108,7 @@ def _alignment(cfg: CompareConfig, settings: MatrixSettings, pools: PoolCache,
 
 
 def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
-    """The fault × strategy matrix (2 ranks) and per-rank bucket layouts of every strategy."""
+    """The fault × hook matrix (2 ranks) and per-rank bucket layouts of every column."""
     settings = MatrixSettings()
     runner = MatrixRunner(settings, get_pool=pools.get)
     cases = []
@@ -118,4 +122,6 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     finally:
         runner.close()
     return {"settings": dataclasses.asdict(settings), "cases": cases,
+            "powersgd": {"rank": POWERSGD_RANK, "start_iter": POWERSGD_START_ITER,
+                         "epsilon": POWERSGD_EPSILON},
             "bucket_alignment": _alignment(cfg, settings, pools, progress)}
