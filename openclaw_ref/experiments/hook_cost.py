@@ -102,7 +102,9 @@ def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unus
     elif arm == "fp16_compress_hook":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif arm.startswith("hardened-"):
-        cfg = SyncConfig(name="hardened", wire=arm.split("-")[1], bucket_cap_mb=cap_mb)
+        # scale: the fp16 arm's fixed 2^12 (the fp32 wire ignores it)
+        cfg = SyncConfig(name="hardened", wire=arm.split("-")[1], scale="4096",
+                         bucket_cap_mb=cap_mb)
         return ddp, harden(ddp, cfg, ctx)
     return ddp, None
 

@@ -159,6 +159,12 @@ class HardenState:
         whatever task it fires in."""
         torch.autograd.Variable._execution_engine.queue_callback(self._settle)
 
+    def before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """Optimizer step pre-hook (``harden()`` registers it for every optimizer): a wire
+        overflow that no loss scaler skipped has its gradients dropped first (``Ledger`` step
+        5)."""
+        self.ledger.drop_pending()
+
     def progress(self) -> tuple[int, int]:
         """(clock, buckets issued and not yet settled): changes whenever a bucket is issued."""
         return self.clock, len(self._records)
@@ -173,6 +179,7 @@ class HardenState:
         return event
 
     def _start_clock(self) -> None:
+        self.ledger.pending = False  # a new step: the last one's gradients are gone or used
         self.step_t0 = time.perf_counter()
         self._device_t0 = self.device_mark()
         self._device_marks = []
@@ -267,7 +274,7 @@ class HardenState:
     def summary(self) -> dict:
         return {**self.ledger.summary(), "wire": self.cfg.wire.value,
                 "nonfinite": self.cfg.nonfinite.value,
-                "scale_mode": "auto" if self.policy.auto else "fixed",
+                "scale_mode": self.cfg.scale_mode.value,
                 "shadow_buckets": self.shadow_buckets}
 
     def close(self) -> None:

@@ -66,6 +66,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
@@ -188,6 +189,7 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     device, a wire dtype the backend cannot reduce.
 
     ``state.close()`` removes what this added (forward pre-hook, gradient-presence hooks, the
+    optimizer step pre-hook that keeps a wire overflow out of the weights,
     forward hook of ``averaged.AveragingWatch`` on ``ddp_model.module``, watchdog thread) on
     the rank it runs on. DDP cannot unregister a comm hook: after ``close()`` the hook is
     inert — a plain allreduce average like PyTorch's ``allreduce_hook``, no control block, no
@@ -233,6 +235,8 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
         state.forward_started()
 
     state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
+    state.handles.append(register_optimizer_step_pre_hook(
+        state.before_optimizer_step))
     state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
     if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
