@@ -11,6 +11,7 @@ reported per step and per run. Nothing here issues a collective except the repli
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -84,6 +85,8 @@ class HardenState:
         self.handles: list = []  # the hooks harden() added (``RemovableHandle``), for close()
         self.closed = False  # after close() the comm hook is a plain allreduce
         self.averaging: AveragingWatch | None = None  # were the gradients averaged? (harden())
+        # sends the buckets this rank's DDP never issued this step (harden())
+        self.complete_unissued: Callable[[], None] | None = None
 
     # called by the hook -------------------------------------------------------------------
     def membership(self, bucket: dist.GradBucket) -> tuple[int, list[str]]:
@@ -219,6 +222,11 @@ class HardenState:
         return True if verdict is None else verdict
 
     def _settle(self) -> None:
+        if self._records and self._records[-1].block is None and self.complete_unissued:
+            # DDP never issued its last bucket here: the other ranks wait inside the first
+            # bucket it skipped. Send the rest as zeros marked "never issued", so that every
+            # rank reads the same block and raises the same MissingGradient, this one included.
+            self.complete_unissued()
         t = time.perf_counter()
         records, self._records = self._records, []
         exposed = (t - self._first_issue) * 1e3 if self._first_issue is not None else 0.0
@@ -227,14 +235,6 @@ class HardenState:
         self._first_issue = None
         self.present.clear()
         self.clock += 1
-        if records and records[-1].block is None:
-            self.block.clear()
-            raise RuntimeError(
-                f"step {step}: DDP never issued its last bucket on this rank (it issued buckets "
-                f"{[r.index for r in records]}): a parameter without a gradient under "
-                "find_unused_parameters=False? This rank's control block was not sent; the "
-                "other ranks wait in the allreduce of the first bucket it skipped and report a "
-                "failed collective when this rank ends (or their watchdog names this rank)")
         try:
             blocks, self._step_block = self._step_block, None
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,

@@ -193,7 +193,10 @@ class Ledger:
         return not overflowed
 
     def _mark_pending(self, step: int, overflow_elements: int, exponent: int) -> None:
-        """Step 5 of the module docstring: the wire's inf stays until an optimizer step."""
+        """Step 5 of the module docstring: the wire's inf stays until an optimizer step (no
+        parameters to drop: the bucketed engine, whose caller always reads the verdict)."""
+        if not self.params:
+            return
         self.pending = True
         self.events.append(Event(
             WIRE_OVERFLOW, step, detail=f"{overflow_elements} reduced element(s) overflowed the "
