@@ -18,6 +18,7 @@ from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.experiments.sections import (
     ablations,
     curves,
+    false_alarms,
     faults,
     hook_cost,
     lightning,
@@ -54,6 +55,8 @@ SECTIONS: dict[str, Section] = {
                           strategies.jobs, strategies.run, 5.8),
     "curves": _plain("long loss/validation curves, ddp vs hardened", curves, 56.4),
     "faults": _plain("fault × strategy outcome matrix", faults, 2.8),
+    "false_alarms": _plain("false-alarm corpus: pattern × (stock DDP, hardened) outcomes",
+                           false_alarms, 3.0),
     "precision": _plain("seed 004's precision × devices matrix", precision, 3.0),
     "overflow": _plain("fp16 overflow rate vs scale", overflow, 3.8),
     "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.2),
