@@ -3,7 +3,7 @@ stops nor changes a healthy job — activation checkpointing (reentrant and not,
 ``static_graph``), a rank-0 pause longer than the watchdog deadline, GradScaler with the fp16
 wire, a wire overflow in the plain loop — and names a real disagreement without inventing a
 majority. 2 ranks here (bitwise against the reference); 4 ranks under ``slow`` (≤ 1e-6
-relative)."""
+relative; ≤ 2^-11 on an fp16 wire, ``false_alarms.FP16_RELATIVE_LIMIT``)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ def _figures() -> dict:
                          "fault": False, "outcome": outcome.value, "seconds": 1.25,
                          "error": error, "events": ["WireOverflow"]})
     return {"rows": rows, "settings": {"pause_s": 2.5, "pause_deadline_s": 1.0,
-                                       "overflow_at": 2, "relative_limit": 1e-6}}
+                                       "overflow_at": 2, "relative_limit": 1e-6,
+                                       "fp16_relative_limit": 2.0 ** -11}}
 
 
 def test_the_section_is_registered_and_keyed_in_the_record():

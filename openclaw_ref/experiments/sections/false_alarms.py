@@ -12,6 +12,7 @@ from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.experiments.false_alarms import (
     FAULTS,
+    FP16_RELATIVE_LIMIT,
     OVERFLOW_AT,
     PAUSE_DEADLINE_S,
     PAUSE_S,
@@ -70,4 +71,5 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
                 progress.tick(f"false alarms ×{w}: {pattern.name} {arm.value}")
     return {"rows": rows,
             "settings": {"pause_s": PAUSE_S, "pause_deadline_s": PAUSE_DEADLINE_S,
-                         "overflow_at": OVERFLOW_AT, "relative_limit": RELATIVE_LIMIT}}
+                         "overflow_at": OVERFLOW_AT, "relative_limit": RELATIVE_LIMIT,
+                         "fp16_relative_limit": FP16_RELATIVE_LIMIT}}
