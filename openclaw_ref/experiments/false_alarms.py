@@ -48,6 +48,10 @@ RELATIVE_LIMIT = 1e-6  # beyond 2 ranks: the summation order may differ from sto
 FP16_RELATIVE_LIMIT = 2.0 ** -11
 PAUSE_DEADLINE_S = 1.0  # the hardened arm's watchdog deadline in the pause pattern (CI-sized)
 PAUSE_S = 2.5  # rank 0's pause between two steps: longer than that deadline
+# The pause comes before this step: after step 1, whose forward holds DDP's bucket-rebuild
+# broadcast (a collective the watchdog does not watch), so the others wait in a bucket's
+# allreduce, where the watchdog sees them wait and must diagnose rank 0 as alive.
+PAUSE_BEFORE = 2
 OVERFLOW_AT = 2  # the step whose loss rank 0 multiplies by OVERFLOW_FACTOR
 OVERFLOW_FACTOR = 1e6  # local gradients ≫ 65504: the fp16 wire overflows
 BUCKET_MB = 0.004  # several buckets, so some become ready inside a checkpoint's backward
@@ -104,7 +108,7 @@ SPECS: dict[Pattern, Spec] = {
     Pattern.REENTRANT_STATIC: Spec(checkpoint=True, static_graph=True),
     Pattern.NON_REENTRANT: Spec(checkpoint=False),
     Pattern.NON_REENTRANT_STATIC: Spec(checkpoint=False, static_graph=True),
-    Pattern.RANK0_PAUSE: Spec(pause=True, steps=3),
+    Pattern.RANK0_PAUSE: Spec(pause=True, steps=4),
     Pattern.SCALER_FP16: Spec(scaler=True, fp16=True, steps=8),
     Pattern.SCALER_FP16_AUTO: Spec(scaler=True, fp16=True, scale="auto", steps=8),
     Pattern.OVERFLOW_PLAIN: Spec(fp16=True, overflow=True),
@@ -166,7 +170,7 @@ def _loop(ddp: DDP, spec: Spec, arm: Arm, rank: int, state) -> dict:
         if spec.scaler else None
     scales: list[float] = []
     for step in range(spec.steps):
-        if spec.pause and arm is not Arm.REFERENCE and rank == 0 and step == 1:
+        if spec.pause and arm is not Arm.REFERENCE and rank == 0 and step == PAUSE_BEFORE:
             time.sleep(PAUSE_S)  # the disturbance itself (a checkpoint save), not an ordering
         if state is not None and spec.clock_fault:
             state.begin_step(step + (1 if rank == 0 else 0))
