@@ -56,7 +56,7 @@ SECTIONS: dict[str, Section] = {
     "curves": _plain("long loss/validation curves, ddp vs hardened", curves, 56.4),
     "faults": _plain("fault × strategy outcome matrix", faults, 2.8),
     "false_alarms": _plain("false-alarm corpus: pattern × (stock DDP, hardened) outcomes",
-                           false_alarms, 3.0),
+                           false_alarms, 1.6),
     "precision": _plain("seed 004's precision × devices matrix", precision, 3.0),
     "overflow": _plain("fp16 overflow rate vs scale", overflow, 3.8),
     "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.2),
