@@ -16,6 +16,7 @@ from openclaw_ref.sync.control_layout import (
     encode_slot,
     joined_slot,
     membership_digest,
+    unissued_slot,
     write_block,
 )
 from openclaw_ref.sync.errors import (
@@ -114,6 +115,20 @@ def test_a_required_gradient_absent_on_one_rank_raises_missing_gradient_naming_i
     with pytest.raises(MissingGradient) as err:
         verify(decode_block(reduced, 3), bucket=3, params=["w1", "v_proj", "b"])
     assert err.value.ranks == [2] and err.value.params == ["v_proj"] and err.value.step == 7
+
+
+@pytest.mark.parametrize("dtype", WIRES, ids=str)
+def test_a_bucket_one_rank_never_issued_raises_missing_gradient_naming_it(dtype):
+    reduced = reduce_blocks([slot(), unissued_slot(slot()), slot()], dtype)
+    with pytest.raises(MissingGradient) as err:
+        verify(decode_block(reduced, 3), bucket=3, params=["w1", "b"])
+    assert err.value.ranks == [1] and err.value.step == 7 and err.value.bucket == 3
+    assert "DDP never reduced this backward's last bucket" in str(err.value)
+
+
+def test_a_bucket_every_rank_issued_decodes_as_issued():
+    slots = decode_block(reduce_blocks([slot(), slot()], torch.float32), 2)
+    assert not any(s.unissued for s in slots)
 
 
 def test_no_absent_gradient_decodes_as_none():
@@ -216,7 +231,7 @@ def _fast(slots, dtype, rank):
 
 
 PERTURB = st.sampled_from(["none", "clock", "bucket", "digest", "scale", "absent", "joined",
-                           "empty", "collide", "nonfinite"])
+                           "empty", "collide", "nonfinite", "unissued"])
 
 
 @pytest.mark.parametrize("dtype", WIRES, ids=str)
@@ -237,6 +252,8 @@ def test_check_blocks_passes_exactly_the_buckets_verify_passes_with_the_same_fig
             slots[r] = [0] * SLOT_FIELDS
         elif kind == "collide":
             slots[r] = [a + b for a, b in zip(slots[r], slots[(r + 1) % world])]
+        elif kind == "unissued":
+            slots[r] = unissued_slot(slot(ready_s=ready[r] * 1e-5))
         elif kind != "none":
             field = {"clock": "clock", "bucket": "bucket", "digest": "digest",
                      "scale": "scale_exp", "absent": "absent", "nonfinite": "nonfinite"}[kind]
@@ -244,8 +261,8 @@ def test_check_blocks_passes_exactly_the_buckets_verify_passes_with_the_same_fig
     slow = _slow(slots, dtype)
     joined = any(s == joined_slot() for s in slots)
     for rank in range(world):
-        if slots[rank][0] != 0xA5:
-            continue  # only an active rank runs the check
+        if slots[rank][0] not in (0xA5, 0x3C):
+            continue  # only an active rank runs the check (0x3C: it sent zeros, and settles)
         fast = _fast(slots, dtype, rank)
         if slow[0] != "ok" or joined:
             assert fast is None

@@ -1,10 +1,11 @@
 """The fp16 wire composes with a loss scaler, and never writes the wire's inf into the weights.
 
-With ``scale="loss-scaler"`` the hardened fp16 wire is PyTorch's ``fp16_compress_hook`` bit for
-bit, so ``torch.amp.GradScaler`` skips, backs off and grows exactly as under that hook, and the
-weights end bitwise equal. Without a loss scaler
-and without ``finish_step`` (the README's plain loop), a step that overflows on the wire is
-skipped on every rank: the gradients are dropped, the weights stay finite and unchanged.
+At its defaults (``scale="loss-scaler"``) the hardened fp16 wire is PyTorch's
+``fp16_compress_hook`` bit for bit, so ``torch.amp.GradScaler`` skips, backs off and grows
+exactly as under that hook, and the weights end bitwise equal. Without a loss scaler and without
+``finish_step`` (the README's plain loop), a step that overflows on the wire is skipped on every
+rank — at the defaults and under an opt-in pre-scale alike: the gradients are dropped before the
+optimizer step, the weights stay finite and unchanged.
 """
 
 from __future__ import annotations
@@ -38,15 +39,17 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16, generator=g) * 4, torch.randint(0, 4, (8,), generator=g)
 
 
-def scaled_loop(ctx, arm: str) -> dict:
+def scaled_loop(ctx, arm: str | None) -> dict:
     """20 steps of fp16 autocast + GradScaler, started at 2^24 so the first steps overflow
-    and back off, with a short growth interval so the scale also grows and overflows again."""
+    and back off, with a short growth interval so the scale also grows and overflows again.
+    ``arm``: "fp16_compress_hook", or the hardened fp16 wire's scale (None: its default)."""
     ddp = _ddp()
     if arm == "fp16_compress_hook":
         ddp.register_comm_hook(None, fp16_compress_hook)
         state = None
     else:
-        state = harden(ddp, SyncConfig("hardened", wire="fp16", scale=arm), ctx)
+        scale = {} if arm is None else {"scale": arm}
+        state = harden(ddp, SyncConfig("hardened", wire="fp16", **scale), ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=3)
     scales, skipped = [], []
@@ -69,21 +72,24 @@ def scaled_loop(ctx, arm: str) -> dict:
             "params": [p.detach().clone() for p in ddp.parameters()]}
 
 
-def test_gradscaler_skips_backs_off_and_grows_exactly_as_under_fp16_compress_hook(pools):
+def test_at_defaults_gradscaler_skips_backs_off_and_grows_exactly_as_under_fp16_compress_hook(
+        pools):
     pool = pools.get(2)
     reference = pool.run(scaled_loop, "fp16_compress_hook")
-    hardened = pool.run(scaled_loop, "loss-scaler")
+    hardened = pool.run(scaled_loop, None)
     for ref, ours in zip(reference, hardened):
         assert ours["scales"] == ref["scales"] and ours["skipped"] == ref["skipped"]
         assert all(torch.equal(a, b) for a, b in zip(ref["params"], ours["params"]))
     assert 0 < sum(reference[0]["skipped"]) < STEPS  # the sequence has skips and clean steps
 
 
-def plain_overflow_loop(ctx, scale: str) -> dict:
+def plain_overflow_loop(ctx, scale: str | None) -> dict:
     """The README's plain loop (no begin_step/finish_step, no loss scaler) with Adam; at
-    OVERFLOW_AT rank 0's loss is multiplied so that the reduced fp16 wire overflows."""
+    OVERFLOW_AT rank 0's loss is multiplied so that the reduced fp16 wire overflows.
+    ``scale``: the hardened fp16 wire's (None: its default)."""
     ddp = _ddp()
-    state = harden(ddp, SyncConfig("hardened", wire="fp16", scale=scale), ctx)
+    state = harden(ddp, SyncConfig("hardened", wire="fp16", **({} if scale is None else
+                                                                 {"scale": scale})), ctx)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     snapshots = []
     try:
@@ -109,7 +115,7 @@ def plain_overflow_loop(ctx, scale: str) -> dict:
 
 
 def test_a_wire_overflow_without_finish_step_or_scaler_is_skipped_on_every_rank(pools):
-    for scale in ("4096", "auto"):
+    for scale in (None, "4096", "auto"):
         results = pools.get(2).run(plain_overflow_loop, scale)
         for r in results:
             assert r["finite"] and r["replicas_equal"], (scale, r)

@@ -138,7 +138,7 @@ def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools):
 
 
 def test_the_seeds_scale_mismatch_is_caught_naming_the_rank(pools):
-    sync = SyncConfig("hardened", wire="fp16")
+    sync = SyncConfig("hardened", wire="fp16", scale="4096")
     results = pools.get(4).run(run_with_fault, sync, Fault("scale", 3, exponent=10))  # 2^12 vs 2^10
     err = _same_error_everywhere(results, ScaleMismatch)
     assert err.ranks == [3] and err.step == 0

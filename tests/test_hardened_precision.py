@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.base import ScaleMode, SyncConfig
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.precision import (
     OverflowStats,
@@ -107,7 +107,7 @@ def test_fixed_scale_is_the_configured_power_of_two_on_fp16_and_one_elsewhere():
 
 
 def test_per_rank_scale_overrides_only_the_named_rank():
-    p = ScalePolicy.from_config(SyncConfig(wire="fp16"))
+    p = ScalePolicy.from_config(SyncConfig(wire="fp16", scale="4096"))
     p.override(3, 10)
     assert [p.exponent_for(r) for r in range(4)] == [12, 12, 12, 10]
 
@@ -124,7 +124,7 @@ def test_auto_scale_backs_off_on_overflow_and_grows_after_clean_steps():
 
 
 def test_fixed_scale_never_moves():
-    p = ScalePolicy.from_config(SyncConfig(wire="fp16"))
+    p = ScalePolicy.from_config(SyncConfig(wire="fp16", scale="4096"))
     p.update(True)
     assert p.exponent == 12
 
@@ -137,6 +137,12 @@ def test_overflow_rates_count_elements_and_steps():
     assert j["overflow_rate_elements"] == pytest.approx(5 / 200)
     assert j["overflow_rate_steps"] == pytest.approx(0.5)
     assert j["skipped_steps"] == 1
+
+
+def test_the_default_fp16_wire_defers_to_a_loss_scaler_with_no_pre_scale():
+    assert SyncConfig(wire="fp16").scale_mode is ScaleMode.LOSS_SCALER
+    p = ScalePolicy.from_config(SyncConfig(wire="fp16"))
+    assert p.loss_scaler and not p.auto and p.exponent == 0
 
 
 def test_under_a_loss_scaler_the_wire_is_fp16_compress_hooks_cast_then_divide_bit_for_bit():

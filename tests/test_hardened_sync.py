@@ -65,7 +65,8 @@ def test_no_false_alarm_in_over_a_thousand_checked_bucket_steps(pools):
 
 
 def test_every_step_reports_sync_time_skew_late_rank_overflow_scale_and_checks(pools):
-    rec = pools.get(2).run(record_of, train_cfg(2, SyncConfig("hardened", wire="fp16"), steps=3))[0]
+    sync = SyncConfig("hardened", wire="fp16", scale="4096")
+    rec = pools.get(2).run(record_of, train_cfg(2, sync, steps=3))[0]
     m = rec["steps"][-1]["sync"]
     assert {"sync_ms", "buckets", "overflow_elements", "elements", "overflowed", "scale",
             "checks_run", "checks_passed"} <= set(m)

@@ -16,8 +16,9 @@ PLANNERS = ("static", "norm-ema", "norm-ema-agreed")  # sync.base.Planner
 NONFINITE_POLICIES = ("skip", "raise")  # sync.base.NonFinitePolicy
 WATCHDOG_ACTIONS = ("raise", "report", "exit")  # sync.base.WatchdogAction
 BACKENDS = ("auto", "gloo", "nccl")
-SECTIONS = ("strategies", "curves", "faults", "corpus", "precision", "overflow", "raw_allreduce",
-            "ablations", "lightning", "quantization", "hook_cost")  # experiments.registry
+SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
+            "raw_allreduce", "ablations", "lightning", "quantization",
+            "hook_cost")  # experiments.registry
 CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consistency",
           "equivalence", "fault-detection")  # conformance.cluster.CHECKS
 CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",

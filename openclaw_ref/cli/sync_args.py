@@ -21,9 +21,10 @@ def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_e
                    help="gradient-synchronization strategy")
     p.add_argument("--wire", default="native", choices=WIRES,
                    help="dtype a bucket travels as (hardened/bucketed)")
-    p.add_argument("--scale", default="4096",
-                   help="FP16 pre-scale: a power of two, auto, or loss-scaler (a loss scaler "
-                        "such as GradScaler owns the scale)")
+    p.add_argument("--scale", default="loss-scaler",
+                   help="FP16 pre-scale: loss-scaler (default: none, as fp16_compress_hook; "
+                        "right with or without GradScaler), or, for jobs with no loss "
+                        "scaler, a power of two or auto")
     p.add_argument("--nonfinite", default="skip", choices=NONFINITE_POLICIES,
                    help="a rank's NaN/inf gradient: skip the step on every rank, or raise")
     p.add_argument("--planner", default="static", choices=PLANNERS,

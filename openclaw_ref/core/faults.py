@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from openclaw_ref.core.callbacks import Callback
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import ScaleMode, SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput
 
 FAULTS: tuple[str, ...] = ("late-rank", "local-buckets", "scale-mismatch", "missing-grad",
@@ -230,8 +230,10 @@ class FaultInjector(Callback):
 
     def _sync_config(self, cfg: SyncConfig) -> SyncConfig:
         self.strategy = cfg.name
-        self._base_exponent = (DEFAULT_SCALE_EXPONENT if cfg.scale == "auto"
-                               else int(cfg.scale).bit_length() - 1)
+        # the others' pre-scale the fault departs from: a fixed one as configured, else the
+        # seed's 2^12
+        self._base_exponent = (cfg.scale_exp if cfg.scale_mode is ScaleMode.FIXED
+                               else DEFAULT_SCALE_EXPONENT)
         for s in self._active("local-buckets"):
             if cfg.name == "bucketed":
                 cfg = dataclasses.replace(cfg, planner="norm-ema")

@@ -108,8 +108,9 @@ def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unus
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif arm.startswith("hardened-"):
         off = arm.endswith("-noreplica")
-        cfg = SyncConfig(name="hardened", wire=arm.split("-")[1], bucket_cap_mb=cap_mb,
-                         **({"replica_slices": 0} if off else {}))
+        # scale: the fp16 arm's fixed 2^12 (the fp32 wire ignores it)
+        cfg = SyncConfig(name="hardened", wire=arm.split("-")[1], scale="4096",
+                         bucket_cap_mb=cap_mb, **({"replica_slices": 0} if off else {}))
         return ddp, harden(ddp, cfg, ctx)
     return ddp, None
 

@@ -19,6 +19,7 @@ from openclaw_ref.experiments.sections import (
     ablations,
     corpus,
     curves,
+    false_alarms,
     faults,
     hook_cost,
     lightning,
@@ -57,6 +58,8 @@ SECTIONS: dict[str, Section] = {
     "faults": _plain("fault × hook outcome matrix (stock DDP, PyTorch's hooks, ours)", faults, 2.8),
     "corpus": _plain("published DDP silent errors × (ddp, ddp-detail, harden() defaults, K=1), "
                      "openclaw model and plain-MLP script", corpus, 4.3),
+    "false_alarms": _plain("false-alarm corpus: pattern × (stock DDP, hardened) outcomes",
+                           false_alarms, 1.6),
     "precision": _plain("seed 004's precision × devices matrix", precision, 3.0),
     "overflow": _plain("fp16 overflow rate vs scale", overflow, 3.8),
     "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.2),

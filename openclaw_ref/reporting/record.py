@@ -48,8 +48,8 @@ READABLE_VERSIONS = (1, 2, 3, 4)
 REGENERATE = "regenerate it with `openclaw-bench compare`"
 
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
-SECTIONS = ("strategies", "curves", "faults", "corpus", "precision", "overflow", "raw_allreduce",
-            "ablations", "doctor", "lightning", "quantization", "hook_cost")
+SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
+            "raw_allreduce", "ablations", "doctor", "lightning", "quantization", "hook_cost")
 
 
 class RecordError(BadInput):

@@ -258,10 +258,19 @@ def hook_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
             + [_memory_table(sec["memory"]), _verify_table(sec["verify"])] + counted)
 
 
+def _false_alarm_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    """``false_alarm_tables`` lives in its own module, which imports ``Table`` from here."""
+    from openclaw_ref.reporting.false_alarm_tables import false_alarm_tables
+
+    return false_alarm_tables(sec, cfg)
+
+
 # Section → (heading, its tables), in the document's order.
 SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]] = {
     "faults": ("Fault × strategy outcomes", fault_tables),
     "corpus": ("Published DDP silent errors", corpus_tables),
+    "false_alarms": ("Healthy jobs the guard must not stop, faults it must name",
+                     _false_alarm_tables),
     "overflow": ("FP16 overflow", overflow_tables),
     "precision": ("Seed 004: precision × devices", precision_tables),
     "raw_allreduce": ("Raw allreduce of the same bytes", raw_allreduce_tables),

@@ -59,10 +59,14 @@ class WatchdogAction(enum.StrEnum):
 
 
 class ScaleMode(enum.StrEnum):
-    """Who owns the fp16 wire's scale: a fixed 2^e, our dynamic one (``auto``), or a loss
-    scaler (``loss-scaler``: the wire is PyTorch's ``fp16_compress_hook`` exactly — cast, ÷W,
-    no pre-scale, no back-off of its own — so ``torch.amp.GradScaler`` sees what it sees under
-    that hook and skips and backs off identically)."""
+    """Who owns the fp16 wire's scale. ``loss-scaler`` (the default): nobody on the wire — it
+    is PyTorch's ``fp16_compress_hook`` exactly (cast, ÷W, no pre-scale, no back-off of its
+    own), so ``torch.amp.GradScaler`` skips and backs off identically, and without a scaler an
+    overflowed step is skipped by every rank's optimizer (``ledger`` step 5). A fixed 2^e or our
+    dynamic one (``auto``) is opt-in, for jobs with NO loss scaler: it multiplies on top of a
+    loss scale (double scaling), and ``auto`` backs off when the scaler does. Why not detect a
+    scaler and pick: nothing the hook sees before the optimizer step tells a scaled loss from a
+    large one, so the default is the mode that is right both with and without one."""
 
     FIXED = "fixed"
     AUTO = "auto"
@@ -133,8 +137,8 @@ class SyncConfig:
 
     name: str = "ddp"
     wire: Wire = Wire.NATIVE
-    # a power of two, "auto" (dynamic, identical on every rank) or "loss-scaler" (see ScaleMode)
-    scale: str = "4096"
+    # "loss-scaler" (no pre-scale, the default), a power of two or "auto" (see ScaleMode)
+    scale: str = ScaleMode.LOSS_SCALER.value
     planner: Planner = Planner.STATIC
     bucket_cap_mb: float = 25.0  # torch DDP's default
     replica_check_every: int = 0  # bucketed engine: steps between replica checks; 0 = off

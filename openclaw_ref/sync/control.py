@@ -7,11 +7,12 @@ or none does. For each field the reference value is the one most ranks report (t
 of the lowest such rank; ``vote.plurality``); the ranks reporting anything else are the
 disagreeing ranks (``ranks`` of the error). The message claims a majority only where there is
 one; otherwise it says the ranks disagree and gives every rank's value (``split_view``).
-Checks run in cause order: missing slot → clock → bucket index/membership → scale → absent
-required gradient; a local non-finite gradient is reported with its ranks (what to do about it
-is the ledger's policy). ``verify`` states the rule and names the ranks; ``check_blocks`` passes
-the clean buckets of a whole step with a few tensor operations whatever the world size, and
-only a bucket it cannot pass is decoded on the host for ``verify`` to judge and name.
+Checks run in cause order: missing slot → a bucket some rank's DDP never issued → clock → bucket
+index/membership → scale → absent required gradient; a local non-finite gradient is reported
+with its ranks (what to do about it is the ledger's policy). ``verify`` states the rule and
+names the ranks; ``check_blocks`` passes the clean buckets of a whole step with a few tensor
+operations whatever the world size, and only a bucket it cannot pass is decoded on the host for
+``verify`` to judge and name.
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
             "no readable control block from these ranks (different bucket sizes or slot "
             "collision)", step=int(plurality(clocks)[0]) if clocks else None, ranks=missing,
             bucket=bucket, params=params)
+    unissued = [r for r in active if slots[r].unissued]
+    if unissued:
+        clocks = [slots[r].clock for r in active]
+        raise MissingGradient(
+            "DDP never reduced this backward's last bucket on these ranks: their DDP stopped "
+            f"before bucket {bucket} (a parameter without a gradient under "
+            "find_unused_parameters=False?); they sent zeros so that every rank stops here",
+            step=int(plurality(clocks)[0]), ranks=unissued, bucket=bucket, params=params)
     joined = len(active) < len(slots)
     if not active:
         return BucketVerdict(bucket, [], 0.0, 0, joined)

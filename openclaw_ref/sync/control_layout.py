@@ -16,7 +16,9 @@ bucketed engine still sends one slot per rank per bucket.
 Fields of a slot (chunks, most significant first):
   ``magic``      1  0xA5: the slot was written (a zero slot = that rank sent no block); 0x5A: the
                     rank has joined (``DDP.join()``) and sends zeros in DDP's shadow allreduce —
-                    its slot abstains from every comparison
+                    its slot abstains from every comparison; 0x3C: the rank's DDP never issued
+                    this bucket in this backward (it sends zeros once it learns so, to end the
+                    step on every rank with the same verdict)
   ``clock``      4  the rank's logical clock (training step) mod 2**32
   ``bucket``     2  the bucket index the rank thinks it is reducing
   ``digest``     8  64-bit digest of the bucket's parameter membership (names, shapes, dtypes,
@@ -52,6 +54,7 @@ CHUNK_BITS = 8
 CHUNK = 1 << CHUNK_BITS
 MAGIC = 0xA5
 MAGIC_JOINED = 0x5A
+MAGIC_UNISSUED = 0x3C
 READY_UNIT_US = 10.0  # ready-time resolution: 10 µs, floor-quantized
 SCALE_OFFSET = 128
 
@@ -140,6 +143,11 @@ def joined_slot() -> list[int]:
     return [MAGIC_JOINED] + [0] * (SLOT_FIELDS - 1)
 
 
+def unissued_slot(slot: list[int]) -> list[int]:
+    """``slot`` marked as sent for a bucket this rank's DDP never issued (magic 0x3C)."""
+    return [MAGIC_UNISSUED] + slot[1:]
+
+
 def write_block(block: torch.Tensor, rank: int, slot: Sequence[int]) -> None:
     """Fill ``block`` (``block_size(W)`` elements of the wire dtype): zeros, then our slot."""
     block.zero_()
@@ -191,6 +199,7 @@ class Slot:
     nonfinite: bool = False
     ready_ms: float = 0.0
     absent: int | None = None  # member index of the first required parameter without gradient
+    unissued: bool = False  # the rank's DDP never issued this bucket (magic 0x3C)
 
 
 def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
@@ -204,7 +213,7 @@ def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
         if ok and ints[0] == MAGIC_JOINED:
             slots.append(Slot(True, joined=True))
             continue
-        if not ok or ints[0] != MAGIC:
+        if not ok or ints[0] not in (MAGIC, MAGIC_UNISSUED):
             slots.append(Slot(False))
             continue
         value = {name: _unchunk(ints[o:o + _WIDTH[name]]) for name, o in _OFFSET.items()}
@@ -212,5 +221,6 @@ def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
             True, clock=value["clock"], bucket=value["bucket"], digest=value["digest"],
             scale_exp=value["scale"] - SCALE_OFFSET, nonfinite=bool(value["nonfinite"]),
             ready_ms=units_to_ms(value["ready"]),
-            absent=value["absent"] - 1 if value["absent"] else None))
+            absent=value["absent"] - 1 if value["absent"] else None,
+            unissued=ints[0] == MAGIC_UNISSUED))
     return slots

@@ -12,6 +12,7 @@ gather of a step whose counted block fails its check (``ledger.CountedStep``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -89,6 +90,8 @@ class HardenState:
         self.handles: list = []  # the hooks harden() added (``RemovableHandle``), for close()
         self.closed = False  # after close() the comm hook is a plain allreduce
         self.averaging: AveragingWatch | None = None  # were the gradients averaged? (harden())
+        # sends the buckets this rank's DDP never issued this step (harden())
+        self.complete_unissued: Callable[[], None] | None = None
 
     # called by the hook -------------------------------------------------------------------
     def membership(self, bucket: dist.GradBucket) -> tuple[int, list[str]]:
@@ -197,6 +200,12 @@ class HardenState:
         whatever task it fires in."""
         torch.autograd.Variable._execution_engine.queue_callback(self._settle)
 
+    def before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """Optimizer step pre-hook (``harden()`` registers it for every optimizer): a wire
+        overflow that no loss scaler skipped has its gradients dropped first (``Ledger`` step
+        5)."""
+        self.ledger.drop_pending()
+
     def progress(self) -> tuple[int, int]:
         """(clock, buckets issued and not yet settled): changes whenever a bucket is issued."""
         return self.clock, len(self._records)
@@ -211,6 +220,7 @@ class HardenState:
         return event
 
     def _start_clock(self) -> None:
+        self.ledger.pending = False  # a new step: the last one's gradients are gone or used
         self.step_t0 = time.perf_counter()
         self._device_t0 = self.device_mark()
         self._device_marks = []
@@ -248,6 +258,11 @@ class HardenState:
         return True if verdict is None else verdict
 
     def _settle(self) -> None:
+        if self._records and self._records[-1].block is None and self.complete_unissued:
+            # DDP never issued its last bucket here: the other ranks wait inside the first
+            # bucket it skipped. Send the rest as zeros marked "never issued", so that every
+            # rank reads the same block and raises the same MissingGradient, this one included.
+            self.complete_unissued()
         t = time.perf_counter()
         records, self._records = self._records, []
         exposed = (t - self._first_issue) * 1e3 if self._first_issue is not None else 0.0
@@ -256,14 +271,6 @@ class HardenState:
         self._first_issue = None
         self.present.clear()
         self.clock += 1
-        if records and records[-1].block is None:
-            self.block.clear()
-            raise RuntimeError(
-                f"step {step}: DDP never issued its last bucket on this rank (it issued buckets "
-                f"{[r.index for r in records]}): a parameter without a gradient under "
-                "find_unused_parameters=False? This rank's control block was not sent; the "
-                "other ranks wait in the allreduce of the first bucket it skipped and report a "
-                "failed collective when this rank ends (or their watchdog names this rank)")
         try:
             blocks, self._step_block = self._step_block, None
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
@@ -289,7 +296,7 @@ class HardenState:
     def summary(self) -> dict:
         return {**self.ledger.summary(), "wire": self.cfg.wire.value,
                 "nonfinite": self.cfg.nonfinite.value,
-                "scale_mode": "auto" if self.policy.auto else "fixed",
+                "scale_mode": self.cfg.scale_mode.value,
                 "shadow_buckets": self.shadow_buckets}
 
     def close(self) -> None:

@@ -63,6 +63,7 @@ without naming ranks: the joined rank takes no part in the gather). Replica dive
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import warnings
@@ -71,12 +72,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control_counts import write_counts
-from openclaw_ref.sync.control_layout import joined_slot
+from openclaw_ref.sync.control_layout import joined_slot, unissued_slot
 from openclaw_ref.sync.ddp import wrap_ddp
 from openclaw_ref.sync.harden_state import HardenState
 from openclaw_ref.sync.ledger import BucketRecord
@@ -181,6 +183,42 @@ def _shadow_allreduce(state: HardenState, bucket):
     return fut.then(done)
 
 
+def _unissued_allreduce(state: HardenState, bucket) -> None:
+    """Send zeros for a bucket of this step that this rank's DDP never issued (``bucket``: one
+    of the reducer's zero-filled buckets), in the wire format the other ranks used for it, with
+    a slot that says so (``control_layout.unissued_slot``); the last one carries the step's
+    control block. The others are waiting inside these allreduces: they complete, and every
+    rank reads the same block and raises the same ``MissingGradient`` (``control.verify``)."""
+    grads = bucket.buffer()
+    n, index, last = grads.numel(), bucket.index(), bucket.is_last()
+    digest, names = state.membership(bucket)
+    exponent = state.policy.exponent_for(state.rank)
+    state.block.add(unissued_slot(state.slot(index, digest, exponent, 0.0, None)),
+                    torch.zeros((), dtype=torch.float32))
+    if not last and exponent == 0 and state.policy.dtype_for(grads.dtype) == grads.dtype:
+        wire = grads
+    else:
+        wire = state.wire_buffer(index, grads, _block_elements(state, grads) if last else 0)
+        wire[:n].zero_()
+    record = BucketRecord(index, names, n, None, wire[:n])
+    state._records.append(record)
+    if last:
+        state.attach_block(wire[n:])
+    work = dist.all_reduce(wire, group=state.group, async_op=True)
+    if state.watchdog is not None:
+        state.watchdog.issued(state.clock, index, work)
+    record.done = work.get_future()
+
+
+def _complete_unissued(state: HardenState, ddp_model: DDP) -> None:
+    """The step's buckets this rank's DDP never issued (DDP issues them in index order, so the
+    issued ones are a prefix), sent as zeros by ``_unissued_allreduce``."""
+    issued = {r.index for r in state._records}
+    for bucket in ddp_model.reducer._get_zeros_like_grad_buckets():
+        if bucket.index() not in issued:
+            _unissued_allreduce(state, bucket)
+
+
 def _presence_hook(present: set[int], key: int):
     """A tensor hook recording that parameter ``key`` got a local gradient this step."""
     return lambda grad: present.add(key)
@@ -200,6 +238,7 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     device, a wire dtype the backend cannot reduce.
 
     ``state.close()`` removes what this added (forward pre-hook, gradient-presence hooks, the
+    optimizer step pre-hook that keeps a wire overflow out of the weights,
     forward hook of ``averaged.AveragingWatch`` on ``ddp_model.module``, watchdog thread) on
     the rank it runs on. DDP cannot unregister a comm hook: after ``close()`` the hook is
     inert — a plain allreduce average like PyTorch's ``allreduce_hook``, no control block, no
@@ -244,7 +283,10 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
         watch.wrapper_forward()
         state.forward_started()
 
+    state.complete_unissued = functools.partial(_complete_unissued, state, ddp_model)
     state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
+    state.handles.append(register_optimizer_step_pre_hook(
+        state.before_optimizer_step))
     state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
     if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:

@@ -19,15 +19,17 @@ hook and the bucketed engine).
      counts 0). Any count > 0 skips the step on every rank — the same reduced values, so the
      same decision;
   4. the shared scale policy is updated with the shared overflow decision;
-  5. a step that overflowed on the wire alone (no rank's own gradient was non-finite) and has no
-     loss scaler to judge it (``ScalePolicy.loss_scaler``) has every parameter's ``.grad`` set to
-     None on every rank once DDP has written them (an autograd callback queued behind DDP's own
-     finalize), and a ``WireOverflow`` event is recorded: an optimizer skips parameters without a
-     gradient, so the README's plain loop (``backward(); opt.step()``, no ``finish_step``) skips
-     the step exactly, on every rank, instead of writing the wire's inf into the weights. Under a
-     loss scaler the inf stays, as under ``fp16_compress_hook``: the scaler skips and backs off.
-     A caller of the step protocol (``begin_step``/``finish_step``) learns the verdict from
-     ``finish_step`` and skips the step itself, so its gradients are left as reduced
+  5. a step that overflowed on the wire alone (no rank's own gradient was non-finite) leaves
+     the wire's inf in DDP's gradients, as ``fp16_compress_hook`` does, and is marked
+     *pending* with a ``WireOverflow`` event. A loss scaler (``torch.amp.GradScaler``) sees
+     the inf, skips ``optimizer.step()`` and backs off exactly as under that hook; an
+     ``optimizer.step()`` that does run while the step is pending — the README's plain loop,
+     ``backward(); opt.step()``, with no scaler — first has every parameter's ``.grad`` set to
+     None (``drop_pending``, from an optimizer step pre-hook ``harden()`` registers), so the
+     optimizer skips the step exactly, on every rank, and no inf reaches the weights. Whether
+     the optimizer step runs is the only sound sign of a scaler the hook can read. A caller of
+     the step protocol (``begin_step``/``finish_step``) learns the verdict from
+     ``finish_step`` and skips the step itself, so nothing is marked for it
      (``drop_overflowed`` is switched off by ``begin_step``).
 """
 
@@ -60,7 +62,7 @@ from openclaw_ref.sync.errors import (
 )
 from openclaw_ref.sync.precision import OverflowStats, ScalePolicy, count_nonfinite
 
-WIRE_OVERFLOW = "WireOverflow"  # Event kind: a wire-only overflow's gradients were dropped
+WIRE_OVERFLOW = "WireOverflow"  # Event kind: a wire-only overflow (step 5)
 
 
 @dataclass
@@ -104,6 +106,7 @@ class Ledger:
         self.world_size = world_size
         self.params = list(params)  # whose gradients a wire-only overflow drops (step 5)
         self.drop_overflowed = True  # False once the caller uses the step protocol (step 5)
+        self.pending = False  # a wire overflow's gradients await an optimizer step (step 5)
         self.rank = rank
         self.policy = policy
         self.global_ranks = list(global_ranks if global_ranks is not None else range(world_size))
@@ -268,9 +271,9 @@ class Ledger:
         overflowed = overflow_elements > 0
         self.overflow.add(elements, overflow_elements, skipped=overflowed)
         self.policy.update(overflowed)
-        if overflowed and self.drop_overflowed and not self.policy.loss_scaler and not any(
+        if overflowed and self.drop_overflowed and not any(
                 v.nonfinite_ranks or v.nonfinite_seen for v in verdicts):
-            self._drop_gradients(step, overflow_elements, exponent)
+            self._mark_pending(step, overflow_elements, exponent)
         run, passed = self._pending_checks
         self._pending_checks = [0, 0]
         now = time.perf_counter()
@@ -288,25 +291,25 @@ class Ledger:
             self.last.update(scale=2.0 ** exponent, scale_exp=exponent)
         return not overflowed
 
-    def _drop_gradients(self, step: int, overflow_elements: int, exponent: int) -> None:
-        """Step 5 of the module docstring."""
+    def _mark_pending(self, step: int, overflow_elements: int, exponent: int) -> None:
+        """Step 5 of the module docstring: the wire's inf stays until an optimizer step (no
+        parameters to drop: the bucketed engine, whose caller always reads the verdict)."""
         if not self.params:
             return
-        params = self.params
-
-        def drop() -> None:
-            for p in params:
-                p.grad = None
-
-        if torch._C._current_graph_task_id() != -1:  # runs after DDP's finalize, queued earlier
-            torch.autograd.Variable._execution_engine.queue_callback(drop)
-        else:
-            drop()
+        self.pending = True
         self.events.append(Event(
             WIRE_OVERFLOW, step, detail=f"{overflow_elements} reduced element(s) overflowed the "
-            f"wire (2^{exponent} pre-scale, {self.policy.wire} wire): every rank "
-            "dropped this step's gradients (.grad = None), so the optimizer skips it (with a "
-            "loss scaler, use scale='loss-scaler': the scaler then sees the overflow)"))
+            f"{self.policy.wire} wire (2^{exponent} pre-scale): a loss scaler skips this step; "
+            "an optimizer step without one runs with every gradient dropped (.grad = None) on "
+            "every rank, so no inf reaches the weights"))
+
+    def drop_pending(self) -> None:
+        """An optimizer step is about to run: a pending wire overflow's gradients go (step 5)."""
+        if not self.pending:
+            return
+        self.pending = False
+        for p in self.params:
+            p.grad = None
 
     def summary(self) -> dict:
         return {

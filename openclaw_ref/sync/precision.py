@@ -22,12 +22,14 @@ with e = 0: bf16 has fp32's exponent range, so it needs no scale, only the per-e
 (ranks pre-scaling differently), which the control block must catch. It is set on a built
 policy only, never through ``SyncConfig``.
 
-Under a loss scaler (``--scale loss-scaler``, ``base.ScaleMode``) the scaler owns the scale and
-is the judge of overflow: the wire is then PyTorch's ``fp16_compress_hook`` bit for bit — cast to
-fp16, divide by W in fp16, SUM, copy back — with no pre-scale and no back-off of its own, so an
-element overflows exactly when it would under that hook, the inf reaches the scaler as it would
-there, and ``torch.amp.GradScaler``'s skip/back-off sequence is the one users know. (Dividing first
-would overflow *less*, and the scaler's sequence would then differ from the reference's.)
+The default (``--scale loss-scaler``, ``base.ScaleMode``) defers to a loss scaler: the scaler, if
+any, owns the scale and is the judge of overflow, so the wire is PyTorch's ``fp16_compress_hook``
+bit for bit — cast to fp16, divide by W in fp16, SUM, copy back — with no pre-scale and no
+back-off of its own; an element overflows exactly when it would under that hook, the inf reaches
+the scaler as it would there, and ``torch.amp.GradScaler``'s skip/back-off sequence is the one
+users know. (Dividing first would overflow *less*, and the scaler's sequence would then differ
+from the reference's.) Without a scaler, the overflowed step is skipped by the optimizer
+(``ledger`` step 5). The pre-scale (fixed or ``auto``) is opt-in, for jobs with no loss scaler.
 """
 
 from __future__ import annotations

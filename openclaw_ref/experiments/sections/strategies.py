@@ -46,7 +46,7 @@ def default_variants(bucket_cap_mb: float) -> tuple[Variant, ...]:
         v("ddp", name="ddp"),
         v("ddp-fp16", name="ddp-fp16"),
         v("hardened fp32", name="hardened", wire="fp32"),
-        v("hardened fp16", name="hardened", wire="fp16"),
+        v("hardened fp16", name="hardened", wire="fp16", scale="4096"),
         v("hardened bf16", name="hardened", wire="bf16"),
         v("bucketed static", name="bucketed", planner="static"),
         v("bucketed norm-ema-agreed", name="bucketed", planner="norm-ema-agreed"),
