@@ -3,7 +3,7 @@ comm hook, or the openclaw model under stock DDP) on a live group, verdicts iden
 rank, failures naming the step, the ranks and the parameter or bucket as the openclaw checks do.
 
   equivalence          N ranks end where one process ends on the concatenated global batch
-                       (max |Δparam| ≤ EQUIVALENCE_ATOL[wire]); per DDP option set (``DDP_OPTION
+                       (max |Δparam| ≤ WIRE_ATOL[wire]); per DDP option set (``DDP_OPTION
                        SETS``: default, gradient-as-bucket-view, static graph, no_sync);
   replica consistency  parameters bitwise equal on every rank after every step;
   bucket layout        the buckets the user's hook saw are identical on every rank every step;
@@ -22,10 +22,10 @@ import enum
 
 import torch
 
-from openclaw_ref.conformance.checks import EQUIVALENCE_ATOL
 from openclaw_ref.conformance.recorders import ReplicaDigests
 from openclaw_ref.conformance.settings import CheckResult
 from openclaw_ref.conformance.target import TargetSpec
+from openclaw_ref.conformance.tolerance import WIRE_ATOL
 from openclaw_ref.conformance.user_run import (
     USER_STRATEGY,
     Layouts,
@@ -71,7 +71,7 @@ def check_equivalence(ctx, spec: TargetSpec, option_set: str = "default",
     worst = max(((float((p.detach() - reference[n].detach()).abs().max()), n)
                  for n, p in model.named_parameters()), default=(0.0, ""))
     per_rank = gather(ctx, worst)
-    atol = EQUIVALENCE_ATOL[Wire(spec.wire)]
+    atol = WIRE_ATOL[Wire(spec.wire)]
     bad = [r for r, (diff, _) in enumerate(per_rank) if not diff <= atol]
     diff, param = max(per_rank)
     figures = {"max_abs_param_diff": diff, "per_rank": [d for d, _ in per_rank], "atol": atol,
