@@ -65,4 +65,4 @@ def forgets_to_divide(ddp_model, process_group) -> None:
 
 
 def hardened(ddp_model, process_group) -> None:
-    harden(ddp_model, SyncConfig(name="hardened", replica_check_every=1, nonfinite="raise"))
+    harden(ddp_model, SyncConfig(name="hardened", replica_slices=1, nonfinite="raise"))

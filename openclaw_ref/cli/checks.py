@@ -33,7 +33,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def add_conform(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("conform", help="run the conformance checks on a live process group "
                                        "(under torchrun: this job's; else --world-size ranks)")
-    add_sync_arguments(p, sync="hardened", replica_check_every=2)
+    add_sync_arguments(p, sync="hardened", replica_check_every=2, replica_slices=2)
     p.add_argument("--checks", default=",".join(CHECKS),
                    help=f"comma-separated subset of {','.join(CHECKS)}")
     p.add_argument("--faults", default=None,

@@ -14,9 +14,11 @@ from openclaw_ref.cli.choices import (
 )
 
 
-def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_every: int) -> None:
-    """The flags of ``SyncConfig``; ``sync`` and ``replica_check_every`` are the subcommand's
-    own defaults (conformance runs the hardened strategy with replica checks on)."""
+def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_every: int,
+                       replica_slices: int | None = None) -> None:
+    """The flags of ``SyncConfig``; ``sync``, ``replica_check_every`` and ``replica_slices``
+    are the subcommand's own defaults (conformance compares replicas within 2 steps, so that
+    its short runs judge the faults they inject; None: ``SyncConfig``'s)."""
     p.add_argument("--sync", default=sync, choices=STRATEGIES,
                    help="gradient-synchronization strategy")
     p.add_argument("--wire", default="native", choices=WIRES,
@@ -32,10 +34,11 @@ def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_e
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size cap (MB)")
     p.add_argument("--replica-check-every", type=int, default=replica_check_every, metavar="K",
                    help="bucketed: compare the replicas' parameters every K steps (0: never)")
-    p.add_argument("--replica-slices", type=int, default=None, metavar="K",
+    p.add_argument("--replica-slices", type=int, default=replica_slices, metavar="K",
                    help="hardened: every parameter's replica compared within K steps, one "
                         "slice per step in the step's control block (1: all every step; 0: "
-                        "off; default: SyncConfig's)")
+                        "off; default here: " + (str(replica_slices) if replica_slices
+                                                 is not None else "harden()'s") + ")")
     p.add_argument("--watchdog-s", type=float, default=60.0,
                    help="a bucket's allreduce unfinished this long gets a diagnosis of the "
                         "late ranks")
