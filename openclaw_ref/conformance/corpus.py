@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib.util
-import sys
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -32,8 +30,8 @@ from openclaw_ref.core.launch import RankContext, RankPool
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 
-# The plain-model user script (a clone's ``examples/``; not part of an installed package).
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "silent_errors" / "silent_errors.py"
+# The plain-model user script, shipped in the package so an installed copy runs the corpus too.
+SCRIPT_MODULE = "openclaw_ref.conformance.silent_errors_script"
 # Long enough for the default replica window to cover every parameter after a fault at step 2.
 DEFAULT_WINDOW = SyncConfig(name="hardened").replica_slices
 CORPUS_STEPS = 2 + DEFAULT_WINDOW + 2
@@ -107,16 +105,8 @@ def corpus_task(ctx: RankContext, job: tuple[Any, str | None]) -> tuple[str, Any
 
 
 def user_script() -> ModuleType:
-    """``examples/silent_errors/silent_errors.py`` as a module, loaded once per process."""
-    name = "openclaw_silent_errors_example"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        if spec is None or spec.loader is None or not SCRIPT.exists():
-            raise FileNotFoundError(f"{SCRIPT} is missing: the corpus scripts need a clone")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The plain-model user script as a module (imported on first use: it imports this one)."""
+    return importlib.import_module(SCRIPT_MODULE)
 
 
 def script_task(ctx: RankContext, job: tuple[str, str, int]) -> tuple[str, Any]:

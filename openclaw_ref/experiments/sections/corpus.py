@@ -1,6 +1,7 @@
 """Section ``corpus``: the published DDP silent-error patterns × (stock DDP, ``ddp-detail``,
 ``harden()`` defaults, ``harden()`` with K=1), on the openclaw model and on the plain-model user
-script of ``examples/silent_errors/`` (2 ranks each), with each pattern's public source."""
+script ``conformance/silent_errors_script.py`` (2 ranks each), with each pattern's public
+source."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Published DDP silent errors, written the way a user writes them, on a plain 4-layer MLP.
 
-    torchrun --standalone --nproc-per-node 2 examples/silent_errors/silent_errors.py \
+    torchrun --standalone --nproc-per-node 2 -m openclaw_ref.conformance.silent_errors_script \
         --pattern clip-one-rank --column hardened-k1
 
 The script's only hardening is ``harden(ddp)`` (column ``hardened``: its defaults;
