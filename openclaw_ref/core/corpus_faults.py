@@ -5,8 +5,8 @@ A pattern reproduces what a user's script does wrong, at the loop's hook points;
 a check and never tells one where to look. ``conformance/silent_errors_script.py`` has the
 same patterns as a plain-model user script. Invariant: a pattern acts either on every rank (a
 mistake every rank makes alike: ``Reach.EVERY_RANK``) or on one rank (``acting_rank``), from
-``CORPUS_STEP`` on (construction-time patterns: from step 0), so ``conformance.corpus`` can judge what a check
-reports against where the fault was.
+``CORPUS_STEP`` on (construction-time patterns: from step 0), so ``conformance.corpus`` can
+judge what a check reports against where the fault was.
 """
 
 from __future__ import annotations
