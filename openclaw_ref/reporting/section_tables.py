@@ -53,10 +53,11 @@ def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
     strategies = list(dict.fromkeys(c["strategy"] for c in cases))
     faults = list(dict.fromkeys(c["fault"] for c in cases))
     cell = {(c["fault"], c["strategy"]): c["cell"] for c in cases}
+    steps = st["train"]["steps"] if "train" in st else st["steps"]  # records before the sections
     matrix = Table(
-        f"Each cell: a {st['steps']}-step run of the tiny preset on {st['world_size']} gloo "
+        f"Each cell: a {steps}-step run of the tiny preset on {st['world_size']} gloo "
         f"ranks with the fault injected on the last rank at step {st['fault_step']}; "
-        "hardened/bucketed use an fp16 wire at 2^12, replica check every "
+        "hardened/bucketed use an fp16 wire at 2^12, every parameter's replica compared within "
         f"{st['replica_check_every']} steps, {fixed(st['watchdog_s'], 0)} s watchdog. Outcome: "
         "detected (with the attribution it gave) / silent-corruption (replicas diverge or the "
         "result differs from the fault-free run) / hang-timeout / crash / no-effect. seed-f5: "

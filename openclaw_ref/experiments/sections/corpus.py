@@ -9,6 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from openclaw_ref.conformance.corpus import (
+    SCRIPT_STEPS,
     Column,
     CorpusRunner,
     CorpusSettings,
@@ -45,5 +46,5 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     for model in MODELS:
         runner = CorpusRunner(settings, pools.get, script=model == "plain-mlp")
         cases += _cases(runner, model, progress)
-    return {"settings": {**dataclasses.asdict(settings), "script_steps": 8},
+    return {"settings": {**dataclasses.asdict(settings), "script_steps": SCRIPT_STEPS},
             "patterns": [dataclasses.asdict(p) for p in CORPUS], "cases": cases}
