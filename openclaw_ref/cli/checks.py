@@ -57,14 +57,11 @@ def add_conform(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_conform(args: argparse.Namespace) -> int:
     from openclaw_ref.conformance.cluster import conform_rank
-    from openclaw_ref.conformance.report import ConformanceReport
     from openclaw_ref.conformance.settings import CheckResult, ConformSettings
     from openclaw_ref.core.config import TRAIN_PRESETS
     from openclaw_ref.core.faults import parse_fault
     from openclaw_ref.core.jsonio import check_output_file
     from openclaw_ref.core.launch import LaunchConfig, launch
-    from openclaw_ref.reporting.render import conformance_results_table
-    from openclaw_ref.sync.errors import EXIT_CHECK_FIRED
 
     if args.model or args.hook:
         return _conform_target(args)
@@ -86,32 +83,20 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     cfg = LaunchConfig(args.world_size, backend=args.backend, timeout_s=args.timeout_s,
                        pg_timeout_s=max(30.0, args.watchdog_s * 2))
     replies = launch(conform_rank, cfg, settings, checks)
-    results = [CheckResult(**r) for r in replies[0]]
-    import os
-
-    if os.environ.get("RANK", "0") == "0":
-        print(conformance_results_table(results))
-        if args.out:
-            ConformanceReport(checks=results).write(args.out)
-            print(f"results JSON: {args.out}")
-    return 0 if all(r.passed for r in results) else EXIT_CHECK_FIRED
+    return _publish([CheckResult(**r) for r in replies[0]], args.out)
 
 
 
 def _conform_target(args: argparse.Namespace) -> int:
     """``conform --model/--hook``: the model-agnostic checks on the user's target; every input is
     imported and tried here, before any rank starts."""
-    import os
 
-    from openclaw_ref.conformance.report import ConformanceReport
     from openclaw_ref.conformance.settings import CheckResult
     from openclaw_ref.conformance.target import TargetSpec, validate_spec
     from openclaw_ref.conformance.user_checks import run_user_checks
     from openclaw_ref.core.faults import parse_fault
     from openclaw_ref.core.jsonio import check_output_file
     from openclaw_ref.core.launch import LaunchConfig, launch
-    from openclaw_ref.reporting.render import conformance_results_table
-    from openclaw_ref.sync.errors import EXIT_CHECK_FIRED
 
     spec = TargetSpec(args.model, args.hook, args.world_size, args.wire)  # --wire: its tolerance
     validate_spec(spec)
@@ -122,10 +107,22 @@ def _conform_target(args: argparse.Namespace) -> int:
         check_output_file(args.out, "--out")
     cfg = LaunchConfig(args.world_size, backend=args.backend, timeout_s=args.timeout_s,
                        pg_timeout_s=max(30.0, args.watchdog_s * 2))
-    results = [CheckResult(**r) for r in launch(run_user_checks, cfg, spec, faults)[0]]
+    return _publish([CheckResult(**r) for r in launch(run_user_checks, cfg, spec, faults)[0]],
+                    args.out)
+
+
+def _publish(results: list, out: str | None) -> int:
+    """Print the conformance table and write the report (rank 0 only under torchrun); the exit
+    code says whether every check passed."""
+    import os
+
+    from openclaw_ref.conformance.report import ConformanceReport
+    from openclaw_ref.reporting.render import conformance_results_table
+    from openclaw_ref.sync.errors import EXIT_CHECK_FIRED
+
     if os.environ.get("RANK", "0") == "0":
         print(conformance_results_table(results))
-        if args.out:
-            ConformanceReport(checks=results).write(args.out)
-            print(f"results JSON: {args.out}")
+        if out:
+            ConformanceReport(checks=results).write(out)
+            print(f"results JSON: {out}")
     return 0 if all(r.passed for r in results) else EXIT_CHECK_FIRED
