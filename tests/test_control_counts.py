@@ -12,13 +12,18 @@ from hypothesis import strategies as st
 from openclaw_ref.sync.control import verify
 from openclaw_ref.sync.control_counts import (
     DETAIL_MAX_RANKS,
+    HIST_BINS,
     HIST_PER_OCTAVE,
     CountLayout,
+    bin_floor_ms,
     check_counts,
     first_failing_field,
+    hist_bin,
+    ready_bin,
     write_counts,
 )
 from openclaw_ref.sync.control_layout import (
+    READY_UNIT_US,
     SLOT_FIELDS,
     decode_block,
     encode_slot,
@@ -210,3 +215,16 @@ def test_block_bytes_at_8192_ranks_stay_within_twice_those_at_8_ranks_on_fp32(bu
     assert large <= 2 * small
     assert CountLayout(DETAIL_MAX_RANKS + 1, torch.float32).row == CountLayout(
         2**24, torch.float32).row  # no growth with W beyond the ready detail
+
+
+@given(units=st.lists(st.integers(0, (1 << 24) - 1), min_size=1, max_size=50))
+@example(units=[0, 1, 2, 3, 46340, 46341, (1 << 24) - 1, 1 << 12, (1 << 12) - 1])
+def test_the_host_and_tensor_ready_bins_are_the_same_integer_formula(units):
+    """``ready_bin`` (host, one slot) and ``hist_bin`` (tensor, the scale experiment's
+    synthesized blocks) bin every ready time alike, and bin k starts at ``bin_floor_ms(k)``."""
+    tensor = hist_bin(torch.tensor(units)).tolist()
+    assert tensor == [ready_bin(u) for u in units]
+    for u, k in zip(units, tensor):
+        ms = u * READY_UNIT_US / 1e3
+        assert bin_floor_ms(k) <= ms + 1e-12
+        assert k == HIST_BINS - 1 or ms < bin_floor_ms(k + 1)

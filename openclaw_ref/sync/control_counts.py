@@ -41,6 +41,7 @@ replica mismatch) does every rank gather the per-rank slots with one extra colle
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -108,10 +109,18 @@ class CountLayout:
         return self.size(buckets) * self.dtype.itemsize
 
 
+def ready_bin(units: int) -> int:
+    """The histogram bin of a ready time of ``units`` ``READY_UNIT_US`` units: 0 under one
+    unit, else ⌊HIST_PER_OCTAVE · log2 units⌋ + 1 — with two bins per octave that is the bit
+    length of units², exact integer arithmetic (no float log2 rounding at an edge)."""
+    return 0 if units < 1 else min((units * units).bit_length(), HIST_BINS - 1)
+
+
 def hist_bin(units: torch.Tensor) -> torch.Tensor:
-    """The histogram bin of ready times in ``READY_UNIT_US`` units (int64 tensor)."""
-    u = units.to(torch.float64)
-    k = torch.floor(HIST_PER_OCTAVE * torch.log2(u.clamp(min=1.0))).to(torch.int64) + 1
+    """``ready_bin`` of every element of an integer tensor: the bit length of units² is the
+    exponent ``frexp`` gives for it (exact in float64: units < 2^24)."""
+    u = units.to(torch.int64).clamp(min=0)
+    k = torch.frexp((u * u).to(torch.float64)).exponent.to(torch.int64)
     return torch.where(u < 1, torch.zeros_like(k), k.clamp(max=HIST_BINS - 1))
 
 
@@ -120,23 +129,45 @@ def bin_floor_ms(k: int) -> float:
     return 0.0 if k == 0 else 2.0 ** ((k - 1) / HIST_PER_OCTAVE) * READY_UNIT_US / 1e3
 
 
-def count_rows(slots: torch.Tensor) -> torch.Tensor:
+_BITS = [[(c >> s) & 1 for s in range(CHUNK_BITS - 1, -1, -1)] for c in range(1 << CHUNK_BITS)]
+_IDLE = [0] * (COUNT_FIELDS - 2)
+
+
+def count_row(slot: Sequence[int]) -> list[int]:
+    """One rank's ``COUNT_FIELDS`` counts for one bucket from its slot (0..255 chunks): active,
+    joined, the agreed chunks' bits (most significant first), its non-finite flag. A slot whose
+    magic is neither active nor joined contributes nothing (a rank that wrote nothing). Host
+    integers: a slot is known on the host, and a few Python list operations per bucket cost
+    less than the tensor operations that would expand it."""
+    if slot[0] == MAGIC:
+        return [1, 0, *[b for c in slot[1:NONFINITE] for b in _BITS[c]], slot[NONFINITE]]
+    return [0, int(slot[0] == MAGIC_JOINED), *_IDLE]
+
+
+def slot_units(slot: Sequence[int]) -> int:
+    """The slot's ready time in ``READY_UNIT_US`` units."""
+    c = slot[READY]
+    return (c[0] << 16) | (c[1] << 8) | c[2]
+
+
+def count_rows(slots: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor:
     """(B, COUNT_FIELDS + HIST_BINS) int64: one rank's contribution per bucket from its slots
-    ``(B, SLOT_FIELDS)`` (0..255 chunks): the count fields, then its one-hot ready bin. A slot
-    whose magic is neither active nor joined contributes nothing (a rank that wrote nothing)."""
-    B = slots.shape[0]
-    out = torch.zeros(B, COUNT_FIELDS + HIST_BINS, dtype=torch.int64)
-    active = slots[:, 0] == MAGIC
-    out[:, ACTIVE] = active.long()
-    out[:, JOINED] = (slots[:, 0] == MAGIC_JOINED).long()
-    shifts = torch.arange(CHUNK_BITS - 1, -1, -1)  # most significant bit first
-    bits = (slots[:, 1:NONFINITE, None] >> shifts).bitwise_and_(1).reshape(B, AGREED_BITS)
-    out[:, BITS0:NONFINITE_COUNT] = bits * active[:, None]
-    out[:, NONFINITE_COUNT] = slots[:, NONFINITE] * active
-    c = slots[:, READY]
-    units = (c[:, 0] << 16) | (c[:, 1] << 8) | c[:, 2]
-    out[torch.arange(B), COUNT_FIELDS + hist_bin(units)] = active.long()
-    return out
+    ``(B, SLOT_FIELDS)``: the count fields (``count_row``), then its one-hot ready bin."""
+    rows = slots.tolist() if isinstance(slots, torch.Tensor) else slots
+    return torch.tensor([_with_bin(count_row(s), s) for s in rows],
+                        dtype=torch.int64).reshape(len(rows), COUNT_FIELDS + HIST_BINS)
+
+
+def _with_bin(counts: list[int], slot: Sequence[int]) -> list[int]:
+    hist = [0] * HIST_BINS
+    if counts[ACTIVE]:
+        hist[ready_bin(slot_units(slot))] = 1
+    return counts + hist
+
+
+def _detail(counts: list[int], slot: Sequence[int]) -> list[int]:
+    """Counts, then this rank's ready detail: its active marker and 3 ready chunks."""
+    return counts + ([1, *slot[READY]] if counts[ACTIVE] else [0, 0, 0, 0])
 
 
 def digest_bits(digest: torch.Tensor) -> torch.Tensor:
@@ -146,30 +177,39 @@ def digest_bits(digest: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_right_shift(digest, shifts).bitwise_and_(1)
 
 
-def write_counts(block: torch.Tensor, layout: CountLayout, rank: int, slots: torch.Tensor,
+def write_counts(block: torch.Tensor, layout: CountLayout, rank: int,
+                 slots: torch.Tensor | Sequence[Sequence[int]],
                  flags: torch.Tensor | None = None, replica: torch.Tensor | None = None) -> None:
     """Fill ``block`` (``layout.size(B)`` elements, any wire dtype, any device) with this rank's
     contribution: zeros, its counts in its group, its ready detail or bin, its step row.
-    ``slots``: (B, SLOT_FIELDS) int64 on the host; ``flags``: (B,) 0/1 of the rank's own
-    non-finite gradients, on the block's device (None: as in the slots); ``replica``: 0-dim
-    int64 digest of this step's parameter slice, on the block's device (None: abstain)."""
-    B, G, W = slots.shape[0], layout.groups, layout.world_size
+    ``slots``: B slots (lists or a (B, SLOT_FIELDS) int64 tensor) on the host; ``flags``: (B,)
+    of the rank's own gradients on the block's device, 0 where finite, nonzero or NaN where
+    not (None: as in the slots); ``replica``: 0-dim int64 digest of this step's parameter
+    slice, on the block's device (None: abstain). Host values go in with one copy per part."""
+    rows = slots.tolist() if isinstance(slots, torch.Tensor) else slots
+    B, G, W = len(rows), layout.groups, layout.world_size
     g = rank // layout.group_size
     block.zero_()
-    rows = block[:B * layout.row].view(B, layout.row)
-    rowsv = rows[:, :G * COUNT_FIELDS].view(B, G, COUNT_FIELDS)
-    contrib = count_rows(slots)
-    rowsv[:, g].copy_(contrib[:, :COUNT_FIELDS].to(block.dtype), non_blocking=True)
-    if flags is not None:
-        rowsv[:, g, NONFINITE_COUNT] = flags.to(block.dtype) * rowsv[:, g, ACTIVE]
-    ready = rows[:, G * COUNT_FIELDS:]
-    if layout.detail:
-        mine = torch.cat([contrib[:, ACTIVE:ACTIVE + 1], slots[:, READY]], 1)
-        mine = mine * contrib[:, ACTIVE:ACTIVE + 1]
-        ready.view(B, W, DETAIL_FIELDS)[:, rank].copy_(mine.to(block.dtype), non_blocking=True)
-    else:
-        ready.view(B, G, HIST_BINS)[:, g].copy_(contrib[:, COUNT_FIELDS:].to(block.dtype),
-                                                non_blocking=True)
+    if B:
+        shape = _detail if layout.detail else _with_bin
+        flat = bytearray(v for s in rows for v in shape(count_row(s), s))  # all in 0..255
+        host = torch.frombuffer(flat, dtype=torch.uint8).view(B, -1)
+        view = block[:B * layout.row].view(B, layout.row)
+        view[:, g * COUNT_FIELDS:(g + 1) * COUNT_FIELDS].copy_(host[:, :COUNT_FIELDS],
+                                                               non_blocking=True)
+        ready = view[:, G * COUNT_FIELDS:]
+        if layout.detail:
+            ready.view(B, W, DETAIL_FIELDS)[:, rank].copy_(host[:, COUNT_FIELDS:],
+                                                           non_blocking=True)
+        else:
+            ready.view(B, G, HIST_BINS)[:, g].copy_(host[:, COUNT_FIELDS:], non_blocking=True)
+        if flags is not None:
+            nonfinite = view[:, g * COUNT_FIELDS + NONFINITE_COUNT]
+            if all(s[0] == MAGIC for s in rows):
+                nonfinite.copy_(flags)
+            else:
+                active = host[:, ACTIVE].to(device=block.device, dtype=block.dtype)
+                nonfinite.copy_(flags.to(block.dtype) * active)
     if replica is not None:
         step = block[B * layout.row:].view(G, STEP_FIELDS)[g]
         step[0] = 1

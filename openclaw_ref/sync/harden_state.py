@@ -79,7 +79,7 @@ class HardenState:
         self._wires: dict[int, torch.Tensor] = {}  # only for wires that differ from the grads
         self.block = StepBlock(self.rank, self.world_size)
         self._step_block: CountedStep | None = None  # sent with the last bucket
-        self._sent: tuple[torch.Tensor, torch.Tensor | None] | None = None  # slots, NaN flags
+        self._sent: tuple[list[list[int]], torch.Tensor | None] | None = None  # slots, flags
         self._middles: dict[tuple[int, int, int], list[int]] = {}
         self._clock_chunks: tuple[int, list[int]] = (-1, [])
         # CUDA only: ready times from events on the current stream (host clocks there measure
@@ -149,15 +149,15 @@ class HardenState:
 
     def attach_block(self, block: torch.Tensor) -> None:
         """Write this rank's counts for the step (its slots, NaN flags and replica digest:
-        ``control_counts``) into ``block`` (the last bucket's wire tail) and point every
-        record of the step at its row; the slots are kept for a failure gather."""
+        ``control_counts``) into ``block`` (the last bucket's wire tail); the slots are kept
+        for a failure gather. The step's block being set is what says DDP issued its last
+        bucket here (``_settle``)."""
         layout = self.block_layout(block.dtype)
-        B = len(self.block)
-        slots = torch.tensor(self.block.slots, dtype=torch.int64)
+        slots = self.block.slots
         flags = None
         if self.block.flags:
             sums = torch.stack(self.block.flags)
-            flags = (sums - sums).ne(0)  # NaN for NaN and ±inf: never read on the host here
+            flags = sums.sub_(sums)  # NaN for NaN and ±inf, else 0: never read on the host here
         replica = None
         if self.replicas.enabled:
             replica = self.replicas.digest_slice(self.clock)
@@ -166,18 +166,17 @@ class HardenState:
         self.block.clear()
         self._sent = (slots, flags)
         self._step_block = CountedStep(block, layout, self._gather, self._replica_error)
-        for record, row in zip(self._records, block[:B * layout.row].view(B, layout.row)):
-            record.block = row
 
     def _gather(self) -> list[list[int]]:
         """Every rank's slots of the step and replica row, in rank order: the failure path's
         one extra collective (every rank sees the same failing counts, so all enter it)."""
         slots, flags = self._sent if self._sent is not None else (None, None)
         assert slots is not None, "a counted step always kept its slots"
-        slots = slots.clone()
         if flags is not None:
-            slots[:, NONFINITE] = flags.to("cpu", torch.int64)
-        row = slots.reshape(-1).tolist() + self.replicas.gather_row()
+            nonfinite = flags.ne(0).tolist()
+            slots = [s[:NONFINITE] + [int(f)] + s[NONFINITE + 1:]
+                     for s, f in zip(slots, nonfinite)]
+        row = [v for s in slots for v in s] + self.replicas.gather_row()
         device = checks._collective_device(self.group, torch.device("cpu"))
         local = torch.tensor(row, dtype=torch.int64, device=device)
         return checks._gather_rows(local, self.group).tolist()
@@ -258,7 +257,7 @@ class HardenState:
         return True if verdict is None else verdict
 
     def _settle(self) -> None:
-        if self._records and self._records[-1].block is None and self.complete_unissued:
+        if self._records and self._step_block is None and self.complete_unissued:
             # DDP never issued its last bucket here: the other ranks wait inside the first
             # bucket it skipped. Send the rest as zeros marked "never issued", so that every
             # rank reads the same block and raises the same MissingGradient, this one included.

@@ -171,8 +171,7 @@ def _shadow_allreduce(state: HardenState, bucket):
                                  _block_elements(state, grads) if last else 0)
         wire[:n].zero_()
         if last:
-            slots = torch.tensor(state.block.slots, dtype=torch.int64)
-            write_counts(wire[n:], state.block_layout(wire.dtype), state.rank, slots)
+            write_counts(wire[n:], state.block_layout(wire.dtype), state.rank, state.block.slots)
             state.block.clear()
     fut = dist.all_reduce(wire, group=state.group, async_op=True).get_future()
 
