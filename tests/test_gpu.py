@@ -141,6 +141,43 @@ def digest_task(ctx) -> list[tuple[str, bool]]:
     return [(str(t.dtype), bool(a == b)) for t, a, b in zip(cpu, on_cpu, on_gpu)]
 
 
+def sync_free_backward_task(ctx) -> dict:
+    """``harden()`` with its defaults (CUDA: the verdict read at the optimizer step), every
+    backward after a warm-up step run under ``torch.cuda.set_sync_debug_mode("error")``, which
+    raises on any synchronizing CUDA call: the hook, its control block, the replica digest
+    and DDP's finalize must all stay stream-ordered. A NaN at the last step must still be
+    raised, from the optimizer step, before it applies anything."""
+    net = PlainNet().to(ctx.device)
+    hard = _ddp(net, ctx, SMALL_BUCKETS_MB)
+    state = harden(hard, SyncConfig(name="hardened", nonfinite="raise"), ctx)
+    opt = torch.optim.SGD(hard.parameters(), lr=0.05)
+    out = {"deferred": state.deferred, "error": None}
+    try:
+        for step in range(20):  # more than the K = 16 replica slices: every slice digested
+            x, y = (t.to(ctx.device) for t in batch(step, 0, ctx.rank))
+            if step == 19:
+                x[0, 0, 0] = float("nan")
+            loss = F.cross_entropy(hard(x), y)
+            torch.cuda.set_sync_debug_mode("error" if step else "default")
+            try:
+                loss.backward()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            before = [p.detach().clone() for p in hard.parameters()]
+            try:
+                opt.step()
+            except Exception as exc:
+                out["error"] = f"{type(exc).__name__} at step {step}"
+                out["unchanged"] = all(torch.equal(a, p) for a, p in zip(before,
+                                                                         hard.parameters()))
+                break
+            opt.zero_grad()
+        out["steps"] = state.summary()["steps"]
+        return out
+    finally:
+        state.close()
+
+
 def replica_task(ctx, perturb_rank: int | None) -> str:
     """``replica_check`` over the group; ``perturb_rank`` changes one element of one parameter."""
     from openclaw_ref.sync.checks import replica_check
@@ -221,6 +258,13 @@ def test_ready_times_come_from_cuda_events_for_every_bucket(nccl1):
 @one_gpu
 def test_a_nan_gradient_is_caught_by_the_device_side_check(nccl1):
     assert nccl1.run(nonfinite_task)[0] == "NonFiniteGradient at step 1"
+
+
+@one_gpu
+def test_no_backward_synchronizes_the_host_and_an_error_still_stops_the_optimizer(nccl1):
+    out = nccl1.run(sync_free_backward_task)[0]
+    assert out["deferred"] is True
+    assert out["error"] == "NonFiniteGradient at step 19" and out["unchanged"], out
 
 
 @one_gpu

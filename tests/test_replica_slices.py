@@ -68,3 +68,14 @@ def test_an_element_outside_the_steps_slice_is_not_seen_until_its_turn():
         assert slices.divergence(_rows(slices, {1: name}, clock, 2), [0, 1], step=clock) is None
     err = slices.divergence(_rows(slices, {1: name}, 3, 2), [0, 1], step=3)
     assert err is not None and err.ranks == [1] and err.params == [name]
+
+
+def test_every_slice_is_planned_at_construction_so_no_step_builds_a_plan():
+    """A plan copies index tensors to the parameters' device: on CUDA that copy would be a host
+    synchronization inside backward, so all K plans are built when the slices are made."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 3), nn.Linear(3, 5))
+    slices = ReplicaSlices(list(model.named_parameters()), 24)
+    planned = dict(slices.digest._plans)
+    for clock in range(2 * slices.k):
+        slices.digest_slice(clock)
+    assert slices.digest._plans == planned and len(planned) > 1

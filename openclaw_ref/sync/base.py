@@ -37,6 +37,23 @@ class NonFinitePolicy(enum.StrEnum):
     RAISE = "raise"
 
 
+class VerdictAt(enum.StrEnum):
+    """Where ``harden()`` reads a step's verdict on the host — its one host synchronization.
+
+    ``BACKWARD``: at the end of the backward that issued the step's last bucket (where DDP
+    queues its finalize), so an error is raised from ``backward()``. ``OPTIMIZER_STEP``: the
+    backward stays stream-ordered (on CUDA no host sync inside it, which keeps CPU/GPU overlap
+    and CUDA-graph capture possible); the verdict is read where the user's code next enters the
+    hook library — the optimizer step (a pre-hook: an error is raised from ``optimizer.step()``
+    before it applies anything), ``finish_step``, ``begin_step`` or the next forward. ``AUTO``
+    (the default): ``BACKWARD`` on a CPU, where there is no stream to keep ordered,
+    ``OPTIMIZER_STEP`` when the parameters are on CUDA."""
+
+    AUTO = "auto"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer-step"
+
+
 class WatchdogAction(enum.StrEnum):
     """What the watchdog does once a collective has waited ``watchdog_s`` for late ranks.
 
@@ -131,7 +148,8 @@ class RankInfo(Protocol):
 class SyncConfig:
     """Every knob of every strategy; each strategy validates the ones it reads.
 
-    ``wire``, ``nonfinite``, ``planner`` and ``watchdog_action`` accept their enum or its
+    ``wire``, ``nonfinite``, ``planner``, ``watchdog_action`` and ``verdict_at`` accept their
+    enum or its
     string (as the CLI passes it) and always hold the enum; ``scale`` keeps the text it was
     given (the run JSON records it), ``scale_mode`` and ``scale_exp`` are its parsed value."""
 
@@ -148,6 +166,7 @@ class SyncConfig:
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
     watchdog_action: WatchdogAction = WatchdogAction.RAISE
     nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
+    verdict_at: VerdictAt = VerdictAt.AUTO  # hardened: where the step's verdict is read
     # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
     # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
     ddp_options: dict[str, Any] = field(default_factory=dict)
@@ -158,6 +177,7 @@ class SyncConfig:
         object.__setattr__(self, "planner", _choice(Planner, self.planner, "planner"))
         object.__setattr__(self, "watchdog_action",
                            _choice(WatchdogAction, self.watchdog_action, "watchdog-action"))
+        object.__setattr__(self, "verdict_at", _choice(VerdictAt, self.verdict_at, "verdict-at"))
         _ = self.scale_exp  # parsed here, so a bad --scale fails at construction
         if self.bucket_cap_mb <= 0:
             raise BadInput(f"bucket cap must be positive; got {self.bucket_cap_mb}")

@@ -20,7 +20,7 @@ from torch import nn
 
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
-from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
+from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
 from openclaw_ref.sync.control_counts import CountLayout, write_counts
 from openclaw_ref.sync.control_layout import (
     NONFINITE,
@@ -85,6 +85,8 @@ class HardenState:
         # CUDA only: ready times from events on the current stream (host clocks there measure
         # kernel launches, not when the gradients were ready); read after the step's host sync
         self.on_cuda = any(p.is_cuda for _, p in named)
+        self.deferred = (cfg.verdict_at is VerdictAt.OPTIMIZER_STEP
+                         or (cfg.verdict_at is VerdictAt.AUTO and self.on_cuda))
         self._device_t0 = None
         self._device_marks: list[tuple[int, object]] = []
         self.handles: list = []  # the hooks harden() added (``RemovableHandle``), for close()
@@ -196,13 +198,20 @@ class HardenState:
         Not at the first bucket: that one may fire inside a nested graph task (a reentrant
         activation checkpoint runs its own backward) that ends before the last bucket is
         issued, whereas DDP issues its buckets in index order, so ``is_last()`` comes last
-        whatever task it fires in."""
-        torch.autograd.Variable._execution_engine.queue_callback(self._settle)
+        whatever task it fires in.
+
+        Deferred (``SyncConfig.verdict_at``): nothing is queued; the step is verified at the
+        next ``before_optimizer_step``, ``finish_step``, ``begin_step`` or forward."""
+        if not self.deferred:
+            torch.autograd.Variable._execution_engine.queue_callback(self._settle)
 
     def before_optimizer_step(self, optimizer, args, kwargs) -> None:
-        """Optimizer step pre-hook (``harden()`` registers it for every optimizer): a wire
-        overflow that no loss scaler skipped has its gradients dropped first (``Ledger`` step
-        5)."""
+        """Optimizer step pre-hook (``harden()`` registers it for every optimizer): a step
+        whose verdict was deferred is verified first, so an error is raised before the
+        optimizer applies anything; then a wire overflow that no loss scaler skipped has its
+        gradients dropped (``Ledger`` step 5)."""
+        if self._records:
+            self._settle()
         self.ledger.drop_pending()
 
     def progress(self) -> tuple[int, int]:

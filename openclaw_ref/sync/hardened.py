@@ -30,7 +30,10 @@ Once DDP has issued its last bucket, at the end of the autograd graph task that 
 checkpoint's nested backward included), the step is judged by ``ledger.Ledger.settle``: every
 control block is checked on the device and read with one host sync; ``ClockMismatch`` /
 ``BucketMisalignment`` / ``ScaleMismatch`` / ``MissingGradient`` / ``NonFiniteGradient`` are
-raised identically on every rank, from ``backward()``. A local NaN/inf is fatal under
+raised identically on every rank, from ``backward()`` — or, where the verdict is read later
+(``SyncConfig.verdict_at``; the default on CUDA, so that backward has no host sync), from the
+optimizer step's pre-hook before it applies anything, ``finish_step``, ``begin_step`` or the
+next forward. A local NaN/inf is fatal under
 ``nonfinite="raise"``; under ``skip`` (the default) it passes through the sum as in stock DDP,
 so every rank holds the same non-finite gradients and a loss scaler skips the step together;
 the event names the ranks.

@@ -126,10 +126,12 @@ class ReplicaDigest:
 
     ``block_words`` bounds the words reduced per block (and so the scratch: 2 × 8 bytes per
     word); by default ``CPU_BLOCK_WORDS`` on a CPU, ``DEVICE_BLOCK_WORDS`` elsewhere. It is
-    rounded down to whole rows (at least one) and never changes a digest."""
+    rounded down to whole rows (at least one) and never changes a digest. ``max_plans`` bounds
+    the plans kept (more distinct layouts than this start afresh)."""
 
-    def __init__(self, *, block_words: int | None = None) -> None:
+    def __init__(self, *, block_words: int | None = None, max_plans: int = MAX_PLANS) -> None:
         self.block_words = block_words
+        self.max_plans = max_plans
         self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._scratch: dict[torch.device, torch.Tensor] = {}
         self._plans: dict[tuple, _Plan] = {}
@@ -167,6 +169,16 @@ class ReplicaDigest:
         s = torch.zeros(len(tensors), dtype=torch.int64, device=device)
         return _mix_(s.index_add_(0, plan.seg, terms).add_(plan.len_keys))
 
+    def prepare(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Build now what ``digests(tensors)`` will reuse (the multiplier table of their
+        device, the plan of their layout): the index tensors a plan copies to the device are a
+        host-to-device copy, which must not happen later inside a CUDA backward."""
+        if tensors:
+            device = tensors[0].device
+            self._multipliers(device)
+            self._plan(device, tuple(t.numel() * t.element_size() for t in tensors),
+                       all(t.device == device for t in tensors))
+
     def digest(self, t: torch.Tensor) -> torch.Tensor:
         """The digest of one tensor: a 0-dim int64 tensor on its device."""
         return self.digests([t])[0]
@@ -199,7 +211,7 @@ class ReplicaDigest:
         key = (device, nbytes, batch)
         got = self._plans.get(key)
         if got is None:
-            if len(self._plans) > MAX_PLANS:
+            if len(self._plans) >= self.max_plans:
                 self._plans.clear()
             got = self._plans[key] = _Plan(device, nbytes, batch, self._multipliers)
         return got

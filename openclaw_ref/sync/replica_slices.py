@@ -33,7 +33,7 @@ from torch import nn
 
 from openclaw_ref.sync.control import split_view
 from openclaw_ref.sync.errors import ReplicaDivergence
-from openclaw_ref.sync.replica_digest import ReplicaDigest
+from openclaw_ref.sync.replica_digest import MAX_PLANS, ReplicaDigest
 from openclaw_ref.sync.vote import plurality
 
 Piece = tuple[int, int, int]  # (parameter index, first element, end element)
@@ -67,9 +67,15 @@ class ReplicaSlices:
         self.slices = partition([(p.numel(), p.element_size()) for _, p in self.named],
                                 max(k, 1))
         self.width = max((len(s) for s in self.slices), default=0)  # gather row length
-        self.digest = ReplicaDigest()
+        self.digest = ReplicaDigest(max_plans=max(MAX_PLANS, k + 1))
         self.last: torch.Tensor | None = None  # per-piece digests of the last slice
         self.last_slice = -1
+        if self.enabled:  # every slice's plan now: none is built (copied to a GPU) in backward
+            for j in range(k):
+                self.digest.prepare(self._pieces(j))
+
+    def _pieces(self, index: int) -> list[torch.Tensor]:
+        return [self.named[i][1].detach().reshape(-1)[a:b] for i, a, b in self.slices[index]]
 
     @property
     def enabled(self) -> bool:
@@ -79,8 +85,7 @@ class ReplicaSlices:
         """0-dim int64: the combined digest of slice ``clock mod K``, on the parameters' device
         (no host synchronisation); the per-parameter digests are kept for a gather."""
         self.last_slice = clock % self.k
-        pieces = [self.named[i][1].detach().reshape(-1)[a:b]
-                  for i, a, b in self.slices[self.last_slice]]
+        pieces = self._pieces(self.last_slice)
         self.last = self.digest.digests(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
         return ReplicaDigest.combine(self.last)
 
