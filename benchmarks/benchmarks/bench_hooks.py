@@ -6,10 +6,11 @@ same two ranks and the arms take turns step by step (``openclaw_ref.experiments.
 each is the median of the per-step ratios, so host drift hits both steps of a pair alike. Each
 asv round is a fresh job (``rounds``); the gate (``tox -e bench-gate``) compares the median of
 the rounds at ``--factor 1.05`` for the hardened fp32 figures on the mlp. Absolute step times
-(``SyncStep``) move by ±12 % between runs here and are reported, not gated. ``VerifyScale``
-times ``check_blocks`` over synthesized blocks with asv's own repeats and as a ratio to one
-plain pass over the same blocks, timed in interleaved pairs: both reported, neither steady
-enough here to gate on.
+(``SyncStep``) move by ±12 % between runs here and are reported, not gated. ``CountScale``
+times the hardened hook's clean check (``check_counts`` on a synthesized reduced step block of
+B buckets at W ranks, the one host read included); ``VerifyScale`` times the bucketed engine's
+per-rank ``check_blocks`` with asv's own repeats and as a ratio to one plain pass over the same
+blocks, timed in interleaved pairs: all reported, none steady enough here to gate on.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from openclaw_ref.experiments.verify_scale import (
     block_share,
     check_over_pass,
     synthesized_blocks,
+    synthesized_counts,
 )
 from openclaw_ref.sync.control import check_blocks
+from openclaw_ref.sync.control_counts import CountLayout, check_counts
 
 from . import common
 from .common import need
@@ -80,8 +83,31 @@ class HookCost(common.JobBenchmark):
     track_hardened_fp32_extra_us_per_bucket.unit = "us"
 
 
+class CountScale:
+    """The hardened hook's clean check of one step: ``check_counts`` on the reduced counted
+    block of B buckets at W ranks (one process; issue 21's bound: ≤ 0.1 ms per bucket)."""
+
+    params = [[8, 64, 1024, 8192], [16, 1024]]
+    param_names = ["world_size", "buckets"]
+    timeout = 300
+
+    def setup(self, world_size, buckets):
+        torch.set_num_threads(1)
+        self.layout = CountLayout(world_size, torch.float32)
+        self.block = synthesized_counts(world_size, buckets)
+
+    def time_check_counts(self, world_size, buckets):
+        check_counts(self.block, self.layout, buckets)
+
+    def track_bytes_per_step_fp32(self, world_size, buckets):
+        return self.layout.nbytes(buckets)
+
+    track_bytes_per_step_fp32.unit = "bytes"
+
+
 class VerifyScale:
-    """``check_blocks`` over a step of synthesized reduced blocks at W ranks (one process)."""
+    """The bucketed engine's ``check_blocks`` over a step of synthesized reduced per-rank
+    blocks at W ranks (one process)."""
 
     params = [[8, 64, 1024, 8192]]
     param_names = ["world_size"]
