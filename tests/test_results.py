@@ -186,7 +186,7 @@ def test_back_to_back_regenerations_give_identical_verdicts_with_five_repeats(tm
                 Variant("ddp", SyncConfig(name="ddp")),
                 Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)),
                 Variant("bucketed static", SyncConfig(name="bucketed", bucket_cap_mb=0.025)),
-                Variant("bucketed norm-ema (seed F2)",
+                Variant("bucketed norm-ema (text 000's F2)",
                         SyncConfig(name="bucketed", planner="norm-ema", bucket_cap_mb=0.025)))
     found = []
     for tag in ("first", "second"):

@@ -1,6 +1,6 @@
 """The stand-alone experiments, each one job on this machine: ``openclaw-bench hook-cost`` (what
 a comm hook costs, arms interleaved), ``openclaw-bench verify-scale`` (what checking a step's
-control blocks costs at 8 to 8,192 ranks) and ``openclaw-bench p2`` (the seed's skew barrier).
+control blocks costs at 8 to 8,192 ranks) and ``openclaw-bench p2`` (text 000's skew barrier).
 The same figures come out of ``openclaw-bench compare``; these print them alone."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _startup_scale_rows() -> Iterator[object]:
 
 
 def add_p2(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("p2", help="the seed's P2 skew barrier off and on, interleaved "
+    p = sub.add_parser("p2", help="text 000's P2 skew barrier off and on, interleaved "
                                   "(hardened fp32, tiny preset)")
     p.add_argument("--world-size", type=int, default=2, help="ranks to spawn")
     p.add_argument("--steps", type=int, default=40, help="training steps per run")
