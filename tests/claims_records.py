@@ -122,7 +122,7 @@ def scale_mismatch(w: int, allreduces: int, overflowed: int, corrupted: int,
 
 def sparsity_ablation(on: float, off: float, w: int = 2) -> dict:
     return {"ablations": {"sparsity": {
-        "sparse (seed range)": {"world_size": w, "bucket_steps": 100, "share_over_3ms": on},
+        "sparse (text 000's range)": {"world_size": w, "bucket_steps": 100, "share_over_3ms": on},
         "masking off (s = 0)": {"world_size": w, "bucket_steps": 100, "share_over_3ms": off}}}}
 
 
@@ -161,7 +161,7 @@ def hardened_paired(ddp_cv: list[float], hard_cv: list[float], w: int = 2,
 
 def f2_runs(static: list[float], seed: list[float], w: int = 2) -> dict:
     return strategies(*repeats("bucketed static", w, static),
-                      *repeats("bucketed norm-ema (seed F2)", w, seed))
+                      *repeats("bucketed norm-ema (text 000's F2)", w, seed))
 
 
 def seed_hook_cases(none: str, caught: tuple[str, ...]) -> dict:

@@ -1,5 +1,5 @@
-"""Helpers the test modules share: a short training run and its record on a rank, and the CLI
-run as a user runs it.
+"""Helpers the test modules share: a short training run and its record on a rank, the smallest
+benchmark settings, and the CLI run as a user runs it.
 
 Imported as ``tests.helpers`` (the repository root is on ``sys.path``: pytest puts the root
 ``conftest.py``'s directory there, and pool workers inherit the path). Rank functions live in a
@@ -15,10 +15,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from openclaw_ref.bench.settings import BenchSettings
 from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync.base import SyncConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY_BENCH = BenchSettings(preset="tiny", steps=3, global_batch=8, raw_iters=2, rounds=1,
+                           max_world=2)  # a benchmark job in seconds: tiny preset, <= 2 ranks
 
 
 def record_of(ctx, cfg: TrainConfig) -> dict | None:

@@ -58,7 +58,8 @@ CASES: list[Case] = [
     ("F1", "hardened fails as often", lambda: record(strategies(
         run("ddp", 2, equal=False), run("hardened fp32", 2, equal=False))), Verdict.NOT_REPRODUCED),
     ("F2", "seed planner misaligns", lambda: record(strategies(
-        failed("bucketed norm-ema (seed F2)", 2, kind="BucketMisalignment"))), Verdict.REFUTED),
+        failed("bucketed norm-ema (text 000's F2)", 2, kind="BucketMisalignment"))),
+     Verdict.REFUTED),
     ("F2", "seed planner 1.5× faster", lambda: record(f2_runs([60.0] * 5, [40.0] * 5)),
      Verdict.REPRODUCED),
     ("F2", "seed planner as fast", lambda: record(f2_runs([40.0] * 5, [40.0] * 5)),

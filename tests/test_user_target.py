@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from openclaw_ref.cli import main
-from openclaw_ref.conformance.target import Target, TargetSpec, validate_spec
+from openclaw_ref.conformance.target import Target, TargetSpec, load_hook, validate_spec
 from openclaw_ref.conformance.user_checks import check_bucket_layout, check_equivalence
 from openclaw_ref.sync.errors import BadInput
 
@@ -65,8 +65,15 @@ def test_bad_input_is_refused_in_one_line_before_any_rank_starts(spec, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_the_example_with_its_hooks_is_valid_input():
-    validate_spec(TargetSpec(MODEL, GOOD))
+@pytest.mark.parametrize("hook", [GOOD, BROKEN, "examples.my_model:hardened"],
+                         ids=["good-hook", "forgets-to-divide", "hardened"])
+def test_every_hook_of_the_example_passes_the_start_up_checks(hook):
+    """The false-alarm side of the refusals above: a well-formed target and hook pass, even a
+    hook that averages wrongly (that is for the checks on the ranks to find)."""
+    from examples import my_model
+
+    validate_spec(TargetSpec(MODEL, hook))
+    assert load_hook(hook) is getattr(my_model, hook.partition(":")[2])
 
 
 def test_the_cli_refuses_a_bad_hook_with_exit_2(capsys):

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="torch threads per rank (0: cores // ranks)")
     p.add_argument("--strategies", default=",".join(STRATEGY_CASES),
                    help="comma list of benchmark labels; empty for none")
-    p.add_argument("--no-seed004", action="store_true", help="skip seed 004's precision cases")
+    p.add_argument("--no-seed004", action="store_true", help="skip text 004's precision cases")
     p.add_argument("--cache-dir", default=None, help="keep per-case JSON here (resumable)")
     p.add_argument("--out", default=None, help="write the matrix JSON here")
     p.add_argument("--markdown", default=None, help="write the tables here")

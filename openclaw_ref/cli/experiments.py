@@ -1,6 +1,6 @@
 """The stand-alone experiments, each one job on this machine: ``openclaw-bench hook-cost`` (what
 a comm hook costs, arms interleaved), ``openclaw-bench verify-scale`` (what checking a step's
-control blocks costs at 8 to 8,192 ranks) and ``openclaw-bench p2`` (the seed's skew barrier).
+control blocks costs at 8 to 8,192 ranks) and ``openclaw-bench p2`` (text 000's skew barrier).
 The same figures come out of ``openclaw-bench compare``; these print them alone."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 
 from openclaw_ref.cli.choices import HOOK_COST_ARMS
 from openclaw_ref.sync.errors import BadInput
@@ -46,40 +48,47 @@ def _cmd_hook_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_printing_command(sub: argparse._SubParsersAction, name: str, help_text: str,
+                          rows: Callable[[], Iterable[object]]) -> None:
+    """A command without options that prints each of ``rows()`` on a line (``rows`` imports
+    torch, after the arguments are parsed)."""
+    sub.add_parser(name, help=help_text).set_defaults(func=partial(_print_rows, rows))
+
+
+def _print_rows(rows: Callable[[], Iterable[object]], args: argparse.Namespace) -> int:
+    for row in rows():
+        print(row)
+    return 0
+
+
 def add_verify_scale(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify-scale", help="cost of checking a step's control blocks at 8 to "
-                                            "8,192 ranks and 16 to 1,024 buckets, per-rank and "
-                                            "counted (synthesized blocks, one process)")
-    p.set_defaults(func=_cmd_verify_scale)
+    _add_printing_command(sub, "verify-scale", "cost of checking a step's control blocks at 8 "
+                          "to 8,192 ranks and 16 to 1,024 buckets, per-rank and counted "
+                          "(synthesized blocks, one process)", _verify_scale_rows)
 
 
-def _cmd_verify_scale(args: argparse.Namespace) -> int:
+def _verify_scale_rows() -> Iterator[object]:
     from openclaw_ref.experiments.verify_scale import measure, measure_counts
     from openclaw_ref.reporting.control_counts_tables import counted_block_table
 
-    for row in measure():
-        print(row)
-    print(counted_block_table(measure_counts()).markdown())
-    return 0
+    yield from measure()
+    yield counted_block_table(measure_counts()).markdown()
 
 
 def add_startup_scale(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("startup-scale", help="bytes each rank receives from harden()'s start-up "
-                                             "check at 8 to 8,192 ranks, before and after the "
-                                             "digest-first exchange (arithmetic, no ranks)")
-    p.set_defaults(func=_cmd_startup_scale)
+    _add_printing_command(sub, "startup-scale", "bytes each rank receives from harden()'s "
+                          "start-up check at 8 to 8,192 ranks, before and after the digest-first "
+                          "exchange (arithmetic, no ranks)", _startup_scale_rows)
 
 
-def _cmd_startup_scale(args: argparse.Namespace) -> int:
+def _startup_scale_rows() -> Iterator[object]:
     from openclaw_ref.experiments.startup_scale import measure
 
-    for row in measure((8, 64, 512, 1024, 4096, 8192)):
-        print(row)
-    return 0
+    yield from measure((8, 64, 512, 1024, 4096, 8192))
 
 
 def add_p2(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("p2", help="the seed's P2 skew barrier off and on, interleaved "
+    p = sub.add_parser("p2", help="text 000's P2 skew barrier off and on, interleaved "
                                   "(hardened fp32, tiny preset)")
     p.add_argument("--world-size", type=int, default=2, help="ranks to spawn")
     p.add_argument("--steps", type=int, default=40, help="training steps per run")

@@ -30,7 +30,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate")
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"], help="optimizer")
     p.add_argument("--sparsity", type=_ratio_range, default=None, metavar="LOW,HIGH",
-                   help="range of the masked fraction per step (None: the seed's 0.12,0.68)")
+                   help="range of the masked fraction per step (None: text 000's 0.12,0.68)")
     add_sync_arguments(p, sync="ddp", replica_check_every=0)
     p.add_argument("--inject", action="append", default=[], metavar="NAME[=VALUE][@RANK][:STEP]",
                    help="inject a fault (repeatable)")
@@ -52,8 +52,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                    help="address the metrics endpoints bind to (loopback by default; 0.0.0.0 "
                         "lets a remote Prometheus scrape a multi-node job)")
     p.add_argument("--skew-barrier-ms", type=float, default=None, metavar="MS",
-                   help="seed P2: barrier before the next backward when the across-rank std of "
-                        "the sync time exceeds MS (the seed used 1.5); None: off")
+                   help="text 000's P2: barrier before the next backward when the across-rank "
+                        "std of the sync time exceeds MS (text 000 used 1.5); None: off")
     p.set_defaults(func=_cmd_train)
 
 

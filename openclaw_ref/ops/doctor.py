@@ -94,7 +94,7 @@ def nccl_version_findings(version: object, backend: str) -> list[Finding]:
     if v < NCCL_FLOOR:
         return [Finding("error", "nccl-too-old",
                         f"NCCL {format_version(v)} is older than {floor}: refused for the NCCL "
-                        f"backend (seed P1; older releases were reported to lose allreduces). "
+                        "backend (text 000's P1; older releases were reported to lose allreduces). "
                         f"Install a torch built with NCCL >= {floor}, or use --backend gloo")]
     return [Finding("info", "nccl-ok", f"NCCL {format_version(v)} >= {floor}")]
 
@@ -130,7 +130,7 @@ def lint_environment(env: Mapping[str, str]) -> list[Finding]:
             out.append(Finding(
                 "error", "empty-nccl-variable",
                 "NCCL_BUFFSIZE is set but empty: NCCL ignores it and uses its default (4 MiB); "
-                "set bytes explicitly, e.g. NCCL_BUFFSIZE=2097152 for the seed's 2 MB",
+                "set bytes explicitly, e.g. NCCL_BUFFSIZE=2097152 for text 000's 2 MB",
                 "NCCL_BUFFSIZE", "NCCL_BUFFSIZE=<bytes>"))
         elif not re.fullmatch(r"\d+", value):
             out.append(Finding(

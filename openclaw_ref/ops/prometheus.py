@@ -139,7 +139,7 @@ class PrometheusExporter(Callback):
                                     "Consistency checks that fired, by kind",
                                     ["rank", "kind"], registry=r)
         self.barriers = Counter("openclaw_skew_barriers",
-                                "Barriers inserted by the skew policy (seed P2)",
+                                "Barriers inserted by the skew policy (text 000's P2)",
                                 ["rank"], registry=r)
         self.steps = Counter("openclaw_steps", "Steps observed", ["rank"], registry=r)
         self.scale = Gauge("openclaw_fp16_scale", "FP16 pre-scale of the last step",

@@ -3,7 +3,6 @@
 ``record.py`` (the versioned ``raw.json``, validated and upgraded on load), ``render.py`` (every
 file of a results directory), ``comparison.py`` and ``section_tables.py`` (the comparison
 document and each section's tables and captions; the ``corpus`` section's in
-``corpus_tables.py``), ``plots.py`` (PNG plots), ``claims/`` (each
-seed claim and the rule that turns a record into its verdict). Producers only make records; all
-wording is here.
+``corpus_tables.py``), ``plots.py`` (PNG plots), ``claims/`` (each claim of a source text and
+the rule that turns a record into its verdict). Producers only make records; all wording is here.
 """

@@ -66,7 +66,7 @@ def plot_loss_curves(raw: dict, path: Path) -> Path | None:
                     ls=ls, marker=marker or ".", ms=3, markevery=5)
     ax_train.set(title="training loss (mean over ranks)", xlabel="step", ylabel="loss (log)",
                  yscale="log")
-    ax_val.set(title="validation loss — seed C1: spikes every 37–42 steps?", xlabel="step",
+    ax_val.set(title="validation loss — text 000's C1: spikes every 37–42 steps?", xlabel="step",
                ylabel="loss (log)", yscale="log")
     labels = list(curves)
     if len(labels) >= 2:
@@ -89,7 +89,7 @@ def plot_loss_curves(raw: dict, path: Path) -> Path | None:
 
 
 def plot_bucket_timeline(raw: dict, path: Path) -> Path | None:
-    """One step's per-rank bucket-ready times: the picture the seed's NCCL trace describes."""
+    """One step's per-rank bucket-ready times: the picture text 000's NCCL trace describes."""
     curve = (raw.get("curves") or {}).get("hardened fp32")
     buckets = (curve or {}).get("sync_last", {}).get("buckets") or []
     if not buckets:
@@ -170,7 +170,7 @@ def plot_overflow_vs_scale(raw: dict, path: Path) -> Path | None:
         ps = sorted((p for p in points if p["strategy"] == label), key=lambda p: p["scale_exp"])
         ax.plot([p["scale_exp"] for p in ps], [100 * p["overflow_rate"] for p in ps],
                 marker="o", label=label)
-    ax.axhline(seed_pct, color="grey", ls="--", lw=1, label=f"seed F3: {seed_pct}%")
+    ax.axhline(seed_pct, color="grey", ls="--", lw=1, label=f"text 000's F3: {seed_pct}%")
     top = max([100 * p["overflow_rate"] for p in points] + [seed_pct])
     linthresh = 1e-4
     decades = [10.0 ** k for k in range(-4, int(np.ceil(np.log10(top))) + 1)]

@@ -8,7 +8,7 @@ Versions:
 
 - 1: the layout before versioning (no ``schema_version`` field). Read as version 2 unchanged:
   every field version 2 adds is optional and absent in it, so nothing is invented.
-- 2: adds ``schema_version``, the ``doctor`` section (the lint of the seed's NCCL settings) and
+- 2: adds ``schema_version``, the ``doctor`` section (the lint of text 000's NCCL settings) and
   ``ablations.skew_barrier_repeats`` (per-repeat figures of the P2 barrier arms).
 - 3: written compact (no whitespace, floats to 6 significant digits). Adds
   ``overflow.scale_mismatch`` (M4: rank-dependent pre-scale, per size and workload),

@@ -50,7 +50,7 @@ def train_summary_table(record: dict) -> str:
 
 def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
     """The ledger of one machine directory: header naming where it was rendered from, verdict
-    counts, one row per claim (with its seed source), then the seed documents."""
+    counts, one row per claim (with its source), then the source texts."""
     from openclaw_ref.reporting.claims import MIN_REPEATS, SOURCES, Verdict, assess_all
 
     env = rec.environment
@@ -71,7 +71,7 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
                   "with one repeat (rerun with a larger `--repeats`). \"regenerate with\" names "
                   "the compare run that writes the figures a verdict reads; \"nothing to "
                   "regenerate\" where no run here can move it.")
-    head = ["# Seed claims ledger", "", where, "",
+    head = ["# Claims ledger of the source texts", "", where, "",
             f"Measured on: {env.describe()}, git {env.git_sha}, {env.date}.", "",
             "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items() if v), "",
             vocabulary, "", ""]
@@ -147,7 +147,7 @@ def bench_matrix_markdown(result: dict) -> str:
         rows = [[c["precision"], c["amp_dtype"] or "—", c["world_size"], c["strategy"],
                  c["backend"], _fmt_cell(c["s_per_iter"], 3), _fmt_cell(c["peak_memory_mb"], 0)]
                 for c in result["seed004"]]
-        out += ["\n**Seed 004's matrix (claim L3)** — s/iter = median step; memory = peak per "
+        out += ["\n**Text 004's matrix (claim L3)** — s/iter = median step; memory = peak per "
                 "rank (max RSS on CPU).\n",
                 tabulate(rows, headers=["precision", "autocast", "ranks", "strategy", "backend",
                                         "s/iter", "peak MB/rank"], tablefmt="github")]

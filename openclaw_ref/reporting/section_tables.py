@@ -61,7 +61,7 @@ def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
         f"{st['replica_check_every']} steps, {fixed(st['watchdog_s'], 0)} s watchdog. Outcome: "
         "detected (with the attribution it gave) / silent-corruption (replicas diverge or the "
         "result differs from the fault-free run) / hang-timeout / crash / no-effect. seed-f5: "
-        "the seed's F5 hook as written (forward hook before wrapping, ×2^12 never undone, "
+        "text 000's F5 hook as written (forward hook before wrapping, ×2^12 never undone, "
         "rank-0 assertion over its own shapes) on stock DDP; fault 'none': its fault-free run "
         "against stock ddp's." + _hook_columns(sec.get("powersgd")),
         ["fault"] + strategies,
@@ -69,7 +69,7 @@ def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
     layouts = Table(
         f"Bucket layouts recorded on every rank ({max(cfg['world_sizes'])} ranks) at every step "
         f"of a 6-step run with a {cfg['bucket_cap_mb']} MB bucket cap (stock DDP via a "
-        "recording comm hook): the seed's M3.",
+        "recording comm hook): text 000's M3.",
         ["strategy", "ranks", "identical on all ranks", "buckets", "detail"],
         [[a["strategy"], a["world_size"], _yes(a["aligned"], "NO"), a["buckets"], a["detail"]]
          for a in alignment])
@@ -83,8 +83,8 @@ def overflow_tables(sec: Figures, cfg: Figures) -> list[Table]:
         f"Overflowed (inf/NaN) gradient elements after the sync at {sizes} ranks, "
         f"{cfg['overflow_steps']} batches with the weights held fixed. Workload 'real': the "
         "model's own gradients (max/min nonzero |g| per step shown); 'harsh': each element "
-        "also × 10^U(-2, 2). hardened-fp16 is the seed's F3 (one uniform 2^12 on every rank, "
-        "removed after the sum); -auto is this suite's agreed dynamic scale. The seed's F3 "
+        "also × 10^U(-2, 2). hardened-fp16 is text 000's F3 (one uniform 2^12 on every rank, "
+        "removed after the sum); -auto is this suite's agreed dynamic scale. Text 000's F3 "
         "figure is 0.017%.",
         ["strategy", "workload", "ranks", "overflow (elements)", "overflowed / elements",
          "skipped steps", "min max/min |g|"],
@@ -92,13 +92,13 @@ def overflow_tables(sec: Figures, cfg: Figures) -> list[Table]:
           f"{r['overflow_elements']} / {r['elements']}", r["skipped_steps"],
           f"{r['min_dynamic_range']:.2e}"] for r in rates])
     m4 = Table(
-        f"The seed's M4: stock DDP buckets ({cfg['bucket_cap_mb']} MB cap) through PyTorch's "
+        f"Text 000's M4: stock DDP buckets ({cfg['bucket_cap_mb']} MB cap) through PyTorch's "
         "fp16_compress_hook (cast to fp16, ÷W, fp16 sum) after each rank pre-scales by its own "
         "2^e (2^12 on every rank but the last, 2^10 on the last), each rank then dividing by "
         f"its own 2^e; {cfg['mismatch_steps']} batches per row, weights fixed. Overflowed: the "
         "fp16 sum holds an inf; corrupted: some rank's average is off the fp32 average by more "
         "than fp16 rounding allows. Uniform: the same gradients with one 2^12 on every rank. "
-        "Accumulator: the seed's picture, the fp16 wires summed without ÷W.",
+        "Accumulator: text 000's picture, the fp16 wires summed without ÷W.",
         ["ranks", "workload", "allreduces", "overflowed", "corrupted", "replicas disagree",
          "uniform: overflowed", "uniform: corrupted", "accumulator: overflowed",
          "accumulator uniform: overflowed"],
@@ -110,7 +110,7 @@ def overflow_tables(sec: Figures, cfg: Figures) -> list[Table]:
 
 def precision_tables(sec: Figures, cfg: Figures) -> list[Table]:
     return [Table(
-        f"Seed 004's table on this machine: the {cfg['preset']} preset, global batch "
+        f"Text 004's table on this machine: the {cfg['preset']} preset, global batch "
         f"{cfg['global_batch']} (so per-rank batch shrinks with ranks), median over "
         f"{cfg['repeats']} interleaved repeats of the median step of the slowest rank; peak "
         "memory per rank of each run (resident high-water mark reset at the run's start on "
@@ -138,13 +138,13 @@ def ablation_tables(sec: Figures, cfg: Figures) -> list[Table]:
     w = next(iter(sparsity.values()))["world_size"]
     skew = Table(
         f"Per-bucket skew of hardened fp32 on {w} ranks, {cfg['repeats']} × {cfg['steps']} "
-        "steps, with the sparse gating unit masking per the seed's schedule vs masking off: is "
+        "steps, with the sparse gating unit masking per text 000's schedule vs masking off: is "
         "the skew caused by the sparse path (C4)?",
         ["gating", "bucket-steps", "share > 3 ms", "skew p50 ms", "skew p99 ms"],
         [[k, v["bucket_steps"], f"{fixed(100 * v['share_over_3ms'], 1)}%",
           fixed(v["skew_p50_ms"], 2), fixed(v["skew_p99_ms"], 2)] for k, v in sparsity.items()])
     p2 = Table(
-        f"The seed's P2 policy on {barrier[0]['world_size']} ranks (hardened fp32, tiny preset, "
+        f"Text 000's P2 policy on {barrier[0]['world_size']} ranks (hardened fp32, tiny preset, "
         f"{cfg['repeats']} × {cfg['steps']} steps per arm, arms interleaved, each rank sleeping "
         "a seeded Δt ∈ [0.3, 5.7] ms before every backward): medians over repeats.",
         ["barrier", "step ms", "std of ready times ms (median)", "std of ready times ms (p90)",
@@ -163,7 +163,7 @@ def lightning_tables(sec: Figures, cfg: Figures) -> list[Table]:
     if "error" in sec:
         return []
     return [Table(
-        f"A real Lightning run (seed 004's L2/L4) on this machine: `{sec['command']}`; "
+        f"A real Lightning run (text 004's L2/L4) on this machine: `{sec['command']}`; "
         "steps/s over the timed steps (first 2 excluded).",
         ["accelerator", "devices", "precision", "strategy", "steps", "steps/s", "final loss",
          "seed_everything(workers=True)", "WeightedRandomSampler"],
@@ -175,9 +175,9 @@ def lightning_tables(sec: Figures, cfg: Figures) -> list[Table]:
 def quantization_tables(sec: Figures, cfg: Figures) -> list[Table]:
     if "error" in sec:
         return []
-    fx = f"; the seed's FX path failed here: {sec['fx_error']}" if sec["fx_error"] else ""
+    fx = f"; text 004's FX path failed here: {sec['fx_error']}" if sec["fx_error"] else ""
     return [Table(
-        f"Int8 quantization (seed 004's L4) of the {cfg['preset']} model after "
+        f"Int8 quantization (text 004's L4) of the {cfg['preset']} model after "
         f"{sec['trained_steps']} training steps in one process: accuracy on the "
         f"{sec['samples']} validation samples, median latency of one forward over them on 1 "
         f"thread ({sec['latency_repeats']} repeats). Method: {sec['method']}{fx}",
@@ -273,11 +273,11 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "false_alarms": ("Healthy jobs the guard must not stop, faults it must name",
                      _false_alarm_tables),
     "overflow": ("FP16 overflow", overflow_tables),
-    "precision": ("Seed 004: precision × devices", precision_tables),
+    "precision": ("Text 004: precision × devices", precision_tables),
     "raw_allreduce": ("Raw allreduce of the same bytes", raw_allreduce_tables),
-    "ablations": ("Controls the seeds did not run", ablation_tables),
-    "lightning": ("Seed 004: a Lightning run", lightning_tables),
-    "quantization": ("Seed 004: int8 quantization", quantization_tables),
+    "ablations": ("Controls the source texts did not run", ablation_tables),
+    "lightning": ("Text 004: a Lightning run", lightning_tables),
+    "quantization": ("Text 004: int8 quantization", quantization_tables),
     "hook_cost": ("What the hardened hook costs, and its verification at scale",
                   hook_cost_tables),
 }

@@ -61,7 +61,7 @@ def skew_barrier_interleaved(cfg: CompareConfig, pool: RankPool, w: int,
 
 def _sparsity(cfg: CompareConfig, w: int, pools: PoolCache, progress: Progress) -> dict:
     """Bucket skews of hardened fp32 with the seed's masking vs masking off, per arm."""
-    arms = [("sparse (seed range)", None), ("masking off (s = 0)", (0.0, 0.0))]
+    arms = [("sparse (text 000's range)", None), ("masking off (s = 0)", (0.0, 0.0))]
     skews: dict[str, list[float]] = {label: [] for label, _ in arms}
     for repeat in range(cfg.repeats):
         for label, rng in rotated(arms, repeat):

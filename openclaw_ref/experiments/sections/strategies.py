@@ -50,7 +50,7 @@ def default_variants(bucket_cap_mb: float) -> tuple[Variant, ...]:
         v("hardened bf16", name="hardened", wire="bf16"),
         v("bucketed static", name="bucketed", planner="static"),
         v("bucketed norm-ema-agreed", name="bucketed", planner="norm-ema-agreed"),
-        v("bucketed norm-ema (seed F2)", name="bucketed", planner="norm-ema"),
+        v("bucketed norm-ema (text 000's F2)", name="bucketed", planner="norm-ema"),
     )
 
 

@@ -1,4 +1,5 @@
-"""The claims ledger: every seed claim, its source, and a verdict computed from the run record.
+"""The claims ledger: every claim of the source texts, its source, and a verdict computed from
+the run record.
 
 Each claim's rule (its docstring states the rule) reads only the validated
 :class:`~openclaw_ref.reporting.record.RunRecord` and declares, where it registers with
@@ -12,8 +13,8 @@ declared outcome with synthetic records (a rule that cannot flip is a defect). V
 - *inside the noise here*: a timing claim whose bootstrap interval contains the threshold;
 - *not measurable here*: the recorded environment lacks the hardware (named, with the command
   that measures it there), the repeats are too few, or the evidence was not recorded (said so);
-- *setting*, *implemented* / *not implemented*, *open question*: descriptions of the seeds'
-  setting, interfaces this suite provides, and questions the seeds ask; never *reproduced*.
+- *setting*, *implemented* / *not implemented*, *open question*: descriptions of the source
+  texts' setting, interfaces this suite provides, and questions they ask; never *reproduced*.
 
 Where things live: ``registry`` (verdicts, findings, claims, registration), ``evidence``
 (readers of the record), ``judging`` (thresholds, repeats, fair world sizes, commands), one

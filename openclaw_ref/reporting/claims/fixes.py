@@ -1,5 +1,5 @@
-"""Seed 000's fixes (§3–4): logical-clock checks, norm-driven buckets, a uniform FP16
-pre-scale, NCCL environment settings, and the seed's gating-module hook as written.
+"""Text 000's fixes (§3–4): logical-clock checks, norm-driven buckets, a uniform FP16
+pre-scale, NCCL environment settings, and text 000's gating-module hook as written.
 
 A fix is judged against the failure it claims to cure: when the baseline never fails here
 there is nothing to reduce (*not measurable*); a fix that itself breaks the run is *refuted*.
@@ -33,7 +33,7 @@ from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
 claim = FAMILY.claim
-F2_SEED = "bucketed norm-ema (seed F2)"
+F2_AS_WRITTEN = "bucketed norm-ema (text 000's F2)"
 F5_STRATEGY = "seed-f5"
 F5_GUARDS = ("scale-mismatch",)  # it claims to normalize the FP16 scale ...
 F5_LAYOUT = ("local-buckets", "permuted-params")  # ... and to assert shapes agree
@@ -46,12 +46,12 @@ def _sync_failures(done: list[dict], failed: list[dict]) -> int:
 
 
 @claim("F1", "Layer-wise checkpoints + async NCCL error handling (logical clock): sync "
-       "failure rate −98.7%", source="seed 000 §3",
+       "failure rate −98.7%", source="text 000 §3",
        outcomes=JUDGED)
 def logical_clock_checks_cut_sync_failures(rec: RunRecord) -> Finding:
     """Sync failures (crashed runs or unequal replicas) of ddp vs hardened fp32 at ≥ 2 ranks.
     Not measurable when ddp never fails here (nothing to reduce); else reproduced if the
-    reduction is ≥ 49.4% (half the seed's 98.7%)."""
+    reduction is ≥ 49.4% (half text 000's 98.7%)."""
     def multi(rs: list[dict]) -> list[dict]:
         return [r for r in rs if r["world_size"] >= 2]
 
@@ -65,44 +65,44 @@ def logical_clock_checks_cut_sync_failures(rec: RunRecord) -> Finding:
     ran = "ddp vs hardened fp32 (our logical-clock checks), every size ≥ 2, clean"
     if base == 0:
         return Finding(Verdict.NOT_MEASURABLE, ran, text, "no baseline sync failure here to "
-                       f"reduce; the seed's failures need {HW_8GPU}", CMD_NCCL8)
+                       f"reduce; text 000's failures need {HW_8GPU}", CMD_NCCL8)
     cut = 1 - hard / base
     return Finding(Verdict.REPRODUCED if cut >= 0.987 / 2 else Verdict.NOT_REPRODUCED, ran,
                    text + f": {pct(cut)} fewer")
 
 
 @claim("F2", "Buckets by layer-wise L2 norm (τ = 0.85 × EMA, α = 0.999): AllReduce "
-       "throughput +37.2%", source="seed 000 §3, §4.2",
+       "throughput +37.2%", source="text 000 §3, §4.2",
        outcomes=(Verdict.REFUTED, Verdict.REPRODUCED, Verdict.NOT_REPRODUCED,
                  Verdict.INSIDE_NOISE, Verdict.NOT_MEASURABLE))
 def norm_bucketing_speeds_allreduce(rec: RunRecord) -> Finding:
-    """Refuted if the seed's rank-local norm bucketing is stopped by a bucket misalignment at
+    """Refuted if text 000's rank-local norm bucketing is stopped by a bucket misalignment at
     ≥ 2 ranks (its buckets differ per rank). Otherwise its throughput vs static bucketing
-    (static / seed step time, paired repeats at ranks ≤ cores) is judged against 1.186 (half
-    the seed's +37.2%)."""
-    stopped = [r["stopped_by"] for r in runs(rec, F2_SEED, failed=True)
+    (static / text 000's step time, paired repeats at ranks ≤ cores) is judged against 1.186 (half
+    text 000's +37.2%)."""
+    stopped = [r["stopped_by"] for r in runs(rec, F2_AS_WRITTEN, failed=True)
                if r["world_size"] >= 2 and r.get("stopped_by")]
-    stopped += [e for r in runs(rec, F2_SEED) if r["world_size"] >= 2
+    stopped += [e for r in runs(rec, F2_AS_WRITTEN) if r["world_size"] >= 2
                 for e in r.get("events", []) if "Misalignment" in e.get("kind", "")]
-    ran = "bucketed engine, planners static / norm-ema (seed, rank-local) / norm-ema-agreed"
+    ran = "bucketed engine, planners static / norm-ema (text 000's, rank-local) / norm-ema-agreed"
     if stopped:
         kinds = sorted({e["kind"] for e in stopped})
-        return Finding(Verdict.REFUTED, ran, f"the seed's rank-local planner: {kinds} on "
+        return Finding(Verdict.REFUTED, ran, f"text 000's rank-local planner: {kinds} on "
                        f"{len(stopped)} runs", "buckets differ per rank, as M3 warns")
     w = size_to_judge(rec, multi_rank_sizes(rec), ran,
                       Needs(f"{HW_8GPU} or ≥ 8 cores", CMD_NCCL8))
     if isinstance(w, Finding):
         return w
-    static, seed = paired(rec, "bucketed static", F2_SEED, w, step_ms)
+    static, seed = paired(rec, "bucketed static", F2_AS_WRITTEN, w, step_ms)
     if not static:
-        raise Missing(f"no paired static / seed-planner runs at {w} ranks")
-    label, reason, text = judge_ratio(static, seed, half_effect(1.372),
-                                      "throughput ratio (static / seed step ms)", cmd_cores(w))
+        raise Missing(f"no paired runs of static / text 000's planner at {w} ranks")
+    label, reason, text = judge_ratio(static, seed, half_effect(1.372), "throughput ratio "
+                                      "(static / text 000's step ms)", cmd_cores(w))
     return Finding(label, ran + f", {w} ranks", text, reason)
 
 
 def _f3_role(row: dict) -> str | None:
-    """base: stock ddp-fp16; seed: the hardened fp16 wire at the seed's uniform 2^12 (4096);
+    """base: stock ddp-fp16; seed: the hardened fp16 wire at text 000's uniform 2^12 (4096);
     auto: this suite's adaptive scale (shown only)."""
     if row["strategy"] == "ddp-fp16":
         return "base"
@@ -120,23 +120,23 @@ def _f3_pairs(rec: RunRecord) -> dict[tuple[str, int], dict[str, dict]]:
             cells.setdefault((r["workload"], r["world_size"]), {})[role] = r
     pairs = {k: v for k, v in cells.items() if "base" in v and "seed" in v}
     if not pairs:
-        raise Missing("stock ddp-fp16 and the seed's uniform 2^12 variant on a common workload")
+        raise Missing("stock ddp-fp16 and text 000's uniform 2^12 variant on a common workload")
     return pairs
 
 
 @claim("F3", "One uniform FP16 pre-scale (2^12) on every rank, removed after the allreduce: "
-       "overflow down to 0.017%", source="seed 000 §3, §4.3",
+       "overflow down to 0.017%", source="text 000 §3, §4.3",
        outcomes=(Verdict.REFUTED, Verdict.REPRODUCED, Verdict.NOT_REPRODUCED,
                  Verdict.NOT_MEASURABLE))
 def uniform_prescale_cuts_fp16_overflow(rec: RunRecord) -> Finding:
-    """The seed's uniform 2^12 pre-scale (hardened fp16, scale 4096) vs stock ddp-fp16 on the
+    """Text 000's uniform 2^12 pre-scale (hardened fp16, scale 4096) vs stock ddp-fp16 on the
     same workload and size. Refuted if it overflows more than ddp-fp16 anywhere; not
     measurable if ddp-fp16 never overflows (nothing to reduce); reproduced if, wherever
-    ddp-fp16 overflows, the seed's variant overflows ≤ 0.017% and less; else not reproduced.
-    The `auto` scale is shown, never judged (it is this suite's, not the seed's)."""
+    ddp-fp16 overflows, text 000's variant overflows ≤ 0.017% and less; else not reproduced.
+    The `auto` scale is shown, never judged (it is this suite's, not text 000's)."""
     pairs = _f3_pairs(rec)
     text = "; ".join(
-        f"{wl} ×{w}: ddp-fp16 {pct(v['base']['overflow_rate'])}, seed 2^12 "
+        f"{wl} ×{w}: ddp-fp16 {pct(v['base']['overflow_rate'])}, text 000's 2^12 "
         f"{pct(v['seed']['overflow_rate'])} ({v['seed']['skipped_steps']}/{v['seed']['steps']}"
         " steps skipped)" + (f", auto {pct(v['auto']['overflow_rate'])}" if "auto" in v else "")
         for (wl, w), v in sorted(pairs.items()))
@@ -160,13 +160,13 @@ def uniform_prescale_cuts_fp16_overflow(rec: RunRecord) -> Finding:
 
 
 @claim("F4", "NCCL environment: async error handling, ring algorithm, ≥ 4 rings, 2 MB buffer",
-       source="seed 000 §4.1", outcomes=(Verdict.REFUTED, Verdict.NOT_MEASURABLE))
+       source="text 000 §4.1", outcomes=(Verdict.REFUTED, Verdict.NOT_MEASURABLE))
 def nccl_reads_seed_settings(rec: RunRecord) -> Finding:
-    """Refuted as written if the recorded lint of the seed's settings has an error (a name NCCL
+    """Refuted as written if the recorded lint of text 000's settings has an error (a name NCCL
     does not read); otherwise the performance half needs NCCL on GPUs (not measurable)."""
     findings = section(rec, "doctor").get("findings") or []
     text = "; ".join(f"{f['level']}: {f['variable']} → {f['replacement']}" for f in findings)
-    ran = "doctor's lint of the seed's NCCL settings (recorded by compare)"
+    ran = "doctor's lint of text 000's NCCL settings (recorded by compare)"
     if any(f["level"] == "error" for f in findings):
         return Finding(Verdict.REFUTED, ran, text, "a variable NCCL does not read")
     return Finding(Verdict.NOT_MEASURABLE, ran, text or "no finding",
@@ -175,24 +175,24 @@ def nccl_reads_seed_settings(rec: RunRecord) -> Finding:
 
 @claim("F5", "A hook on the sparse/gating modules, registered before DDP wrapping, that "
        "synchronizes, normalizes the FP16 scale and asserts gradient shapes agree",
-       source="seed 000 §4.2",
+       source="text 000 §4.2",
        outcomes=(Verdict.REFUTED, Verdict.REPRODUCED, Verdict.NOT_REPRODUCED,
                  Verdict.NOT_MEASURABLE))
 def seed_hook_catches_scale_and_layout_faults(rec: RunRecord) -> Finding:
-    """Reads fault-matrix cases of the seed's hook as written (strategy ``seed-f5``: forward
+    """Reads fault-matrix cases of text 000's hook as written (strategy ``seed-f5``: forward
     hook registered before wrapping, rank-0 assertion over its own shapes, ×2^12 never undone),
     including a fault-free case (fault ``none``). Refuted if it breaks the fault-free run;
     reproduced if it detects the scale mismatch and a layout fault; else not reproduced."""
     cases = fault_cases(rec, strategy=F5_STRATEGY)
     if not cases:
-        raise Missing(f"fault-matrix cases of the seed's hook as written (strategy "
+        raise Missing(f"fault-matrix cases of text 000's hook as written (strategy "
                       f"{F5_STRATEGY!r}, with a fault-free case) not recorded")
     outcome = {c["fault_name"]: c["outcome"] for c in cases}
     caught = sorted(k for k, v in outcome.items() if v == "detected")
     missed = sorted(k for k, v in outcome.items() if v != "detected" and k != "none")
     text = (f"fault-free run: {outcome.get('none', 'not run')}; detects {caught or 'nothing'}; "
             f"misses {missed or 'nothing'}")
-    ran = "the seed's hook as written, fault × outcome matrix"
+    ran = "text 000's hook as written, fault × outcome matrix"
     if outcome.get("none") not in (None, "no-effect"):
         return Finding(Verdict.REFUTED, ran, text, "breaks a fault-free run", CMD_FAULTS)
     ok = all(g in caught for g in F5_GUARDS) and any(g in caught for g in F5_LAYOUT)

@@ -36,8 +36,8 @@ CMD_OVERFLOW = cmd_sections("overflow")
 CMD_LIGHTNING = cmd_sections("lightning")
 CMD_ONE_GPU_PRECISION = "openclaw-bench compare --backend nccl --world-sizes 1 --sections precision"
 NOTHING = ""
-HW_8GPU = "8 GPUs with NCCL (the seed's 8×A100)"
-HW_4GPU = "4 GPUs with NCCL (seed 004's devices=4)"
+HW_8GPU = "8 GPUs with NCCL (text 000's 8×A100)"
+HW_4GPU = "4 GPUs with NCCL (text 004's devices=4)"
 
 
 def half_effect(seed_ratio: float) -> float:

@@ -1,7 +1,7 @@
 """The ledger: every family's claims in the order claims.md lists them, and their findings.
 
-The order is the seed's: setting, symptoms, causes, fixes, prevention, results, questions,
-then seed 004. Within a family, claims follow the order their rules are written.
+The order is text 000's: setting, symptoms, causes, fixes, prevention, results, questions,
+then text 004. Within a family, claims follow the order their rules are written.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seed 004's claims (training openclaw with PyTorch Lightning): the slow single-device flow,
+"""Text 004's claims (training openclaw with PyTorch Lightning): the slow single-device flow,
 the Lightning setup, its benchmark table, its pitfalls, and its outcome.
 
 Speed-ups are 1-device fp32 / N-device seconds per iteration at equal global batch, timing, so
@@ -44,7 +44,7 @@ def _one_device_fp32(rows: list[dict]) -> dict | None:
 
 
 @claim("L1", "The stock single-GPU flow is slow (1M samples > 12 h); long sequences OOM",
-       source="seed 004, pain points",
+       source="text 004, pain points",
        outcomes=JUDGED)
 def single_device_flow_is_slow(rec: RunRecord) -> Finding:
     """Needs a GPU. There, extrapolates the 1-device fp32 s/iter to 1M samples: reproduced if
@@ -58,12 +58,12 @@ def single_device_flow_is_slow(rec: RunRecord) -> Finding:
         raise Missing("1-device fp32 row")
     hours = one["s_per_iter"] * 1e6 / rec.config.get("global_batch", 32) / 3600
     return Finding(Verdict.REPRODUCED if hours > 12 else Verdict.NOT_REPRODUCED, ran,
-                   f"{hours:.1f} h for 1M samples (seed: > 12 h; OOM part not measured)")
+                   f"{hours:.1f} h for 1M samples (text 004: > 12 h; OOM part not measured)")
 
 
 @claim("L2", "Lightning: DDP with accelerator='gpu', devices=4; AMP with precision=16; "
        "LightningDataModule with dynamic padding; hierarchical model",
-       source="seed 004, Lightning comparison and implementation", outcomes=INTERFACE)
+       source="text 004, Lightning comparison and implementation", outcomes=INTERFACE)
 def lightning_trains_ddp_with_mixed_precision(rec: RunRecord) -> Finding:
     """Implemented if the recorded Lightning run used DDP on ≥ 2 devices with mixed precision
     and trained (steps > 0, finite loss); else not implemented."""
@@ -90,7 +90,7 @@ def _speedup_over_one_device(rec: RunRecord, multi: Callable[[dict], bool], thre
     if one is None or not many:
         raise Missing("precision rows incomplete")
     best = min(many, key=lambda r: r["s_per_iter"])
-    ran = f"seed 004's matrix: 1 device fp32 vs {best['label']}"
+    ran = f"text 004's matrix: 1 device fp32 vs {best['label']}"
     shown = f"single figures: {one['s_per_iter'] / best['s_per_iter']:.2f}× speed-up"
     fits = size_to_judge(rec, [best["world_size"]], ran, needs, shown)
     if isinstance(fits, Finding):
@@ -104,13 +104,13 @@ def _speedup_over_one_device(rec: RunRecord, multi: Callable[[dict], bool], thre
 
 
 @claim("L3", "1 GPU FP32 0.42 s/iter 9.8 GB; 1 GPU AMP 0.31 s/iter 5.2 GB; 4-GPU DDP+AMP "
-       "0.08 s/iter 3.7 GB per GPU", source="seed 004, benchmark table", outcomes=TIMED)
+       "0.08 s/iter 3.7 GB per GPU", source="text 004, benchmark table", outcomes=TIMED)
 def four_gpu_ddp_amp_speedup(rec: RunRecord) -> Finding:
-    """Needs 4 GPUs. Judged on 1-GPU fp32 / 4-GPU DDP+AMP s/iter against 3.1 (half the
-    seed's 0.42 / 0.08 = 5.25×), by bootstrap over repeats."""
+    """Needs 4 GPUs. Judged on 1-GPU fp32 / 4-GPU DDP+AMP s/iter against 3.1 (half text
+    004's 0.42 / 0.08 = 5.25×), by bootstrap over repeats."""
     if rec.environment.backend != "nccl" or rec.environment.gpu_count < 4:
         rows = (rec.section("precision") or {}).get("rows_data") or []
-        return Finding(Verdict.NOT_MEASURABLE, "seed 004's matrix on this machine",
+        return Finding(Verdict.NOT_MEASURABLE, "text 004's matrix on this machine",
                        "; ".join(f"{r['label']}: {r['s_per_iter']:.3f} s/iter" for r in rows)
                        or "no precision rows", f"needs {HW_4GPU}", CMD_NCCL4)
     return _speedup_over_one_device(
@@ -119,11 +119,11 @@ def four_gpu_ddp_amp_speedup(rec: RunRecord) -> Finding:
 
 
 @claim("L4", "seed_everything(42, workers=True); WeightedRandomSampler; FX quantization "
-       "(fbgemm) for deployment", source="seed 004, pitfalls", outcomes=INTERFACE)
+       "(fbgemm) for deployment", source="text 004, pitfalls", outcomes=INTERFACE)
 def seeded_sampling_and_int8_model(rec: RunRecord) -> Finding:
     """Implemented if the recorded Lightning run seeded workers and used the weighted sampler,
-    and an int8 model (fbgemm/x86) was measured; not implemented if any part failed. Where the
-    seed's FX path failed and another int8 method stood in, the reason says what was
+    and an int8 model (fbgemm/x86) was measured; not implemented if any part failed. Where text
+    004's FX path failed and another int8 method stood in, the reason says what was
     substituted and why."""
     lt, q = section(rec, "lightning"), section(rec, "quantization")
     ok = (bool(lt.get("seed_everything_workers")) and bool(lt.get("weighted_sampler"))
@@ -134,7 +134,7 @@ def seeded_sampling_and_int8_model(rec: RunRecord) -> Finding:
                                          f"{q.get('accuracy_int8')}, latency "
                                          f"{q.get('latency_fp32_ms')} → {q.get('latency_int8_ms')}"
                                          " ms" if "error" not in q else f"error {q['error']}"))
-    substituted = (f"substituted: {q.get('method') or 'another int8 method'} for the seed's FX "
+    substituted = (f"substituted: {q.get('method') or 'another int8 method'} for text 004's FX "
                    f"path, which failed here ({q['fx_error']})" if q.get("fx_error") else "")
     return Finding(Verdict.IMPLEMENTED if ok else Verdict.NOT_IMPLEMENTED, "Lightning pitfalls "
                    "and int8 quantization of the trained model on CPU", text,
@@ -142,10 +142,10 @@ def seeded_sampling_and_int8_model(rec: RunRecord) -> Finding:
 
 
 @claim("L5", "Training 3.2× faster, memory −47%, accuracy within ±0.5%",
-       source="seed 004, outcome", outcomes=TIMED)
+       source="text 004, outcome", outcomes=TIMED)
 def ddp_speedup_over_one_device(rec: RunRecord) -> Finding:
     """Speed-up of N-device DDP (any precision) over 1-device fp32 at equal global batch, judged
-    against 2.1 (half the seed's 3.2×) only when N ≤ cores/GPUs and from ≥ 5 repeats. The
+    against 2.1 (half text 004's 3.2×) only when N ≤ cores/GPUs and from ≥ 5 repeats. The
     memory (−47%) and accuracy (±0.5%) parts are not judged (not recorded per run)."""
     return _speedup_over_one_device(rec, lambda r: r["world_size"] > 1, half_effect(3.2),
                                     Needs(f"{HW_4GPU} or ≥ 4 cores", CMD_NCCL4))

@@ -1,8 +1,8 @@
-"""Seed 000's causes (§2): a late rank shifting bucket boundaries, gradient entropy, buckets that
+"""Text 000's causes (§2): a late rank shifting bucket boundaries, gradient entropy, buckets that
 differ per rank, and rank-dependent FP16 pre-scales.
 
 Each is judged from the fault matrix or the overflow section (counts, not timing), so any rank
-count is fair, except where the seed names one (M4's 8-rank FP16 sum). M2's entropy is of an
+count is fair, except where text 000 names one (M4's 8-rank FP16 sum). M2's entropy is of an
 unspecified distribution: never judged.
 """
 
@@ -24,10 +24,10 @@ ALL_FOUR = (Verdict.REPRODUCED, Verdict.NOT_REPRODUCED, Verdict.REFUTED, Verdict
 
 @claim("M1", "A per-rank mask delay Δt ∈ [0.3, 5.7] ms lets a ring member run ahead and "
        "shifts bucket boundaries; above 2.1 ms NCCL falls back from ring to tree",
-       source="seed 000 §2.1", outcomes=ALL_FOUR)
+       source="text 000 §2.1", outcomes=ALL_FOUR)
 def late_rank_shifts_bucket_boundaries(rec: RunRecord) -> Finding:
     """Reproduced if a late rank shifts bucket boundaries (a BucketMisalignment in any
-    late-rank case); refuted if none does with Δt ≥ 5.7 ms (covering the seed's range); not
+    late-rank case); refuted if none does with Δt ≥ 5.7 ms (covering text 000's range); not
     reproduced if none does with a smaller Δt. The ring→tree half needs NCCL."""
     faults = section(rec, "faults")
     late = [c for c in faults.get("cases", []) if c.get("fault_name") == "late-rank"]
@@ -51,9 +51,9 @@ def late_rank_shifts_bucket_boundaries(rec: RunRecord) -> Finding:
 
 
 @claim("M2", "Layer-wise gradient-distribution entropy H = 4.21 bits (BERT-base 2.03)",
-       source="seed 000 §2.1", outcomes=(Verdict.NOT_MEASURABLE,))
+       source="text 000 §2.1", outcomes=(Verdict.NOT_MEASURABLE,))
 def gradient_entropy_proxy(rec: RunRecord) -> Finding:
-    """The seed's entropy is of an unspecified distribution: never judged; the mask entropy
+    """Text 000's entropy is of an unspecified distribution: never judged; the mask entropy
     (P3's interface) is shown as the closest recorded figure, or said missing."""
     bits = curve(rec).get("mask_entropy_bits") or []
     if not bits:
@@ -61,12 +61,12 @@ def gradient_entropy_proxy(rec: RunRecord) -> Finding:
     return Finding(Verdict.NOT_MEASURABLE,
                    "SparseGatingUnit.sparse_mask_entropy() over the curve run",
                    f"proxy: mean binary mask entropy {statistics.mean(bits):.3f} bits per unit "
-                   "(≤ 1 by definition; the seed's 4.21 bits is of another distribution)",
-                   "the seed does not define the distribution", NOTHING)
+                   "(≤ 1 by definition; text 000's 4.21 bits is of another distribution)",
+                   "text 000 does not define the distribution", NOTHING)
 
 
 @claim("M3", "Non-deterministic kernel launches put the same parameter in different DDP "
-       "buckets on different ranks (layer.5.ffn.w1: bucket 3 vs 7)", source="seed 000 §2.2",
+       "buckets on different ranks (layer.5.ffn.w1: bucket 3 vs 7)", source="text 000 §2.2",
        outcomes=(Verdict.REPRODUCED, Verdict.REFUTED, Verdict.NOT_MEASURABLE))
 def bucket_layouts_differ_across_ranks(rec: RunRecord) -> Finding:
     """Reproduced if any strategy's per-rank bucket layouts differ; refuted if every recorded
@@ -105,14 +105,14 @@ def _added_overflow(row: dict) -> float:
 
 
 @claim("M4", "Ranks pre-scale FP16 gradients differently (2^12 vs 2^10), overflowing the "
-       "FP16 accumulator in 3.2% of allreduces", source="seed 000 §2.3", outcomes=ALL_FOUR)
+       "FP16 accumulator in 3.2% of allreduces", source="text 000 §2.3", outcomes=ALL_FOUR)
 def scale_mismatch_overflows_fp16(rec: RunRecord) -> Finding:
     """Reads ``overflow.scale_mismatch`` (a ddp-fp16 sum with 2^12 on every rank but one at
     2^10: allreduces, overflowed, corrupted, and ``overflowed_uniform`` — the same sum with 2^12
-    on every rank, the control) at ≥ 8 ranks (the seed's 8-rank FP16 sum); with several
+    on every rank, the control) at ≥ 8 ranks (text 000's 8-rank FP16 sum); with several
     workloads at that size, the one where the mismatch adds most overflow. The claim is that the
     *mismatch* overflows, so the effect is the overflow it adds over the uniform control.
-    Reproduced if that excess is ≥ 1.6% of allreduces (half the seed's 3.2%); refuted if it adds
+    Reproduced if that excess is ≥ 1.6% of allreduces (half text 000's 3.2%); refuted if it adds
     none yet results are corrupted (the mismatch corrupts silently); else not reproduced."""
     r = max(_mismatch_rows_at_8_ranks(rec), key=lambda x: (x["world_size"], _added_overflow(x)))
     added = _added_overflow(r)

@@ -1,8 +1,8 @@
-"""Seed 000's prevention measures (§5): refusing old NCCL, a skew barrier fed by a Prometheus
+"""Text 000's prevention measures (§5): refusing old NCCL, a skew barrier fed by a Prometheus
 exporter, and a contract that sparse modules expose their mask entropy.
 
-P1 needs NCCL on GPUs; P2's barrier is judged as a fix (does it make steps faster with the
-seed's jitter injected?), timing, so only at ranks ≤ cores/GPUs; P3 is an interface.
+P1 needs NCCL on GPUs; P2's barrier is judged as a fix (does it make steps faster with text
+000's jitter injected?), timing, so only at ranks ≤ cores/GPUs; P3 is an interface.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
 claim = FAMILY.claim
-PREVENTION = "seed 000 §5"
+PREVENTION = "text 000 §5"
 
 
 @claim("P1", "Refuse NCCL older than 2.13.4 (2.12.x loses 12.7% of allreduces)",
@@ -51,7 +51,7 @@ def old_nccl_loses_allreduces(rec: RunRecord) -> Finding:
        "exceeds 1.5 ms", source=PREVENTION,
        outcomes=TIMED)
 def skew_barrier_speeds_steps(rec: RunRecord) -> Finding:
-    """The barrier policy is reproduced as a fix if it makes steps faster with the seed's Δt
+    """The barrier policy is reproduced as a fix if it makes steps faster with text 000's Δt
     jitter injected: interval of off / on step time (paired repeats) above 1; below 1 not
     reproduced; containing 1 inside the noise. Judged only at ranks ≤ cores/GPUs."""
     ab = section(rec, "ablations")
@@ -60,7 +60,7 @@ def skew_barrier_speeds_steps(rec: RunRecord) -> Finding:
     if "on" not in rows or "off" not in rows:
         raise Missing("P2 barrier arms not recorded")
     w = rows["on"]["world_size"]
-    ran = f"P2 barrier on vs off, {w} ranks, the seed's Δt jitter injected"
+    ran = f"P2 barrier on vs off, {w} ranks, text 000's Δt jitter injected"
     shown = (f"median step {rows['off']['median_step_ms']:.1f} → "
              f"{rows['on']['median_step_ms']:.1f} ms; {rows['on']['barriers']} barriers in "
              f"{rows['on']['steps']} steps")

@@ -1,4 +1,4 @@
-"""Seed 000's closing questions: listed in the ledger, never judged.
+"""Text 000's closing questions: listed in the ledger, never judged.
 
 Both questions share one rule, registered once per question.
 """
@@ -11,11 +11,11 @@ from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
 claim = FAMILY.claim
-QUESTIONS = "seed 000, closing questions"
+QUESTIONS = "text 000, closing questions"
 
 
 def open_question(rec: RunRecord) -> Finding:
-    """A question the seed asks, not a claim: listed, never judged."""
+    """A question text 000 asks, not a claim: listed, never judged."""
     return Finding(Verdict.OPEN_QUESTION, "—", "a question, not a claim", command=NOTHING)
 
 

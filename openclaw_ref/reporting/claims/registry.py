@@ -46,11 +46,11 @@ INTERFACE = (Verdict.IMPLEMENTED, Verdict.NOT_IMPLEMENTED, Verdict.NOT_MEASURABL
 CMD_COMPARE = "openclaw-bench compare"
 
 SOURCES: dict[str, str] = {
-    "seed 000": "「OpenCLAW 模型多GPU分布式训练中梯度同步不一致问题的系统性治理方案」: "
+    "text 000": "「OpenCLAW 模型多GPU分布式训练中梯度同步不一致问题的系统性治理方案」: "
                 "gradient-sync failures of the openclaw sparse model under DDP and the proposed "
                 "fixes (§1 symptoms, §2 causes, §3 fix table, §4 implementation, §5 prevention "
                 "and the 72-hour results, closing questions)",
-    "seed 004": "「OpenClaw 的 PyTorch Lightning 训练」: training openclaw with PyTorch Lightning "
+    "text 004": "「OpenClaw 的 PyTorch Lightning 训练」: training openclaw with PyTorch Lightning "
                 "(pain points, Lightning comparison, implementation, benchmark table, pitfalls, "
                 "outcome)",
 }
@@ -79,7 +79,7 @@ Rule = Callable[[RunRecord], Finding]
 class Claim:
     id: str
     text: str
-    source: str  # seed document and section, a key of SOURCES first
+    source: str  # source text and section, a key of SOURCES first
     rule: Rule
     outcomes: tuple[Verdict, ...]  # every label the rule can return, each one tested
 
@@ -90,7 +90,7 @@ class Missing(Exception):
 
 @dataclass
 class Family:
-    """The claims of one seed section, in the order their rules are written."""
+    """The claims of one section of a source text, in the order their rules are written."""
 
     claims: list[Claim] = field(default_factory=list)
 

@@ -1,4 +1,4 @@
-"""Seed 000's results of the fixes (§5, its 72-hour run): sync consistency, steadier allreduce
+"""Text 000's results of the fixes (§5, its 72-hour run): sync consistency, steadier allreduce
 times, faster convergence, lower peak memory, fewer NCCL error lines.
 
 Each compares the stock run with the fix on this record; a result whose baseline never failed
@@ -26,7 +26,7 @@ from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
 claim = FAMILY.claim
-RESULTS = "seed 000 §5 (72-hour run)"
+RESULTS = "text 000 §5 (72-hour run)"
 
 
 @claim("R1", "Gradient-sync consistency 99.9994% (target ≥ 99.999%)", source=RESULTS,
@@ -42,7 +42,7 @@ def checks_pass_at_five_nines(rec: RunRecord) -> Finding:
     if not n:
         raise Missing("no hardened checks recorded")
     k = n - passed
-    text = f"hardened checks passed {passed}/{n} ({100 * passed / n:.4f}%; seed 99.9994%)"
+    text = f"hardened checks passed {passed}/{n} ({100 * passed / n:.4f}%; text 000: 99.9994%)"
     ran = "hardened fp32, clean runs, every size"
     if k == 0 and 3 / n > 1e-5:
         steps = math.ceil(rec.config.get("steps", 40) * 3e5 / n / 100) * 100
@@ -55,7 +55,7 @@ def checks_pass_at_five_nines(rec: RunRecord) -> Finding:
        outcomes=TIMED)
 def hardened_steadies_step_times(rec: RunRecord) -> Finding:
     """Step-time CV of ddp / hardened fp32 (paired repeats, ranks ≤ cores/GPUs) against 4.57
-    (half the seed's 0.187 / 0.023 = 8.1×), by bootstrap interval."""
+    (half text 000's 0.187 / 0.023 = 8.1×), by bootstrap interval."""
     ran = "per-run step-time CV, ddp vs hardened fp32"
     w = size_to_judge(rec, multi_rank_sizes(rec), ran,
                       Needs(f"{HW_8GPU} or ≥ 8 cores", CMD_NCCL8))
@@ -74,7 +74,7 @@ def hardened_steadies_step_times(rec: RunRecord) -> Finding:
                        f"needs {HW_8GPU} where the baseline fails", CMD_NCCL8)
     label, reason, text = judge_ratio(ddp, hard, half_effect(0.187 / 0.023),
                                       "CV ratio ddp / hardened", cmd_cores(w))
-    return Finding(label, ran + f", {w} ranks", text + " (seed: 0.187 / 0.023)", reason)
+    return Finding(label, ran + f", {w} ranks", text + " (text 000: 0.187 / 0.023)", reason)
 
 
 def sync_failed(r: dict) -> bool:
@@ -92,7 +92,7 @@ def steps_to(validation: list[dict], threshold: float) -> int | None:
 def hardened_converges_faster(rec: RunRecord) -> Finding:
     """Not measurable when ddp's curve synchronized correctly (replicas equal, no event): the
     fix has nothing to speed up. Otherwise reproduced if hardened reaches a quarter of ddp's
-    first validation loss in ≤ 1/1.585 of ddp's steps (half the seed's 2.17×)."""
+    first validation loss in ≤ 1/1.585 of ddp's steps (half text 000's 2.17×)."""
     d, h = curve(rec, "ddp"), curve(rec, "hardened fp32")
     dv, hv = d.get("validation") or [], h.get("validation") or []
     if not dv or not hv:
@@ -119,7 +119,7 @@ def fixes_lower_peak_memory(rec: RunRecord) -> Finding:
     reset high-water mark); ru_maxrss in a reused pool is per process. Cannot be shown when the
     saving to judge (9.65 % of ddp's peak) exceeds ddp's whole fp32 gradient bytes (what a
     bucket layout could save; a fixed size, so the verdict does not flip with noise). Else
-    reproduced if the best hardened/bucketed variant peaks ≥ 9.65% (half the seed's 19.3%)
+    reproduced if the best hardened/bucketed variant peaks ≥ 9.65% (half text 000's 19.3%)
     below ddp."""
     sizes = multi_rank_sizes(rec)
     if not sizes:

@@ -1,9 +1,9 @@
-"""Seed 000's symptoms (§1): loss spikes, rank-dependent gradient norms, allreduce skew and its
+"""Text 000's symptoms (§1): loss spikes, rank-dependent gradient norms, allreduce skew and its
 link to the sparse path, shape disagreements, failures without a device synchronize, gradient
 lifetimes.
 
 Skew (C3) is timing, judged only at ranks ≤ cores/GPUs; gradient norms and shape counts (C2,
-C5) are numbers, fair at any rank count. C7's quantity is undefined in the seed: never judged.
+C5) are numbers, fair at any rank count. C7's quantity is undefined in text 000: never judged.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from openclaw_ref.reporting.record import RunRecord
 
 FAMILY = Family()
 claim = FAMILY.claim
-SYMPTOMS = "seed 000 §1"
+SYMPTOMS = "text 000 §1"
 
 
 def val_spikes(validation: list[dict], rise: float = 0.05) -> list[int]:
@@ -75,7 +75,7 @@ def validation_spikes_are_periodic(rec: RunRecord) -> Finding:
        "and rank 7 (0.89 ± 0.32 vs 2.76 ± 0.81)", source=SYMPTOMS, outcomes=JUDGED)
 def rank_gradient_norms_differ(rec: RunRecord) -> Finding:
     """Reproduced if rank 0's and the last rank's mean local gradient norm of
-    layer.3.attn.v_proj.weight differ by ≥ 108.7% (half the seed's 217.4%), at the largest
+    layer.3.attn.v_proj.weight differ by ≥ 108.7% (half text 000's 217.4%), at the largest
     multi-rank ddp size (a numeric figure: no timing, so any rank count is fair)."""
     sizes = multi_rank_sizes(rec)
     if not sizes:
@@ -110,7 +110,10 @@ def skew_p99(r: dict) -> float | None:
        outcomes=TIMED)
 def bucket_skew_exceeds_3ms(rec: RunRecord) -> Finding:
     """Reproduced if hardened fp32's per-repeat p99 bucket skew is above 3 ms: bootstrap interval
-    of median p99 / 3 ms entirely above 1 (below 1: not reproduced; containing 1: noise)."""
+    of median p99 / 3 ms entirely above 1 (below 1: not reproduced; containing 1: noise), and
+    the C4 control on the same host shows the skew follows the sparse path; skew above 3 ms
+    without that control, or with it showing the same skew with masking off, is not
+    attributable here (the host's, not the sparse path's)."""
     ran = "hardened fp32: bucket-ready times in the control block"
     w = size_to_judge(rec, multi_rank_sizes(rec), ran,
                       Needs(f"{HW_8GPU} or ≥ 8 cores", CMD_NCCL8))
@@ -123,31 +126,34 @@ def bucket_skew_exceeds_3ms(rec: RunRecord) -> Finding:
                                       "p99 skew / 3 ms", cmd_cores(w))
     text += "; per-repeat p99 " + ", ".join(f"{v:.2f}" for v in p99.values()) + " ms"
     ran += f" on {w} ranks (≤ {rec.environment.capacity})"
-    control = masking_off_control(rec)
-    if control is None:
+    on, off = sparsity_arms(rec)
+    if not on or not off:
+        if label == Verdict.REPRODUCED:  # skew alone may be the host's: see the C4 control
+            return Finding(Verdict.NOT_MEASURABLE, ran, text + "; no masking-off control "
+                           "recorded", "not attributable without the C4 control",
+                           cmd_cores(w))
         return Finding(label, ran, text + "; no masking-off control recorded", reason)
-    text += f"; C4 control: {control}"
-    if label == Verdict.REPRODUCED and not skew_follows_masking(rec):
+    text += (f"; C4 control: on {on['world_size']} ranks, {pct(on['share_over_3ms'])} of "
+             f"bucket-steps above 3 ms with masking, {pct(off['share_over_3ms'])} with masking "
+             "off")
+    if label == Verdict.REPRODUCED and not skew_follows_masking(on, off):
         return Finding(Verdict.NOT_MEASURABLE, ran, text, "not attributable: the same skew "
                        "with masking off (C4 control), so it is this host's, not the sparse "
                        "path's", cmd_cores(w))
     return Finding(label, ran, text, reason)
 
 
-def masking_off_control(rec: RunRecord) -> str | None:
-    """The C4 ablation (same host, same skew measure) in words, or None when not recorded."""
+SPARSE_ARM, MASKING_OFF_ARM = "sparse (text 000's range)", "masking off (s = 0)"
+
+
+def sparsity_arms(rec: RunRecord) -> tuple[dict | None, dict | None]:
+    """The C4 ablation's two arms (sparse path on, masking off); None where not recorded."""
     ab = (rec.section("ablations") or {}).get("sparsity") or {}
-    on, off = ab.get("sparse (seed range)"), ab.get("masking off (s = 0)")
-    if not on or not off:
-        return None
-    return (f"on {on['world_size']} ranks, {pct(on['share_over_3ms'])} of bucket-steps above "
-            f"3 ms with masking, {pct(off['share_over_3ms'])} with masking off")
+    return ab.get(SPARSE_ARM), ab.get(MASKING_OFF_ARM)
 
 
-def skew_follows_masking(rec: RunRecord) -> bool:
+def skew_follows_masking(on: dict, off: dict) -> bool:
     """C4's causal test: the share above 3 ms drops ≥ 20 points with masking off."""
-    ab = rec.section("ablations")["sparsity"]
-    on, off = ab["sparse (seed range)"], ab["masking off (s = 0)"]
     return on["share_over_3ms"] - off["share_over_3ms"] >= 0.2
 
 
@@ -157,18 +163,19 @@ def skew_follows_sparse_path(rec: RunRecord) -> Finding:
     """Reproduced if ≥ 80% of bucket-steps exceed 3 ms skew with the sparse path active AND the
     share drops ≥ 20 points with masking off (the claim is causal); else not reproduced. Judged
     only when the ablation ran at ranks ≤ cores/GPUs."""
-    ab = (section(rec, "ablations").get("sparsity")) or {}
-    on, off = ab.get("sparse (seed range)"), ab.get("masking off (s = 0)")
+    section(rec, "ablations")  # Missing when the section did not run
+    on, off = sparsity_arms(rec)
     if not on or not off:
         raise Missing("sparse-vs-masking-off ablation not recorded")
     w = on["world_size"]
     ran = f"hardened fp32 on {w} ranks, sparse path on vs masking off"
     text = (f"{pct(on['share_over_3ms'])} of {on['bucket_steps']} bucket-steps above 3 ms with "
-            f"the seed's masking vs {pct(off['share_over_3ms'])} with masking off (seed: 89.3%)")
+            f"text 000's masking vs {pct(off['share_over_3ms'])} with masking off "
+            "(text 000: 89.3%)")
     fits = size_to_judge(rec, [w], ran, Needs(f"{HW_8GPU} or ≥ {w} cores", cmd_cores(w)), text)
     if isinstance(fits, Finding):
         return fits
-    causal = on["share_over_3ms"] >= 0.8 and skew_follows_masking(rec)
+    causal = on["share_over_3ms"] >= 0.8 and skew_follows_masking(on, off)
     return Finding(Verdict.REPRODUCED if causal else Verdict.NOT_REPRODUCED, ran, text,
                    "" if causal else "skew does not follow the sparse path")
 
@@ -179,7 +186,7 @@ def skew_follows_sparse_path(rec: RunRecord) -> Finding:
 def gradient_shapes_disagree_across_ranks(rec: RunRecord) -> Finding:
     """Counts steps whose bucket membership digests (names, shapes, dtypes) disagreed across
     ranks in hardened runs (≥ 2 ranks; a shape disagreement raises ShapeMismatch). Reproduced
-    at ≥ 7.35% (half the seed's 14.7%); refuted when shapes never differ while the SET of
+    at ≥ 7.35% (half text 000's 14.7%); refuted when shapes never differ while the SET of
     parameters with a gradient does (ddp's presence manifests); else not reproduced."""
     hard = [r for r in runs(rec) + runs(rec, failed=True)
             if r["world_size"] >= 2 and r["variant"].startswith("hardened")]
@@ -235,7 +242,7 @@ def allreduce_fails_without_cuda_synchronize(rec: RunRecord) -> Finding:
 @claim("C7", "Gradient lifetime differs across ranks: 1.2 ms shortest, 7.9 ms longest",
        source=SYMPTOMS, outcomes=(Verdict.NOT_MEASURABLE,))
 def gradient_lifetime_proxy(rec: RunRecord) -> Finding:
-    """'Gradient lifetime' is undefined in the seed: never judged. Shows the closest figure
+    """'Gradient lifetime' is undefined in text 000: never judged. Shows the closest figure
     (when each rank's buckets became ready after its step start) or says it is missing."""
     sizes = multi_rank_sizes(rec)
     w = sizes[-1] if sizes else None
