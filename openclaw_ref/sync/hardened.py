@@ -219,6 +219,14 @@ def _complete_unissued(state: HardenState, ddp_model: DDP) -> None:
             _unissued_allreduce(state, bucket)
 
 
+def _unissued_step(state: HardenState, ddp_model: DDP) -> None:
+    """A backward in which this rank's DDP issued no bucket (it stopped before bucket 0): the
+    step's buckets go as zeros marked "never issued", and the step is judged — the same
+    ``MissingGradient`` on every rank (``averaged.AveragingWatch``)."""
+    _complete_unissued(state, ddp_model)
+    state._settle()
+
+
 def _presence_hook(present: set[int], key: int):
     """A tensor hook recording that parameter ``key`` got a local gradient this step."""
     return lambda grad: present.add(key)
@@ -277,7 +285,8 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
             state.required.add(id(p))
             state.handles.append(p.register_hook(_presence_hook(state.present, id(p))))
     watch = state.averaging = AveragingWatch(ddp_model, state.synchronized, state.progress,
-                                             global_rank)
+                                             global_rank, functools.partial(_unissued_step,
+                                                                            state, ddp_model))
 
     def wrapper_forward(module, args) -> None:
         watch.wrapper_forward()
