@@ -82,7 +82,13 @@ from openclaw_ref.sync.control_layout import joined_slot, unissued_slot
 from openclaw_ref.sync.ddp import wrap_ddp
 from openclaw_ref.sync.harden_state import HardenState
 from openclaw_ref.sync.ledger import BucketRecord
-from openclaw_ref.sync.precision import ScalePolicy, finite_sum, from_wire, to_wire
+from openclaw_ref.sync.precision import (
+    ScalePolicy,
+    finite_sum,
+    from_wire,
+    refuse_grad_scaler,
+    to_wire,
+)
 from openclaw_ref.sync.target import bucket_sizes, validate_target
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
@@ -296,6 +302,9 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
     state.handles.append(register_optimizer_step_pre_hook(
         state.before_optimizer_step))
+    if state.policy.pre_scales:  # opt-in pre-scale: refused under a GradScaler
+        state.handles.append(register_optimizer_step_pre_hook(
+            refuse_grad_scaler(state.policy, cfg.scale)))
     state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
     if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
