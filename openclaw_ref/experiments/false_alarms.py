@@ -238,8 +238,8 @@ def relative_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def max_relative(replies: list[dict] | None, reference: list[dict] | None) -> float | None:
     """The largest ``relative_distance`` of any rank's weights to the reference's (None when
-    an arm did not finish, or its weights are not finite)."""
-    if replies is None or reference is None:
+    an arm did not finish or raised, or its weights are not finite)."""
+    if replies is None or reference is None or any(r["error"] for r in replies):
         return None
     if any(not bool(torch.isfinite(r["params"]).all()) for r in replies):
         return None
