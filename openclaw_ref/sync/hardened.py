@@ -260,9 +260,10 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
 
     After an error. A ``ConsistencyError`` (or a failed collective) is raised from inside
     DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of this DDP
-    model fails on DDP's own internal assert. The model cannot be used again. Close the state,
-    then either build a new ``DistributedDataParallel`` around the same module (its parameters
-    are broadcast from rank 0 again) and harden that, or restore a checkpoint — on every rank.
+    model fails on DDP's own internal assert. The model cannot be used again. Close the state
+    and drop the model (its reducer's hooks on the parameters go with it), then either build a
+    new ``DistributedDataParallel`` around the same module (its parameters are broadcast from
+    rank 0 again) and harden that, or restore a checkpoint — on every rank.
     """
     cfg = cfg or SyncConfig(name="hardened")
     backend = validate_target(ddp_model, cfg)
