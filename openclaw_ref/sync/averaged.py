@@ -20,7 +20,10 @@ never applies the step. A
 backward that reaches no parameter (a loss that does not depend on them, ``autograd.grad``
 towards the inputs) is silent.
 
-Through the wrapper, with no parameter replaced, "no bucket" has one cause: this rank's DDP
+A parameter replaced after wrapping is seen two ways: its gradient accumulator is not the one
+DDP hooked (a conversion), or the module holds another Parameter object under its name
+(``module.w = nn.Parameter(...)``). Through the wrapper, with no parameter replaced, "no
+bucket" has one cause: this rank's DDP
 stopped before bucket 0 (a parameter of that bucket got no gradient under
 ``find_unused_parameters=False``; DDP issues buckets in index order), while the other ranks may
 have issued theirs and wait inside bucket 0's allreduce. That is the last-bucket-missing case
@@ -120,7 +123,9 @@ class AveragingWatch:
         if not via_wrapper:
             cause = Cause.BYPASSED
         else:
-            replaced = [n for n, p in received if _accumulator(p) is not self.hooked.get(id(p))]
+            current = dict(self.ddp.module.named_parameters())
+            replaced = ([n for n, p in received if _accumulator(p) is not self.hooked.get(id(p))]
+                        or [n for n, p in self.synchronized if current.get(n) is not p])
             if replaced:
                 cause, params = Cause.REPLACED, replaced
             else:  # DDP stopped before bucket 0 here: MissingGradient on every rank
