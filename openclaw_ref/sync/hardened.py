@@ -249,10 +249,12 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     alone still catches a swapped registration). Raises ``BadInput`` before registering
     anything and before any collective when the model cannot be hardened: a comm hook already
     registered (Python or C++ built-in), a process group with no backend for the gradients'
-    device, a wire dtype the backend cannot reduce.
+    device, a wire dtype the backend cannot reduce; and from the first optimizer step a
+    ``torch.amp.GradScaler`` runs over a pre-scaled fp16 wire (``precision.refuse_grad_scaler``).
 
     ``state.close()`` removes what this added (forward pre-hook, gradient-presence hooks, the
-    optimizer step pre-hook that keeps a wire overflow out of the weights,
+    optimizer step pre-hooks that keep a wire overflow out of the weights and refuse a
+    GradScaler over a pre-scale,
     forward hook of ``averaged.AveragingWatch`` on ``ddp_model.module``, watchdog thread) on
     the rank it runs on. DDP cannot unregister a comm hook: after ``close()`` the hook is
     inert — a plain allreduce average like PyTorch's ``allreduce_hook``, no control block, no
