@@ -22,8 +22,10 @@ def _figures() -> dict:
                      if arm is Arm.HARDENED and pattern is Pattern.TWO_RANKS_DISAGREE else None)
             rows.append({"world_size": 2, "pattern": pattern.value, "arm": arm.value,
                          "fault": False, "outcome": outcome.value, "seconds": 1.25,
+                         "max_relative": 0.0 if arm is Arm.HARDENED else None,
                          "error": error, "events": ["WireOverflow"]})
     return {"rows": rows, "settings": {"pause_s": 2.5, "pause_deadline_s": 1.0,
+                                       "pause_action": "raise", "default_deadline_s": 60.0,
                                        "overflow_at": 2, "relative_limit": 1e-6,
                                        "fp16_relative_limit": 2.0 ** -11}}
 
@@ -48,3 +50,5 @@ def test_the_table_has_one_row_per_pattern_with_both_arms_outcomes():
     assert all(r[1] == "non-finite weights" for r in table.rows)
     assert table.rows[-1][2] == "exact (ClockMismatch ranks [1])"
     assert "bitwise" in table.caption and "2.5 s" in table.caption
+    assert "default 60 s" in table.caption and "default action, raise" in table.caption
+    assert all(r[3] == "0.0e+00" for r in table.rows)

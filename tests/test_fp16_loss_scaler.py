@@ -2,7 +2,10 @@
 
 At its defaults (``scale="loss-scaler"``) the hardened fp16 wire is PyTorch's
 ``fp16_compress_hook`` bit for bit, so ``torch.amp.GradScaler`` skips, backs off and grows
-exactly as under that hook, and the weights end bitwise equal. Without a loss scaler and without
+exactly as under that hook, and the weights end bitwise equal. An opt-in pre-scale (fixed or
+``auto``) under an enabled GradScaler would scale twice: it is refused with ``BadInput`` at the
+first optimizer step the scaler runs, on every rank, before any weight changes. Without a loss
+scaler and without
 ``finish_step`` (the README's plain loop), a step that overflows on the wire is skipped on every
 rank — at the defaults and under an opt-in pre-scale alike: the gradients are dropped before the
 optimizer step, the weights stay finite and unchanged.
@@ -20,6 +23,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.hardened import harden
 from openclaw_ref.sync.ledger import WIRE_OVERFLOW
 
@@ -81,6 +85,55 @@ def test_at_defaults_gradscaler_skips_backs_off_and_grows_exactly_as_under_fp16_
         assert ours["scales"] == ref["scales"] and ours["skipped"] == ref["skipped"]
         assert all(torch.equal(a, b) for a, b in zip(ref["params"], ours["params"]))
     assert 0 < sum(reference[0]["skipped"]) < STEPS  # the sequence has skips and clean steps
+
+
+def refused_loop(ctx, scale: str, enabled: bool) -> dict:
+    """``scaled_loop``'s GradScaler (``enabled`` or not) over the fp16 wire pre-scaled by
+    ``scale``: the step and error at which it stops (None: it ran to the end), the steps the
+    scaler skipped before, and whether any weight had changed by then."""
+    ddp = _ddp()
+    start = [p.detach().clone() for p in ddp.parameters()]
+    state = harden(ddp, SyncConfig("hardened", wire="fp16", scale=scale), ctx)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=3,
+                                  enabled=enabled)
+    stopped, skipped = None, 0
+    try:
+        for step in range(STEPS):
+            x, y = _batch(step, ctx.rank)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.cross_entropy(ddp(x), y)
+            scaler.scale(loss).backward()
+            before = scaler.get_scale()
+            try:
+                scaler.step(opt)
+            except BadInput as exc:
+                stopped = (step, str(exc))
+                break
+            scaler.update()
+            opt.zero_grad()
+            skipped += scaler.get_scale() < before
+    finally:
+        state.close()
+    return {"stopped": stopped, "skipped_before": skipped,
+            "unchanged": all(torch.equal(a, b) for a, b in zip(start, ddp.parameters()))}
+
+
+def test_a_pre_scaled_wire_under_gradscaler_is_refused_on_every_rank_before_a_weight_changes(
+        pools):
+    for scale in ("auto", "4096"):
+        replies = pools.get(2).run(refused_loop, scale, True)
+        stops = [r["stopped"] for r in replies]
+        assert stops[0] is not None and stops[0] == stops[1], (scale, stops)
+        step, message = stops[0]
+        assert replies[0]["skipped_before"] == step > 0  # the first step the scaler ran
+        assert f"scale={scale!r}" in message and "scale='loss-scaler'" in message
+        assert all(r["unchanged"] for r in replies), scale  # every earlier step was skipped
+
+
+def test_a_pre_scaled_wire_under_a_disabled_gradscaler_runs_unrefused(pools):
+    for reply in pools.get(2).run(refused_loop, "auto", False):
+        assert reply["stopped"] is None and not reply["unchanged"]
 
 
 def plain_overflow_loop(ctx, scale: str | None) -> dict:

@@ -112,6 +112,8 @@ def faulty_task(ctx, case: str) -> dict:
         if (case, step) in (("converted", 0), ("converted later", 2)):
             ddp.double()
             ddp.float()
+        if (case, step) == ("reassigned", 1):  # a Parameter put in its place (DDP's one bucket)
+            ddp.module.body[2].weight = nn.Parameter(ddp.module.body[2].weight.detach().clone())
         before = [p.detach().clone() for p in ddp.module.parameters()]
         try:
             forward(_batch(gen)).square().mean().backward()
@@ -143,6 +145,7 @@ def test_legitimate_uses_of_ddp_stay_silent_and_average(pools, case):
     ("converted", "parameters were replaced after DDP wrapped them", 0),
     ("converted later", "parameters were replaced after DDP wrapped them", 2),
     ("bypassed", "the forward ran through ddp.module", 0),
+    ("reassigned", "parameters were replaced after DDP wrapped them", 1),
 ])
 def test_gradients_ddp_never_averaged_raise_on_every_rank_before_the_step(pools, case, cause,
                                                                            step):
@@ -152,3 +155,5 @@ def test_gradients_ddp_never_averaged_raise_on_every_rank_before_the_step(pools,
         assert cause in reply["error"]
         assert reply["step"] == step and reply["ranks"] == [rank]
         assert reply["unchanged"]  # the optimizer had no un-averaged gradient to apply
+        if case == "reassigned":
+            assert reply["error"].endswith("[params: body.2.weight]"), reply["error"]

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from openclaw_ref.sync.base import NonFinitePolicy, Planner, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
@@ -104,8 +105,10 @@ def close_and_keep_training(ctx) -> dict:
     torch.manual_seed(0)
     plain = DDP(nn.Linear(4, 2))
     before = len(ddp._forward_pre_hooks)
+    optimizer_hooks = len(_global_optimizer_pre_hooks)
     state = harden(ddp, SyncConfig(name="hardened"), ctx)
     added = len(ddp._forward_pre_hooks) - before
+    added_optimizer = len(_global_optimizer_pre_hooks) - optimizer_hooks
     x = torch.full((3, 4), float(ctx.rank + 1))
     for model in (ddp, plain):
         for _ in range(2):
@@ -115,6 +118,8 @@ def close_and_keep_training(ctx) -> dict:
     for model in (ddp, plain):
         model(x).square().sum().backward()
     return {"added": added, "left": len(ddp._forward_pre_hooks) - before,
+            "added_optimizer": added_optimizer,
+            "left_optimizer": len(_global_optimizer_pre_hooks) - optimizer_hooks,
             "thread": state.watchdog._thread.is_alive(), "checked": checked,
             "after": state.summary()["bucket_checks"],
             "equal": all(torch.equal(a.grad, b.grad) for a, b in
@@ -124,6 +129,7 @@ def close_and_keep_training(ctx) -> dict:
 def test_close_removes_the_hooks_and_thread_and_leaves_an_inert_comm_hook(pools):
     for reply in pools.get(2).run(close_and_keep_training):
         assert reply["added"] == 1 and reply["left"] == 0 and not reply["thread"]
+        assert reply["added_optimizer"] == 1 and reply["left_optimizer"] == 0
         assert reply["checked"] == 2 and reply["after"] == 2  # closed: nothing checked
         assert reply["equal"]  # the inert hook averages exactly as DDP's own allreduce
 

@@ -25,16 +25,19 @@ LAST_GOOD_STEP = 1
 
 
 class Branchy(nn.Module):
-    """An input layer that rank 1 skips once (find_unused_parameters=False), then a trunk. The
-    input layer's gradients are ready last, so it lands in DDP's last bucket."""
+    """An input layer, a trunk and a head, under find_unused_parameters=False; rank 1 may skip
+    the input layer, whose gradients are ready last (DDP's last bucket), or the head, whose
+    gradients are ready first (DDP's bucket 0)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first = nn.Linear(8, 8)
         self.trunk = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.head = nn.Linear(1, 1)
 
-    def forward(self, x: torch.Tensor, skip: bool = False) -> torch.Tensor:
-        return self.trunk(x if skip else self.first(x))
+    def forward(self, x: torch.Tensor, skip: str | None = None) -> torch.Tensor:
+        h = self.trunk(x if skip == "first" else self.first(x))
+        return h if skip == "head" else self.head(h)
 
 
 def _rank(rank: int, tmp: Path, how: str, wire: str) -> None:
@@ -51,7 +54,8 @@ def _rank(rank: int, tmp: Path, how: str, wire: str) -> None:
         for step in range(5):
             state.begin_step(step)
             failing = rank == 1 and step > LAST_GOOD_STEP
-            loss = ddp(x, skip=failing and how == "skips").square().mean()
+            skip = {"skips": "first", "skips-head": "head"}.get(how) if failing else None
+            loss = ddp(x, skip=skip).square().mean()
             if failing and how == "raises":
                 raise RuntimeError("the user's code failed on rank 1")
             if failing and how == "ended":
@@ -94,20 +98,26 @@ def test_a_dead_peer_is_reported_as_a_failed_collective_not_a_misalignment(tmp_p
     assert "BucketMisalignment" not in message and "control block" not in message
 
 
+@pytest.mark.parametrize("how,first_unissued", [("skips", None), ("skips-head", 0)],
+                         ids=["last-bucket", "bucket-0"])
 def test_a_rank_whose_ddp_never_reduces_its_last_bucket_stops_every_rank_at_the_same_step(
-        tmp_path):
+        tmp_path, how, first_unissued):
     """Rank 1 skips a parameter under find_unused_parameters=False: its DDP never issues that
-    bucket, so rank 0 waits inside that bucket's allreduce, where nothing can raise into it.
-    Rank 1 learns it at its next call into the library and sends the buckets it skipped as
-    zeros, marked "never issued": both ranks raise the same MissingGradient naming rank 1, at
-    the same step and bucket — no hang until the watchdog, no misalignment, no failed
-    collective. (Its false-alarm side: every healthy pattern of the false-alarm corpus,
-    ``conformance/test_false_alarms.py``, and every hardened test would raise it.)"""
-    replies = _run(tmp_path, "skips", "fp32")
+    parameter's bucket nor any after it, so rank 0 waits inside that bucket's allreduce, where
+    nothing can raise into it. Rank 1 learns it at its next call into the library (skipped
+    input layer: DDP's last bucket) or at the end of its backward (skipped head: bucket 0, so
+    its DDP issued no bucket at all) and sends the buckets it skipped as zeros, marked "never
+    issued": both ranks raise the same MissingGradient naming rank 1, at the same step and
+    bucket — no hang until the watchdog, no misalignment, no failed collective, and not the
+    GradientsNotAveraged that a backward with no bucket would otherwise be. (Its false-alarm
+    side: every healthy pattern of the false-alarm corpus, ``conformance/test_false_alarms.py``,
+    and every hardened test would raise it.)"""
+    replies = _run(tmp_path, how, "fp32")
     assert all(r is not None for r in replies), replies  # both ranks reported, none was killed
     (kind0, message0, step0), (kind1, message1, step1) = replies
     assert kind0 == kind1 == "MissingGradient", (message0, message1)
     assert message0 == message1 and step0 == step1 == LAST_GOOD_STEP + 1
     assert f"step {step0}" in message0 and "ranks [1]" in message0
     assert "DDP never reduced this backward's last bucket" in message0
-
+    if first_unissued is not None:
+        assert f"stopped before bucket {first_unissued}" in message0

@@ -113,6 +113,56 @@ def test_a_late_rank_alive_between_steps_is_reported_as_alive_and_never_raised(s
     assert "it is alive, last seen after step 1 (no collective in flight)" in event.detail
 
 
+QUEUED_DEADLINE_S = 1.0  # ≫ the three ticks the queued collective is left to wait
+
+
+def _queued_behind_a_late_rank(store, ns: str) -> tuple[Watchdog, Watchdog, Work]:
+    """Rank 0 issued buckets 0 and 1 of step 2 while rank 1 was between steps; rank 0's
+    watchdog reported bucket 0; then rank 1 issued both and bucket 0 completed. Returns
+    (rank 0's watchdog, rank 1's, bucket 1's work, still in flight)."""
+    peer = a_peer_after_step(store, ns, 1)
+    me = Watchdog(store, 0, 2, QUEUED_DEADLINE_S, ns, tick_s=0.02)
+    first, second = Work(), Work()
+    me.issued(2, 0, first)
+    me.issued(2, 1, second)
+    until(lambda: me.events)
+    arrived = Work()
+    arrived.finished.set()
+    peer.issued(2, 1, arrived)
+    until(lambda: (b := peer.beat_of(1)) is not None and b.progress == (2, 1))
+    first.finished.set()
+    until(lambda: (2, 0) not in me._inflight)
+    return me, peer, second
+
+
+def test_a_collective_queued_behind_a_late_ranks_one_is_not_reported_again_as_slow(store):
+    """Bucket 1 waited behind bucket 0 as long as rank 1 was late: its deadline counts from
+    bucket 0's completion, so completing soon after is no second report."""
+    me, peer, second = _queued_behind_a_late_rank(store, "queued")
+    try:
+        ticks = me._count
+        until(lambda: me._count >= ticks + 3)
+        second.finished.set()
+        until(lambda: not me._inflight)
+    finally:
+        me.close()
+        peer.close()
+    [event] = me.events
+    assert event.bucket == 0 and event.ranks == [1] and "it is alive" in event.detail
+
+
+def test_a_queued_collective_still_waiting_a_deadline_after_the_one_ahead_is_reported(store):
+    me, peer, second = _queued_behind_a_late_rank(store, "queued-slow")
+    try:
+        until(lambda: len(me.events) == 2)
+        second.finished.set()
+    finally:
+        me.close()
+        peer.close()
+    assert me.events[1].bucket == 1 and me.events[1].ranks == []
+    assert "every rank has reached it: the collective itself is slow" in me.events[1].detail
+
+
 def test_a_rank_whose_heartbeat_stops_turns_silent_and_is_raised_in_the_training_thread(store):
     peer = a_peer_after_step(store, "frozen", 1)
     me = dog(store, 0, "frozen")

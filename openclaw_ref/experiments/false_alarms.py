@@ -9,15 +9,21 @@ Every ``Pattern`` is a user's loop on a tiny MLP (rank-dependent inputs), run as
     overflowed step's optimizer step skipped, since its gradients hold inf);
   * **stock DDP**: the pattern as written, on stock DDP (``fp16_compress_hook`` for fp16);
   * **hardened**: the pattern as written, on ``harden(ddp)`` at its defaults (the pattern's own
-    settings: a wire, a scale, a short watchdog deadline for the pause).
+    settings: a wire, a scale; for the pause a deadline of ``PAUSE_DEADLINE_S`` instead of the
+    default 60 s, so the row runs in seconds, under the default action — what a user gets: the
+    pause is reported by the waiting ranks, nobody is stopped).
 
 ``judge`` turns each arm's replies into an ``Outcome``: a healthy pattern is ``EXACT`` (every
 rank's parameters equal to the reference's — bitwise at 2 ranks; beyond, within
 ``RELATIVE_LIMIT``, or ``FP16_RELATIVE_LIMIT`` for an fp16 wire — and, under a loss scaler, the
 same scale sequence exactly), ``DIFFERS``, ``NON_FINITE``
 weights, a ``FALSE_ALARM`` (an exception) or ``KILLED`` (a rank process ended). A fault pattern
-is ``RIGHT_CAUSE`` (the error it must raise, with the rank and no invented majority),
-``MISDIAGNOSED``, ``SILENT`` or ``KILLED``. Nothing is typed in: every outcome is measured.
+is ``RIGHT_CAUSE`` (the error it must raise, on every rank at the same step, with the rank and
+no invented majority), ``MISDIAGNOSED``, ``SILENT`` or ``KILLED``. A refused pattern (a
+combination ``harden()`` rejects: a pre-scaled fp16 wire under GradScaler, ``precision``) is
+``RIGHT_CAUSE`` when every rank raised ``BadInput`` at the same step; on an arm that does not
+refuse it (stock DDP) it is judged as a healthy one.
+Nothing is typed in: every outcome is measured; ``max_relative`` is the measured distance.
 ``conformance/test_false_alarms.py`` asserts on it; the ``false_alarms`` compare section
 publishes it.
 """
@@ -66,7 +72,7 @@ class Pattern(enum.StrEnum):
     NON_REENTRANT_STATIC = "non-reentrant checkpointing + static_graph"
     RANK0_PAUSE = "rank 0 pauses longer than the watchdog deadline between steps"
     SCALER_FP16 = "GradScaler + fp16 wire (default scale)"
-    SCALER_FP16_AUTO = "GradScaler + fp16 wire (scale auto)"
+    SCALER_FP16_AUTO = "GradScaler + fp16 wire pre-scaled (scale auto): refused"
     OVERFLOW_PLAIN = "fp16 wire overflow, plain loop (no finish_step, no scaler)"
     TWO_RANKS_DISAGREE = "two ranks disagree: rank 0's step counter runs ahead"
 
@@ -110,11 +116,14 @@ SPECS: dict[Pattern, Spec] = {
     Pattern.NON_REENTRANT_STATIC: Spec(checkpoint=False, static_graph=True),
     Pattern.RANK0_PAUSE: Spec(pause=True, steps=4),
     Pattern.SCALER_FP16: Spec(scaler=True, fp16=True, steps=8),
-    Pattern.SCALER_FP16_AUTO: Spec(scaler=True, fp16=True, scale="auto", steps=8),
+    # 12 steps: the scaler and the pre-scale back off together until the first clean step
+    # (step 9 here), the first the scaler runs, where the combination is refused
+    Pattern.SCALER_FP16_AUTO: Spec(scaler=True, fp16=True, scale="auto", steps=12),
     Pattern.OVERFLOW_PLAIN: Spec(fp16=True, overflow=True),
     Pattern.TWO_RANKS_DISAGREE: Spec(clock_fault=True, steps=3),
 }
 FAULTS = (Pattern.TWO_RANKS_DISAGREE,)
+REFUSED = (Pattern.SCALER_FP16_AUTO,)
 
 
 class BlockNet(nn.Module):
@@ -152,7 +161,9 @@ def _build(spec: Spec, arm: Arm) -> DDP:
     return ddp
 
 
-def _hardened_config(spec: Spec) -> SyncConfig:
+def hardened_config(spec: Spec) -> SyncConfig:
+    """The hardened arm's config: the defaults, but for the pattern's wire and scale and, for
+    the pause, the deadline (never the watchdog's action)."""
     extra: dict[str, Any] = {}
     if spec.fp16:
         extra["wire"] = "fp16"
@@ -163,13 +174,15 @@ def _hardened_config(spec: Spec) -> SyncConfig:
     return SyncConfig(name="hardened", bucket_cap_mb=BUCKET_MB, **extra)
 
 
-def _loop(ddp: DDP, spec: Spec, arm: Arm, rank: int, state) -> dict:
-    """The user's loop; the scaler's scale after every step."""
+def _loop(ddp: DDP, spec: Spec, arm: Arm, rank: int, state, at: dict) -> dict:
+    """The user's loop; the scaler's scale after every step. ``at["step"]``: the step it is in
+    (read when it raises)."""
     opt = torch.optim.SGD(ddp.parameters(), lr=0.02)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20, growth_interval=2) \
         if spec.scaler else None
     scales: list[float] = []
     for step in range(spec.steps):
+        at["step"] = step
         if spec.pause and arm is not Arm.REFERENCE and rank == 0 and step == PAUSE_BEFORE:
             time.sleep(PAUSE_S)  # the disturbance itself (a checkpoint save), not an ordering
         if state is not None and spec.clock_fault:
@@ -198,27 +211,47 @@ def arm_task(ctx, pattern: Pattern, arm: Arm) -> dict:
     """One arm of one pattern on one rank: its parameters (flat), scales, error and events."""
     spec = SPECS[pattern]
     ddp = _build(spec, arm)
-    state = harden(ddp, _hardened_config(spec), ctx) if arm is Arm.HARDENED else None
-    reply: dict[str, Any] = {"rank": ctx.rank, "error": None, "scales": [], "events": []}
+    state = harden(ddp, hardened_config(spec), ctx) if arm is Arm.HARDENED else None
+    reply: dict[str, Any] = {"rank": ctx.rank, "error": None, "scales": [], "events": [],
+                             "timeouts": []}
+    at: dict[str, int] = {}
     t0 = time.perf_counter()
     try:
-        reply.update(_loop(ddp, spec, arm, ctx.rank, state))
+        reply.update(_loop(ddp, spec, arm, ctx.rank, state, at))
     except Exception as exc:  # judged by the caller: a false alarm, or the fault's diagnosis
         reply["error"] = {"kind": type(exc).__name__, "message": str(exc)[:500],
-                          "ranks": list(getattr(exc, "ranks", []))}
+                          "ranks": list(getattr(exc, "ranks", [])), "step": at.get("step")}
     reply["seconds"] = time.perf_counter() - t0
     if state is not None:
         reply["events"] = [e.kind for e in state.events]
+        reply["timeouts"] = [e.detail for e in state.events if e.kind == "SyncTimeout"]
         state.close()
     reply["params"] = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()])
     return reply
 
 
+def relative_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a − b| / max |b|: how far weights ``a`` are from the reference's ``b``."""
+    scale = max(float(b.abs().max()), 1e-30)
+    return float((a.double() - b.double()).abs().max()) / scale
+
+
+def max_relative(replies: list[dict] | None, reference: list[dict] | None) -> float | None:
+    """The largest ``relative_distance`` of any rank's weights to the reference's (None when
+    an arm did not finish or raised, or its weights are not finite)."""
+    if replies is None or reference is None or any(r["error"] for r in replies):
+        return None
+    if any(not bool(torch.isfinite(r["params"]).all()) for r in replies):
+        return None
+    return max(relative_distance(r["params"], ref["params"])
+               for r, ref in zip(replies, reference))
+
+
 def _equal(a: torch.Tensor, b: torch.Tensor, world_size: int, limit: float) -> bool:
+    """Bitwise at 2 ranks (the same summation as stock DDP); beyond, within ``limit``."""
     if world_size <= 2:
         return torch.equal(a, b)
-    scale = max(float(b.abs().max()), 1e-30)
-    return float((a.double() - b.double()).abs().max()) / scale <= limit
+    return relative_distance(a, b) <= limit
 
 
 def judge(pattern: Pattern, replies: list[dict] | None, reference: list[dict] | None) -> Outcome:
@@ -228,12 +261,15 @@ def judge(pattern: Pattern, replies: list[dict] | None, reference: list[dict] | 
     errors = [r["error"] for r in replies if r["error"] is not None]
     if pattern in FAULTS:
         return _diagnosis(errors, len(replies))
+    if pattern in REFUSED and errors:
+        return _refusal(errors, len(replies))
     if errors:
         return Outcome.FALSE_ALARM
     if any(not bool(torch.isfinite(r["params"]).all()) for r in replies):
         return Outcome.NON_FINITE
     if reference is None:
         return Outcome.DIFFERS
+    # beyond 2 ranks an fp16 wire is held to 2^-11, not 1e-6: FP16_RELATIVE_LIMIT says why
     limit = FP16_RELATIVE_LIMIT if SPECS[pattern].fp16 else RELATIVE_LIMIT
     same = all(_equal(r["params"], ref["params"], len(replies), limit)
                and r["scales"] == ref["scales"] for r, ref in zip(replies, reference))
@@ -245,9 +281,22 @@ def _diagnosis(errors: list[dict], world_size: int) -> Outcome:
     majority) the message gives both clocks and claims no majority."""
     if not errors:
         return Outcome.SILENT
-    right = (len(errors) == world_size
+    right = (len(errors) == world_size and _same_step(errors)
              and all(e["kind"] == "ClockMismatch" for e in errors)
              and all("rank 0: step" in e["message"] for e in errors)
              and (world_size > 2 or all("no majority" in e["message"]
                                         and "most" not in e["message"] for e in errors)))
+    return Outcome.RIGHT_CAUSE if right else Outcome.MISDIAGNOSED
+
+
+def _same_step(errors: list[dict]) -> bool:
+    return len({e["step"] for e in errors}) == 1
+
+
+def _refusal(errors: list[dict], world_size: int) -> Outcome:
+    """A pre-scaled fp16 wire under GradScaler: every rank refuses it with ``BadInput`` at the
+    same step (the first the scaler runs), naming the setting to use instead."""
+    right = (len(errors) == world_size and _same_step(errors)
+             and all(e["kind"] == "BadInput" and "GradScaler" in e["message"]
+                     and "scale='loss-scaler'" in e["message"] for e in errors))
     return Outcome.RIGHT_CAUSE if right else Outcome.MISDIAGNOSED

@@ -14,6 +14,11 @@ def _cell(row: Figures) -> str:
     return f"{row['outcome']} ({error['kind']}{ranks})"
 
 
+def _distance(row: Figures) -> str:
+    value = row.get("max_relative")
+    return "-" if value is None else f"{value:.1e}"
+
+
 def false_alarm_tables(sec: Figures, cfg: Figures) -> list[Table]:
     st, rows = sec["settings"], sec["rows"]
     tables = []
@@ -23,21 +28,27 @@ def false_alarm_tables(sec: Figures, cfg: Figures) -> list[Table]:
         cell = {(r["pattern"], r["arm"]): r for r in mine}
         parity = "bitwise" if w <= 2 else (
             f"within {st['relative_limit']:g} relative; {st['fp16_relative_limit']:.2g} for an "
-            "fp16 wire, whose longer last bucket gloo's ring sums in another order")
+            "fp16 wire: the control block lengthens its last bucket, which gloo's ring then "
+            "splits, and sums in fp16, in another order than fp16_compress_hook's")
         tables.append(Table(
             f"{w} gloo ranks, a tiny MLP with rank-dependent inputs, each pattern run three "
             "times on the same ranks and batches: a reference (stock DDP, no hook, without the "
             "disturbance; PyTorch's fp16_compress_hook for fp16 patterns; the overflowed step "
             f"(step {st['overflow_at']}) not applied for the overflow pattern), stock DDP and "
             f"hardened at its defaults (the pause: {fixed(st['pause_s'], 1)} s on rank 0 "
-            f"against a {fixed(st['pause_deadline_s'], 1)} s watchdog deadline, default "
-            f"action). exact: every rank's weights equal the reference's ({parity}) with the "
-            "same loss-scale sequence; differs; non-finite weights; false alarm: an exception "
-            "on a healthy job; killed: a rank process ended. Fault rows: right cause (every "
-            "rank raised the expected error naming the rank, no majority claimed between two "
-            "ranks) / misdiagnosed / silent.",
-            ["pattern", "stock DDP", "hardened", "hardened events", "hardened s"],
+            f"against a {fixed(st['pause_deadline_s'], 1)} s watchdog deadline instead of the "
+            f"default {fixed(st['default_deadline_s'], 0)} s, under the default action, "
+            f"{st['pause_action']}). exact: every rank's weights equal the reference's "
+            f"({parity}) with the same loss-scale sequence; differs; non-finite weights; false "
+            "alarm: an exception on a healthy job; killed: a rank process ended. Fault rows: "
+            "right cause (every rank raised the expected error at the same step, naming the "
+            "rank, no majority claimed between two ranks; for the refused combination, "
+            "BadInput) / misdiagnosed / silent. max rel. diff: the largest distance of any "
+            "rank's weights to the reference's, relative to their largest magnitude.",
+            ["pattern", "stock DDP", "hardened", "hardened max rel. diff", "hardened events",
+             "hardened s"],
             [[p, _cell(cell[p, "stock DDP"]), _cell(cell[p, "hardened"]),
+              _distance(cell[p, "hardened"]),
               ", ".join(cell[p, "hardened"]["events"]) or "-",
               fixed(cell[p, "hardened"]["seconds"], 1)] for p in patterns]))
     return tables

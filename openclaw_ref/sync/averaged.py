@@ -19,6 +19,16 @@ accumulators ran), and raise ``GradientsNotAveraged`` from ``backward()``, so th
 never applies the step. A
 backward that reaches no parameter (a loss that does not depend on them, ``autograd.grad``
 towards the inputs) is silent.
+
+A parameter replaced after wrapping is seen two ways: its gradient accumulator is not the one
+DDP hooked (a conversion), or the module holds another Parameter object under its name
+(``module.w = nn.Parameter(...)``). Through the wrapper, with no parameter replaced, "no
+bucket" has one cause: this rank's DDP
+stopped before bucket 0 (a parameter of that bucket got no gradient under
+``find_unused_parameters=False``; DDP issues buckets in index order), while the other ranks may
+have issued theirs and wait inside bucket 0's allreduce. That is the last-bucket-missing case
+at its extreme, so it takes that path (``unissued``: every bucket sent as zeros marked "never
+issued", then the step judged): every rank raises the same ``MissingGradient`` at the same step.
 """
 
 from __future__ import annotations
@@ -44,7 +54,8 @@ class Cause(enum.Enum):
                 "their gradients, so none were averaged: convert the model before wrapping it, "
                 "or wrap it again")
     NO_BUCKET = ("parameters received gradients in a backward through the DDP wrapper, but DDP "
-                 "reduced no bucket: gradients were never averaged")
+                 "reduced no bucket and the step's check raised nothing: gradients were never "
+                 "averaged")
 
 
 def _accumulator(p: nn.Parameter):
@@ -67,14 +78,17 @@ def _queue(callback: Callable[[], None]) -> None:
 
 class AveragingWatch:
     """Raises ``GradientsNotAveraged`` from a backward that DDP should have averaged and did
-    not (see the module docstring). ``progress`` is the hook's (clock, issued records)."""
+    not (see the module docstring). ``progress`` is the hook's (clock, issued records);
+    ``unissued`` sends this step's buckets as never issued and judges the step (it raises)."""
 
     def __init__(self, ddp: nn.Module, synchronized: list[tuple[str, nn.Parameter]],
-                 progress: Callable[[], tuple[int, int]], rank: int) -> None:
+                 progress: Callable[[], tuple[int, int]], rank: int,
+                 unissued: Callable[[], None]) -> None:
         self.ddp = ddp
         self.synchronized = synchronized
         self.progress = progress
         self.rank = rank
+        self.unissued = unissued
         self.hooked = {id(p): _accumulator(p) for _, p in synchronized  # what DDP hooked
                        if p.requires_grad}
         self.via_wrapper = False  # set by the DDP wrapper's forward pre-hook
@@ -109,8 +123,12 @@ class AveragingWatch:
         if not via_wrapper:
             cause = Cause.BYPASSED
         else:
-            replaced = [n for n, p in received if _accumulator(p) is not self.hooked.get(id(p))]
+            current = dict(self.ddp.module.named_parameters())
+            replaced = ([n for n, p in received if _accumulator(p) is not self.hooked.get(id(p))]
+                        or [n for n, p in self.synchronized if current.get(n) is not p])
             if replaced:
                 cause, params = Cause.REPLACED, replaced
+            else:  # DDP stopped before bucket 0 here: MissingGradient on every rank
+                self.unissued()
         raise GradientsNotAveraged(cause.value, step=self.progress()[0], ranks=[self.rank],
                                    params=params)

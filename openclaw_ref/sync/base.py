@@ -80,10 +80,12 @@ class ScaleMode(enum.StrEnum):
     is PyTorch's ``fp16_compress_hook`` exactly (cast, ÷W, no pre-scale, no back-off of its
     own), so ``torch.amp.GradScaler`` skips and backs off identically, and without a scaler an
     overflowed step is skipped by every rank's optimizer (``ledger`` step 5). A fixed 2^e or our
-    dynamic one (``auto``) is opt-in, for jobs with NO loss scaler: it multiplies on top of a
-    loss scale (double scaling), and ``auto`` backs off when the scaler does. Why not detect a
-    scaler and pick: nothing the hook sees before the optimizer step tells a scaled loss from a
-    large one, so the default is the mode that is right both with and without one."""
+    dynamic one (``auto``) is opt-in, for jobs with NO loss scaler: it would multiply on top of
+    a loss scale (double scaling, ``auto`` backing off when the scaler does), so under an
+    enabled ``torch.amp.GradScaler`` it is refused with ``BadInput`` at the first optimizer step
+    the scaler runs (``precision.refuse_grad_scaler``). Why not detect a scaler and pick:
+    nothing the hook sees before the optimizer step tells a scaled loss from a large one, so the
+    default is the mode that is right both with and without one."""
 
     FIXED = "fixed"
     AUTO = "auto"

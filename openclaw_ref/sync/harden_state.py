@@ -309,10 +309,12 @@ class HardenState:
 
     def close(self) -> None:
         """Stop checking: remove the hooks harden() added, stop the watchdog; the comm hook,
-        which DDP cannot unregister, becomes a plain allreduce. Idempotent."""
+        which DDP cannot unregister, becomes a plain allreduce. Idempotent. Keeps no reference
+        to the DDP model, so a model dropped after an error is freed (README "After an error")."""
         self.closed = True
         if self.averaging is not None:
             self.averaging.closed = True
+        self.averaging = self.complete_unissued = None
         for handle in self.handles:
             handle.remove()
         self.handles.clear()

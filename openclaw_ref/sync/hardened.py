@@ -85,7 +85,13 @@ from openclaw_ref.sync.control_layout import joined_slot, unissued_slot
 from openclaw_ref.sync.ddp import wrap_ddp
 from openclaw_ref.sync.harden_state import HardenState
 from openclaw_ref.sync.ledger import BucketRecord
-from openclaw_ref.sync.precision import ScalePolicy, finite_sum, from_wire, to_wire
+from openclaw_ref.sync.precision import (
+    ScalePolicy,
+    finite_sum,
+    from_wire,
+    refuse_grad_scaler,
+    to_wire,
+)
 from openclaw_ref.sync.target import bucket_sizes, validate_target
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
@@ -221,6 +227,14 @@ def _complete_unissued(state: HardenState, ddp_model: DDP) -> None:
             _unissued_allreduce(state, bucket)
 
 
+def _unissued_step(state: HardenState, ddp_model: DDP) -> None:
+    """A backward in which this rank's DDP issued no bucket (it stopped before bucket 0): the
+    step's buckets go as zeros marked "never issued", and the step is judged — the same
+    ``MissingGradient`` on every rank (``averaged.AveragingWatch``)."""
+    _complete_unissued(state, ddp_model)
+    state._settle()
+
+
 def _presence_hook(present: set[int], key: int):
     """A tensor hook recording that parameter ``key`` got a local gradient this step."""
     return lambda grad: present.add(key)
@@ -237,10 +251,12 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     alone still catches a swapped registration). Raises ``BadInput`` before registering
     anything and before any collective when the model cannot be hardened: a comm hook already
     registered (Python or C++ built-in), a process group with no backend for the gradients'
-    device, a wire dtype the backend cannot reduce.
+    device, a wire dtype the backend cannot reduce; and from the first optimizer step a
+    ``torch.amp.GradScaler`` runs over a pre-scaled fp16 wire (``precision.refuse_grad_scaler``).
 
     ``state.close()`` removes what this added (forward pre-hook, gradient-presence hooks, the
-    optimizer step pre-hook that keeps a wire overflow out of the weights,
+    optimizer step pre-hooks that keep a wire overflow out of the weights and refuse a
+    GradScaler over a pre-scale,
     forward hook of ``averaged.AveragingWatch`` on ``ddp_model.module``, watchdog thread) on
     the rank it runs on. DDP cannot unregister a comm hook: after ``close()`` the hook is
     inert — a plain allreduce average like PyTorch's ``allreduce_hook``, no control block, no
@@ -248,9 +264,10 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
 
     After an error. A ``ConsistencyError`` (or a failed collective) is raised from inside
     DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of this DDP
-    model fails on DDP's own internal assert. The model cannot be used again. Close the state,
-    then either build a new ``DistributedDataParallel`` around the same module (its parameters
-    are broadcast from rank 0 again) and harden that, or restore a checkpoint — on every rank.
+    model fails on DDP's own internal assert. The model cannot be used again. Close the state
+    and drop the model (its reducer's hooks on the parameters go with it), then either build a
+    new ``DistributedDataParallel`` around the same module (its parameters are broadcast from
+    rank 0 again) and harden that, or restore a checkpoint — on every rank.
     """
     cfg = cfg or SyncConfig(name="hardened")
     backend = validate_target(ddp_model, cfg)
@@ -279,7 +296,8 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
             state.required.add(id(p))
             state.handles.append(p.register_hook(_presence_hook(state.present, id(p))))
     watch = state.averaging = AveragingWatch(ddp_model, state.synchronized, state.progress,
-                                             global_rank)
+                                             global_rank, functools.partial(_unissued_step,
+                                                                            state, ddp_model))
 
     def wrapper_forward(module, args) -> None:
         watch.wrapper_forward()
@@ -289,6 +307,9 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
     state.handles.append(register_optimizer_step_pre_hook(
         state.before_optimizer_step))
+    if state.policy.pre_scales:  # opt-in pre-scale: refused under a GradScaler
+        state.handles.append(register_optimizer_step_pre_hook(
+            refuse_grad_scaler(state.policy, cfg.scale)))
     state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
     if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:

@@ -29,16 +29,26 @@ back-off of its own; an element overflows exactly when it would under that hook,
 the scaler as it would there, and ``torch.amp.GradScaler``'s skip/back-off sequence is the one
 users know. (Dividing first would overflow *less*, and the scaler's sequence would then differ
 from the reference's.) Without a scaler, the overflowed step is skipped by the optimizer
-(``ledger`` step 5). The pre-scale (fixed or ``auto``) is opt-in, for jobs with no loss scaler.
+(``ledger`` step 5). The pre-scale (fixed or ``auto``) is opt-in, for jobs with no loss scaler:
+under one it multiplies on top of the loss scale, so the wire overflows — and the scaler skips
+and backs off — at other steps than under ``fp16_compress_hook`` (``auto`` backing off at the
+same time). That combination is refused, not run silently: ``refuse_grad_scaler`` raises
+``BadInput`` from the first optimizer step an enabled ``torch.amp.GradScaler`` runs, on every
+rank (the scaler's skip decisions read the reduced gradients, the same everywhere), before the
+step changes a weight. The earliest sound sign: nothing before the optimizer step tells a
+scaled loss from a large one, and a step the scaler skips never calls the optimizer. Another
+loss scaler (not ``torch.amp.GradScaler`` or a subclass) is not recognised.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import torch
 
 from openclaw_ref.sync.base import ScaleMode, SyncConfig, Wire
+from openclaw_ref.sync.errors import BadInput
 
 WIRE_DTYPES: dict[Wire, torch.dtype] = {
     Wire.FP32: torch.float32, Wire.FP16: torch.float16, Wire.BF16: torch.bfloat16,
@@ -73,6 +83,11 @@ class ScalePolicy:
             return cls(cfg.wire, True, DEFAULT_AUTO_EXP)
         return cls(cfg.wire, False, cfg.scale_exp)
 
+    @property
+    def pre_scales(self) -> bool:
+        """Does the wire multiply the gradients by 2^e (fixed or ``auto``; module docstring)?"""
+        return self.wire is Wire.FP16 and not self.loss_scaler
+
     def __post_init__(self) -> None:
         # resolved once: dtype_for runs for every bucket, and an enum member lookup is slow
         self._cast = None if self.wire is Wire.NATIVE else WIRE_DTYPES[self.wire]
@@ -104,6 +119,39 @@ class ScalePolicy:
             self.exponent += 1
             self.growths += 1
             self.clean_steps = 0
+
+
+GRAD_SCALER_FRAMES = 6  # GradScaler.step → _maybe_opt_step → Optimizer.step's wrapper → hooks
+
+
+def grad_scaler_running_step() -> bool:
+    """Is an enabled ``torch.amp.GradScaler`` running the optimizer step being entered? Read
+    from the calling frames (an optimizer step pre-hook runs a few frames below the scaler's
+    ``step``); a disabled scaler, or ``optimizer.step()`` called directly, is not one."""
+    frame = sys._getframe(1)
+    for _ in range(GRAD_SCALER_FRAMES):
+        if frame is None:
+            return False
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.amp.GradScaler):
+            return owner.is_enabled()
+        frame = frame.f_back
+    return False
+
+
+def refuse_grad_scaler(policy: ScalePolicy, scale: str):
+    """An optimizer step pre-hook for a pre-scaled fp16 wire (``scale``: its setting): raise
+    ``BadInput`` when a ``torch.amp.GradScaler`` runs the step (module docstring)."""
+
+    def hook(optimizer, args, kwargs) -> None:
+        if grad_scaler_running_step():
+            raise BadInput(
+                f"the fp16 wire's pre-scale (scale={scale!r}, now 2^{policy.exponent}) "
+                "multiplies on top of torch.amp.GradScaler's loss scale: the scaler would skip "
+                "and back off at other steps than under PyTorch's fp16_compress_hook. With a "
+                "loss scaler use scale='loss-scaler' (the default), which is that hook exactly")
+
+    return hook
 
 
 def to_wire(grad: torch.Tensor, out: torch.Tensor, world_size: int, exponent: int,

@@ -8,7 +8,11 @@ uncontended lock, no I/O); the main thread drops a step's entries once it has wa
      (step, bucket) it issued, the last step it settled, whether a watched collective is in
      flight, and a counter that grows every tick (the heartbeat);
   2. polls every in-flight ``Work`` with ``is_completed()`` and forgets the finished ones;
-  3. once one has been in flight longer than ``deadline_s``, reads the published beats, names
+  3. once the oldest (the *head*: the backend runs a rank's collectives in issue order, so the
+     others queue behind it) has waited longer than ``deadline_s`` — counted from its issue, or
+     from the tick that saw the one ahead of it complete, so a bucket queued behind a late
+     rank's collective is not reported again, as "slow", once that rank arrives — reads the
+     published beats, names
      the ranks behind its (step, bucket) and says of each whether it is *alive* (its counter
      moves: between steps, saving, evaluating) or *silent* (no new beat for a whole deadline:
      frozen, dead or cut off), then acts (``base.WatchdogAction``): ``EXIT`` ends the process
@@ -177,6 +181,8 @@ class Watchdog:
         self._settled = -1
         self._count = 0
         self._inflight: dict[Progress, tuple[float, object]] = {}  # -> (issued at, Work)
+        self._head: tuple[Progress, float] | None = None  # the oldest in flight, waiting since
+        self._last_tick = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._late: dict[int, Late] = {}  # of the current overdue collective
@@ -251,27 +257,35 @@ class Watchdog:
         if overdue is None:
             self._episode = None
             return False
-        issued_at, key, work = overdue
+        since, key, work = overdue
         if key != self._episode:
             self._episode, self._late, self._told_silent = key, {}, set()
             self._reported = False
             self._look(key, initial=True)
         else:
             self._look(key, initial=False)
-        return self._act(key, work, time.monotonic() - issued_at)
+        return self._act(key, work, time.monotonic() - since)
 
     def _beat(self) -> Beat:
         with self._lock:
             return Beat(self._progress, self._settled, bool(self._inflight), self._count)
 
     def _oldest_overdue(self) -> tuple[float, Progress, object] | None:
+        """(waiting since, key, Work) of the head collective once it is overdue (step 3)."""
         with self._lock:
             for key in [k for k, (_, w) in self._inflight.items() if w.is_completed()]:
                 del self._inflight[key]
             now = time.monotonic()
-            overdue = [(t, key, w) for key, (t, w) in self._inflight.items()
-                       if now - t > self.deadline_s]
-        return min(overdue, key=lambda o: (o[0], o[1])) if overdue else None
+            last, self._last_tick = self._last_tick, now
+            if not self._inflight:
+                self._head = None
+                return None
+            key = min(self._inflight)  # issue order: (step, bucket) increases on a rank
+            issued_at, work = self._inflight[key]
+        if self._head is None or self._head[0] != key:  # ahead of it completed after ``last``
+            self._head = (key, max(issued_at, last))
+        since = self._head[1]
+        return (since, key, work) if now - since > self.deadline_s else None
 
     def _look(self, waiting_for: Progress, *, initial: bool) -> None:
         """Read the beats of every rank (first look) or of those still late; keep the late."""

@@ -17,11 +17,15 @@ from openclaw_ref.experiments.false_alarms import (
     PAUSE_DEADLINE_S,
     PAUSE_S,
     RELATIVE_LIMIT,
+    SPECS,
     Arm,
     Pattern,
     arm_task,
+    hardened_config,
     judge,
+    max_relative,
 )
+from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
     from openclaw_ref.experiments.compare import CompareConfig, Progress
@@ -53,6 +57,7 @@ def _row(w: int, pattern: Pattern, arm: Arm, replies: list[dict] | None,
     return {"world_size": w, "pattern": pattern.value, "arm": arm.value,
             "fault": pattern in FAULTS,
             "outcome": judge(pattern, replies, reference).value, "seconds": seconds,
+            "max_relative": max_relative(replies, reference),
             "error": errors[0] if errors else None,
             "events": sorted({k for r in replies or [] for k in r["events"]})}
 
@@ -69,7 +74,10 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
                 replies, seconds = _arm(pools, w, pattern, arm)
                 rows.append(_row(w, pattern, arm, replies, reference, seconds))
                 progress.tick(f"false alarms ×{w}: {pattern.name} {arm.value}")
+    pause = hardened_config(SPECS[Pattern.RANK0_PAUSE])
     return {"rows": rows,
             "settings": {"pause_s": PAUSE_S, "pause_deadline_s": PAUSE_DEADLINE_S,
+                         "pause_action": pause.watchdog_action.value,
+                         "default_deadline_s": SyncConfig(name="hardened").watchdog_s,
                          "overflow_at": OVERFLOW_AT, "relative_limit": RELATIVE_LIMIT,
                          "fp16_relative_limit": FP16_RELATIVE_LIMIT}}
