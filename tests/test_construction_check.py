@@ -143,7 +143,8 @@ EXPECTED = {  # recorded from the all-manifests check (all_gather_object) before
     "layout": ("BucketMisalignment", [1], [],
                "BucketMisalignment at ranks [1]: bucket layouts differ at construction (bucket "
                "sizes in bytes): the ranks disagree, no majority: {rank 0: 2 buckets [64, 16], "
-               "rank 1: 3 buckets [64, 8, 8]}"),
+               "rank 1: 3 buckets [64, 8, 8]} — either side may be the faulty one; the ranks "
+               "named are those that differ from rank 0's value"),
     "both": ("ParameterMismatch", [1], ["b.weight"],  # the manifest is judged first
              "ParameterMismatch at ranks [1]: entry #2: rank 0 has b.weight [4, 4] "
              "torch.float32, rank 1 has (absent) (2 ranks compared) [params: b.weight]"),

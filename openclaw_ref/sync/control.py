@@ -47,7 +47,8 @@ def split_view(values: Sequence[object], differing: Sequence[int],
     """How the ranks' ``values`` split (``differing``: indices from ``vote.plurality``;
     ``ranks``: the rank of each value, default its index). With a strict majority, the value it
     holds and the other ranks' values; without one (two ranks, any tie) every rank's value,
-    and no rank is singled out as the odd one."""
+    no rank singled out as the odd one, and why the error still lists the ranks it does (they
+    differ from the lowest rank's value, ``vote.plurality``'s tie rule)."""
     n = len(values)
     ids = list(ranks) if ranks is not None else list(range(n))
     off = set(differing)
@@ -56,7 +57,8 @@ def split_view(values: Sequence[object], differing: Sequence[int],
         others = ", ".join(f"rank {ids[i]}: {show(values[i])}" for i in differing)
         return f"{show(values[agree[0]])} on {len(agree)} of {n} ranks, {{{others}}}"
     every = ", ".join(f"rank {ids[i]}: {show(values[i])}" for i in range(n))
-    return f"the ranks disagree, no majority: {{{every}}}"
+    return (f"the ranks disagree, no majority: {{{every}}} — either side may be the faulty "
+            f"one; the ranks named are those that differ from rank {ids[agree[0]]}'s value")
 
 
 @dataclass(frozen=True)
