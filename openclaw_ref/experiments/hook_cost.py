@@ -19,7 +19,8 @@ Arms:
 
 Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB bucket cap, about
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
-buckets). The per-bucket host cost of a hook is (its median step − ddp's) ÷ buckets.
+buckets; ``small``: 5.4 M parameters, a 1 MB cap). The per-bucket host cost of a hook is
+(its median step − ddp's) ÷ buckets.
 
 Run alone: ``openclaw-bench hook-cost --world-size 2 --steps 150``.
 """
@@ -52,7 +53,7 @@ BASELINE = "ddp"
 PYTHON_HOOK_FOR = {"hardened-fp32": "allreduce_hook", "hardened-fp16": "fp16_compress_hook",
                    "hardened-fp32-noreplica": "allreduce_hook"}
 MLP_WIDTH, MLP_LAYERS, MLP_BATCH = 512, 8, 32
-BUCKET_CAP_MB = {"mlp": 1.0, "tiny": 0.025}
+BUCKET_CAP_MB = {"mlp": 1.0, "tiny": 0.025, "small": 1.0}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ from openclaw_ref.experiments import hook_cost, verify_scale
 if TYPE_CHECKING:
     from openclaw_ref.experiments.compare import CompareConfig, Progress
 
-MODELS = ("mlp", "tiny")  # a plain 8-bucket MLP and the openclaw preset at 15 buckets
+# a plain 8-bucket MLP, the openclaw tiny preset at 15 buckets and the small one (5.4 M
+# parameters, ~22 buckets), whose ~0.4 s steps on 2 CPU cores get fewer timed steps
+MODELS = ("mlp", "tiny", "small")
+MAX_STEPS = {"small": 40}
 WORLD_SIZE = 2
 
 
@@ -26,7 +29,8 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     """One interleaved job per model, the memory job, the verification timings."""
     out: dict[str, Any] = {"jobs": {}}
     for model in MODELS:
-        hcfg = hook_cost.HookCostConfig(model=model, world_size=WORLD_SIZE, steps=cfg.hook_steps,
+        steps = min(cfg.hook_steps, MAX_STEPS.get(model, cfg.hook_steps))
+        hcfg = hook_cost.HookCostConfig(model=model, world_size=WORLD_SIZE, steps=steps,
                                         seed=cfg.seed)
         raw = pools.get(WORLD_SIZE).run(hook_cost.hook_cost_rank, hcfg)[0]
         summary = hook_cost.summarize(raw)
