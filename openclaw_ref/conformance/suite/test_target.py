@@ -22,6 +22,7 @@ from openclaw_ref.conformance.user_checks import (
     check_replica_consistency,
 )
 from openclaw_ref.conformance.user_faults import (
+    CaseKind,
     UserFaultRunner,
     case_result,
     not_applicable,
@@ -32,8 +33,11 @@ pytestmark = pytest.mark.conformance
 
 # DDP option sets beyond these run in the slow set
 CI_OPTION_SETS = ("default", "join")
-# cases that wait for a deadline (> 5 s each) run in the slow set
-SLOW_CASES = ("hang",)
+# in CI (not slow): every fault that stays in-band and two corpus patterns (one acting at
+# construction on every rank, one per step on one rank); crash and hang (a fresh rank pool and
+# a deadline: > 5 s each on the openclaw model) and the rest of the corpus in the slow set
+CI_CORPUS = ("convert-after-wrap", "clip-one-rank")
+SLOW_FAULTS = ("crash", "hang")
 # cases that change nothing by design when nobody measures them (a late rank only waits)
 MAY_HAVE_NO_EFFECT = ("late-rank", "hang")
 # where the faulty rank cannot be named: 2 ranks hold no majority against the acting rank 0
@@ -85,8 +89,9 @@ def fault_runner(pools, target_spec):
 
 def _cases():
     for case in user_cases():
-        marks = [pytest.mark.slow] if case.name in SLOW_CASES else []
-        yield pytest.param(case, marks=marks, id=case.name)
+        slow = case.name in SLOW_FAULTS or (case.kind is CaseKind.CORPUS
+                                            and case.name not in CI_CORPUS)
+        yield pytest.param(case, marks=[pytest.mark.slow] if slow else [], id=case.name)
 
 
 def test_the_fault_free_run_is_silent_and_repeatable(fault_runner):
