@@ -47,7 +47,8 @@ DDP_OPTION_SETS: dict[str, LoopOptions] = {
 }
 
 
-def _strategy(spec: TargetSpec) -> str:
+def strategy_label(spec: TargetSpec) -> str:
+    """The column a target's results are filed under: the hook's name, or stock DDP."""
     return spec.hook or f"{USER_STRATEGY} (stock DDP)"
 
 
@@ -73,12 +74,12 @@ def check_equivalence(ctx, spec: TargetSpec, option_set: str = "default",
     name = f"equivalence ({option_set})"
     if bad:
         first = per_rank[bad[0]][1]
-        return CheckResult(name, _strategy(spec), False,
+        return CheckResult(name, strategy_label(spec), False,
                            f"ranks {bad} differ from one process on the same global batch: max "
                            f"|Δparam| {diff:.3g} in {first!r} (tolerance {atol:g}, wire "
                            f"{spec.wire})", figures,
                            {"kind": "NotEquivalent", "ranks": bad, "params": [first]})
-    return CheckResult(name, _strategy(spec), True,
+    return CheckResult(name, strategy_label(spec), True,
                        f"{ctx.world_size} ranks equal one process within {atol:g} (max |Δ| "
                        f"{diff:.3g} in {param!r})", figures)
 
@@ -93,7 +94,7 @@ def check_replica_consistency(ctx, spec: TargetSpec,
     steps = min(len(x) for x in per_rank)
     figures = {"steps": steps}
     if error is not None:
-        return CheckResult("replica consistency", _strategy(spec), False,
+        return CheckResult("replica consistency", strategy_label(spec), False,
                            f"the run stopped: {error}", figures, error.event().to_json())
     for step in range(steps):
         at = [x[step] for x in per_rank]
@@ -102,9 +103,9 @@ def check_replica_consistency(ctx, spec: TargetSpec,
             params = [n for i, n in enumerate(digests.names) if len({a[i] for a in at}) > 1]
             err = ReplicaDivergence("parameters differ between replicas", step=step, ranks=odd,
                                     params=params)
-            return CheckResult("replica consistency", _strategy(spec), False, str(err), figures,
-                               err.event().to_json())
-    return CheckResult("replica consistency", _strategy(spec), True,
+            return CheckResult("replica consistency", strategy_label(spec), False, str(err),
+                               figures, err.event().to_json())
+    return CheckResult("replica consistency", strategy_label(spec), True,
                        f"bitwise equal on {ctx.world_size} ranks after each of {steps} steps",
                        figures)
 
@@ -122,10 +123,10 @@ def check_bucket_layout(ctx, spec: TargetSpec, faults: tuple[FaultSpec, ...] = (
         at = [x[step] for x in per_rank]
         odd = plurality(at).differing
         if odd:
-            return CheckResult("bucket layout", _strategy(spec), False,
+            return CheckResult("bucket layout", strategy_label(spec), False,
                                f"BucketMisalignment at step {step}, ranks {odd}", figures,
                                {"kind": "BucketMisalignment", "step": step, "ranks": odd})
-    return CheckResult("bucket layout", _strategy(spec), True,
+    return CheckResult("bucket layout", strategy_label(spec), True,
                        f"{figures['buckets']} bucket(s), identical on {ctx.world_size} ranks at "
                        f"all {steps} steps", figures)
 

@@ -37,6 +37,7 @@ from openclaw_ref.conformance.fault_matrix import (
 )
 from openclaw_ref.conformance.settings import CheckResult
 from openclaw_ref.conformance.target import Target, TargetSpec, build_target
+from openclaw_ref.conformance.user_checks import strategy_label
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.corpus_faults import CORPUS, CorpusFault, pattern
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
@@ -208,10 +209,6 @@ def user_case_task(ctx: RankContext, spec: TargetSpec, case: UserCase | None,
     return ("ok", {"events": [e.to_json() for e in events], "steps": observer.steps,
                    "summary": {"param_digest": digests[0],
                                "replicas_equal": len(set(digests)) == 1}})
-
-
-def strategy_label(spec: TargetSpec) -> str:
-    return spec.hook or "stock DDP"
 
 
 class UserFaultRunner:
