@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from openclaw_ref.conformance.corpus import fault_spec as corpus_fault_spec
@@ -111,6 +112,7 @@ class UserFaultSettings:
     pg_timeout_s: float = 8.0
     case_timeout_s: float = 120.0
     backend: str = "gloo"
+    seed: int = 0
 
     def fault_text(self, fault: str) -> str:
         value = {"late-rank": self.late_rank_value, "hang": self.hang_value}.get(fault)
@@ -181,25 +183,37 @@ class RunObserver(Callback):
         self.steps.append({"step": step, "sync": strategy.step_metrics()})
 
 
-def user_case_task(ctx: RankContext, spec: TargetSpec, case: UserCase | None,
-                   fault: FaultSpec | None, settings: UserFaultSettings) -> tuple[str, Any]:
-    """One case on one rank (``case`` None: the clean run), replied as the fault matrix's
-    ``case_task`` replies: ("ok", record) or ("detected", the error raised on every rank). Any
-    other error (a watchdog's ``SyncTimeout`` included) leaves the task for the pool to name."""
+@dataclass(frozen=True)
+class CaseJob:
+    """What a rank needs for one case (``case`` None: the clean run): the fault as ``classify``
+    reads it, and for a corpus pattern the parameter and the sibling pair it acts on (both
+    found on the model by the parent)."""
+
+    case: UserCase | None = None
+    fault: FaultSpec | None = None
+    replaced: str = ""
+    swapped: tuple[str, str] = ("", "")
+
+
+def user_case_task(ctx: RankContext, spec: TargetSpec, job: CaseJob,
+                   settings: UserFaultSettings) -> tuple[str, Any]:
+    """One case on one rank, replied as the fault matrix's ``case_task`` replies: ("ok",
+    record) or ("detected", the error raised on every rank). Any other error (a watchdog's
+    ``SyncTimeout`` included) leaves the task for the pool to name. Torch's RNG is seeded
+    first, so a factory that draws its weights starts every case from the same ones."""
     from openclaw_ref.conformance.user_run import LoopOptions, train_target
     from openclaw_ref.core.collectives import gather
     from openclaw_ref.sync.checks import params_digest
 
+    torch.manual_seed(settings.seed)
     observer = RunObserver()
     callbacks: list[Callback] = [observer]
     faults: tuple[FaultSpec, ...] = ()
-    if case is not None and case.kind is CaseKind.CORPUS:
-        model = build_target(spec.factory).module
-        callbacks.insert(0, CorpusFault(case.name, ctx.rank, ctx.world_size,
-                                        replaced=first_parameter(model),
-                                        swapped=swappable_pair(model) or ("", "")))
-    elif fault is not None:
-        faults = (fault,)
+    if job.case is not None and job.case.kind is CaseKind.CORPUS:
+        callbacks.insert(0, CorpusFault(job.case.name, ctx.rank, ctx.world_size,
+                                        replaced=job.replaced, swapped=job.swapped))
+    elif job.fault is not None:
+        faults = (job.fault,)
     try:
         model, _ = train_target(ctx, spec, LoopOptions(steps=settings.steps), faults, callbacks)
     except ConsistencyError as exc:
@@ -225,7 +239,7 @@ class UserFaultRunner:
 
     def clean_reply(self) -> tuple[str, Any]:
         return self._get_pool(self.spec.world_size).run(
-            user_case_task, self.spec, None, None, self.settings,
+            user_case_task, self.spec, CaseJob(), self.settings,
             timeout_s=self.settings.case_timeout_s)[0]
 
     def reference(self) -> str:
@@ -247,7 +261,7 @@ class UserFaultRunner:
         pool = self._fresh() if fresh else self._get_pool(ws)
         reply, failure = None, None
         try:
-            reply = pool.run(user_case_task, self.spec, case, fault, st,
+            reply = pool.run(user_case_task, self.spec, self._job(case, fault), st,
                              timeout_s=st.pg_timeout_s * 3 if fresh else st.case_timeout_s)[0]
         except (RankFailed, LaunchTimeout) as exc:
             failure = exc
@@ -260,6 +274,10 @@ class UserFaultRunner:
         out.fault = case.name
         out.wall_s = time.perf_counter() - t0
         return out
+
+    def _job(self, case: UserCase, fault: FaultSpec) -> CaseJob:
+        model = self.target.module
+        return CaseJob(case, fault, first_parameter(model), swappable_pair(model) or ("", ""))
 
     def _fresh(self) -> RankPool:
         st = self.settings
