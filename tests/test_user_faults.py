@@ -17,6 +17,7 @@ from openclaw_ref.conformance.target import Target, TargetSpec
 from openclaw_ref.conformance.user_checks import check_equivalence
 from openclaw_ref.conformance.user_faults import (
     UserFaultRunner,
+    names_injected_rank,
     not_applicable,
     swappable_pair,
     user_case,
@@ -108,6 +109,25 @@ def test_registration_can_be_permuted_only_outside_an_ordered_container():
     assert not_applicable(user_case("permuted-params"), two_branch_target()) is None
 
 
+@pytest.mark.parametrize("name,ranks,named", [
+    ("param-replaced-after-wrap", [1], True),  # every rank makes the mistake: any rank
+    ("param-replaced-after-wrap", [], False),
+    ("clip-one-rank", [1], True),  # rank 1 clips
+    ("clip-one-rank", [0], False),
+], ids=["every-rank-any", "every-rank-none", "one-rank-right", "one-rank-wrong"])
+def test_a_crash_names_the_injected_rank_or_any_rank_for_an_every_rank_mistake(name, ranks,
+                                                                                named):
+    from openclaw_ref.conformance.fault_matrix import classify
+    from openclaw_ref.core.errors import RankFailed
+    from openclaw_ref.core.faults import FaultSpec
+
+    case = user_case(name)
+    fault = FaultSpec(name, rank=0 if name.startswith("param") else 1, step=0)
+    failure = RankFailed(ranks[0], "RuntimeError: boom") if ranks else RuntimeError("boom")
+    out = classify("user-hook", fault, 2, failure=failure)
+    assert out.outcome == "crash" and names_injected_rank(case, out) == named, out
+
+
 def test_an_unknown_case_is_refused_naming_the_known_ones():
     with pytest.raises(BadInput, match="choose from late-rank"):
         user_case_names("bitflip,no-such-fault")
@@ -121,7 +141,7 @@ def test_harden_detects_each_fault_on_the_example_naming_the_injected_rank(harde
     if name == "load-on-rank0-after-wrap":  # 2 ranks: no majority to name rank 0 against
         assert out.ranks, out
     else:
-        assert out.attributed, out
+        assert names_injected_rank(user_case(name), out), out
 
 
 def test_a_crashed_rank_is_named_under_harden(hardened):

@@ -40,7 +40,7 @@ from openclaw_ref.conformance.settings import CheckResult
 from openclaw_ref.conformance.target import Target, TargetSpec, build_target
 from openclaw_ref.conformance.user_checks import strategy_label
 from openclaw_ref.core.callbacks import Callback
-from openclaw_ref.core.corpus_faults import CORPUS, CorpusFault, pattern
+from openclaw_ref.core.corpus_faults import CORPUS, CorpusFault, Reach, pattern
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FaultSpec, parse_fault
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
@@ -286,10 +286,19 @@ class UserFaultRunner:
                                      pg_timeout_s=st.pg_timeout_s))
 
 
+def names_injected_rank(case: UserCase, out: CaseOutcome) -> bool:
+    """Whether the run stopped naming the faulty rank (a detection, or a crash/hang the
+    launcher or a watchdog attributed); where every rank makes the mistake, any rank it names
+    (which rank's error reaches the launcher first is a race)."""
+    if case.kind is CaseKind.CORPUS and pattern(case.name).reach is Reach.EVERY_RANK:
+        return out.outcome in ("detected", "crash", "hang-timeout") and bool(out.ranks)
+    return out.attributed
+
+
 def case_result(case: UserCase, out: CaseOutcome) -> CheckResult:
-    """A case as a conformance row: passed when the run stopped naming the faulty rank (a
-    detection, or a crash/hang the launcher or watchdog attributed)."""
-    return CheckResult(case.check, out.strategy, out.attributed, out.summary(), out.to_json(),
+    """A case as a conformance row: passed when the run stopped naming the faulty rank."""
+    return CheckResult(case.check, out.strategy, names_injected_rank(case, out), out.summary(),
+                       out.to_json(),
                        {"kind": out.kind, "step": out.step, "ranks": out.ranks}
                        if out.outcome != "no-effect" and out.kind else None)
 
