@@ -7,8 +7,9 @@ on your own model").
   forgets_to_divide  the same hook without the division by the world size (it sums): the
                    suite's equivalence check must fail on it, naming the ranks;
   hardened         ``harden()`` from the hook library instead of a hook of your own (replica
-                   check every step, a NaN gradient raises), which detects the suite's faults
-                   and names the rank.
+                   check every step, a NaN gradient raises, a 3 s watchdog: a collective a
+                   rank never joins is named within seconds), which detects the suite's
+                   faults and names the rank.
 
     pytest -m conformance --pyargs openclaw_ref.conformance.suite \
         --openclaw-model my_model:make_target --openclaw-hook my_model:good_hook
@@ -65,4 +66,5 @@ def forgets_to_divide(ddp_model, process_group) -> None:
 
 
 def hardened(ddp_model, process_group) -> None:
-    harden(ddp_model, SyncConfig(name="hardened", replica_slices=1, nonfinite="raise"))
+    harden(ddp_model, SyncConfig(name="hardened", replica_slices=1, nonfinite="raise",
+                                 watchdog_s=3.0))

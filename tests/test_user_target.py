@@ -181,10 +181,9 @@ def test_conform_fails_a_hook_that_forgets_to_divide_with_exit_3(capsys, tmp_pat
 ], ids=["plain-hook", "hardened"])
 def test_a_bitflip_is_silent_under_a_plain_hook_and_detected_by_harden(pools, hook, outcome,
                                                                        ranks):
-    from openclaw_ref.conformance.user_checks import check_fault
-    from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.conformance.user_faults import UserFaultRunner, case_result, user_case
 
-    result = pools.get(2).run(check_fault, TargetSpec(MODEL, hook),
-                              parse_fault("bitflip=0.weight@1:1"), timeout_s=180)[0]
-    assert (result.figures["outcome"], result.figures["ranks"]) == (outcome, ranks), result.detail
-    assert result.passed == (outcome == "detected")
+    case = user_case("bitflip")
+    out = UserFaultRunner(TargetSpec(MODEL, hook), pools.get).run_case(case)
+    assert (out.outcome, out.ranks) == (outcome, ranks), out
+    assert case_result(case, out).passed == (outcome == "detected")

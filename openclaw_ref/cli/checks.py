@@ -38,7 +38,8 @@ def add_conform(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated subset of {','.join(CHECKS)}")
     p.add_argument("--faults", default=None,
                    help="faults the fault-detection check injects (NAME[=VALUE][@RANK][:STEP]); "
-                        f"default {','.join(CONFORM_FAULTS)}, none with --model/--hook")
+                        f"default {','.join(CONFORM_FAULTS)}. With --model/--hook: fault or "
+                        "corpus-pattern names, or 'all' (default none; not under torchrun)")
     p.add_argument("--model", default=None, metavar="MODULE:FACTORY",
                    help="check your own model: FACTORY() returns an "
                         "openclaw_ref.conformance.target.Target (the model-agnostic checks run)")
@@ -94,21 +95,22 @@ def _conform_target(args: argparse.Namespace) -> int:
     from openclaw_ref.conformance.settings import CheckResult
     from openclaw_ref.conformance.target import TargetSpec, validate_spec
     from openclaw_ref.conformance.user_checks import run_user_checks
-    from openclaw_ref.core.faults import parse_fault
+    from openclaw_ref.conformance.user_faults import run_user_faults, user_case_names
     from openclaw_ref.core.jsonio import check_output_file
-    from openclaw_ref.core.launch import LaunchConfig, launch
+    from openclaw_ref.core.launch import LaunchConfig, launch, under_torchrun
 
     spec = TargetSpec(args.model, args.hook, args.world_size, args.wire)  # --wire: its tolerance
     validate_spec(spec)
-    faults = tuple(f.strip() for f in (args.faults or "").split(",") if f.strip())
-    for f in faults:
-        parse_fault(f)
+    names = user_case_names(args.faults or "")
+    if names and under_torchrun():
+        raise BadInput("--faults with --model/--hook spawns its own ranks (a crash or a hang "
+                       "ends them): run it outside torchrun")
     if args.out:
         check_output_file(args.out, "--out")
     cfg = LaunchConfig(args.world_size, backend=args.backend, timeout_s=args.timeout_s,
                        pg_timeout_s=max(30.0, args.watchdog_s * 2))
-    return _publish([CheckResult(**r) for r in launch(run_user_checks, cfg, spec, faults)[0]],
-                    args.out)
+    results = [CheckResult(**r) for r in launch(run_user_checks, cfg, spec)[0]]
+    return _publish(results + run_user_faults(spec, names), args.out)
 
 
 def _publish(results: list, out: str | None) -> int:

@@ -13,7 +13,9 @@ openclaw_ref.conformance.suite``), plus the cluster mode (``openclaw-bench confo
                    the input checks that run before any rank starts
   ``user_run``     the user's hook as one more strategy (``UserHook``) and the loop for a Target
   ``user_checks``  the checks that apply to any model (equivalence per DDP option set, replica
-                   consistency, bucket layout, one injected fault)
+                   consistency, bucket layout)
+  ``user_faults``  the fault matrix on a user's target: the faults and corpus patterns that
+                   apply to the model, judged by ``fault_matrix.classify``
   ``plugin``       the pytest plugin (entry point ``pytest11``): ``--openclaw-*`` options,
                    fixtures, the report
   ``suite``        the tests themselves

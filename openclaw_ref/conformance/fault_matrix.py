@@ -129,11 +129,18 @@ def case_task(ctx: RankContext, cfg, callbacks: Sequence[Any] = ()) -> tuple[str
     try:
         return ("ok", train_rank(ctx, cfg, callbacks))
     except ConsistencyError as exc:
-        if ctx.world_size > 1:
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
-        return ("detected", exc)
+        return detected_in_band(ctx, exc)
     except SyncTimeout as exc:  # the group timed out: no collective can run on it any more
         return ("detected", exc)
+
+
+def detected_in_band(ctx: RankContext, exc: ConsistencyError) -> tuple[str, Any]:
+    """The reply for a detection raised on every rank at once; the monitored barrier proves that
+    every rank got out of the run (if one did not, it raises and the caller replaces the
+    pool)."""
+    if ctx.world_size > 1:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
+    return ("detected", exc)
 
 
 def _late_rank_from_metrics(record: dict, step: int,
@@ -353,4 +360,4 @@ def matrix_strategies() -> tuple[str, ...]:
     return tuple(s for s in MATRIX_STRATEGIES if s in STRATEGIES)
 
 __all__ = ["FAULTS", "MATRIX_STRATEGIES", "OUTCOMES", "CaseOutcome", "MatrixRunner",
-           "MatrixSettings", "case_task", "classify"]
+           "MatrixSettings", "case_task", "classify", "detected_in_band"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +115,13 @@ def _require_arity(fn: Any, n: int, what: str, name: str) -> None:
         pass
 
 
-def global_batch(target: Target, step: int, world_size: int) -> Batch:
-    """Every rank's shard of ``step`` concatenated in rank order: what one process trains on."""
+def global_batch(target: Target, step: int, world_size: int,
+                 ranks: Sequence[int] | None = None) -> Batch:
+    """Every rank's shard of ``step`` (or those of ``ranks``) concatenated in rank order: what
+    one process trains on."""
     import torch
 
-    shards = [target.batch(step, r, world_size) for r in range(world_size)]
+    shards = [target.batch(step, r, world_size) for r in (ranks or range(world_size))]
     inputs = [_as_tuple(s[0]) for s in shards]
     joined = tuple(torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0]
                    for parts in zip(*inputs))

@@ -4,12 +4,13 @@ rank, failures naming the step, the ranks and the parameter or bucket as the ope
 
   equivalence          N ranks end where one process ends on the concatenated global batch
                        (max |Δparam| ≤ WIRE_ATOL[wire]); per DDP option set (``DDP_OPTION
-                       SETS``: default, gradient-as-bucket-view, static graph, no_sync);
+                       SETS``: default, gradient-as-bucket-view, static graph, no_sync, unused
+                       parameters, join: the last rank one step short under ``ddp.join()``);
   replica consistency  parameters bitwise equal on every rank after every step;
-  bucket layout        the buckets the user's hook saw are identical on every rank every step;
-  fault                one injected fault (on the target's own parameter names) and what the
-                       hook made of it: detected (a ``ConsistencyError`` naming ranks), silent
-                       corruption (replicas or the result wrong, nothing raised) or no effect.
+  bucket layout        the buckets the user's hook saw are identical on every rank every step.
+
+The fault matrix on the same target is ``user_faults`` (run from the parent: a crash or a hang
+ends the rank pool).
 
 Checks that need the openclaw model (gating sparsity, the overflow workload, the bucketed
 engine) stay in ``checks.py`` and skip on other models.
@@ -18,9 +19,6 @@ engine) stay in ``checks.py`` and skip on other models.
 from __future__ import annotations
 
 import dataclasses
-import enum
-
-import torch
 
 from openclaw_ref.conformance.recorders import ReplicaDigests
 from openclaw_ref.conformance.settings import CheckResult
@@ -44,16 +42,13 @@ DDP_OPTION_SETS: dict[str, LoopOptions] = {
     "gradient_as_bucket_view": LoopOptions(ddp_options=(("gradient_as_bucket_view", True),)),
     "static_graph": LoopOptions(ddp_options=(("static_graph", True),)),
     "no_sync": LoopOptions(accumulate=2),
+    "find_unused_parameters": LoopOptions(ddp_options=(("find_unused_parameters", True),)),
+    "join": LoopOptions(uneven=1),  # the last rank runs one step fewer, under ddp.join()
 }
 
 
-class FaultOutcome(enum.StrEnum):
-    DETECTED = "detected"
-    SILENT_CORRUPTION = "silent-corruption"
-    NO_EFFECT = "no-effect"
-
-
-def _strategy(spec: TargetSpec) -> str:
+def strategy_label(spec: TargetSpec) -> str:
+    """The column a target's results are filed under: the hook's name, or stock DDP."""
     return spec.hook or f"{USER_STRATEGY} (stock DDP)"
 
 
@@ -79,12 +74,12 @@ def check_equivalence(ctx, spec: TargetSpec, option_set: str = "default",
     name = f"equivalence ({option_set})"
     if bad:
         first = per_rank[bad[0]][1]
-        return CheckResult(name, _strategy(spec), False,
+        return CheckResult(name, strategy_label(spec), False,
                            f"ranks {bad} differ from one process on the same global batch: max "
                            f"|Δparam| {diff:.3g} in {first!r} (tolerance {atol:g}, wire "
                            f"{spec.wire})", figures,
                            {"kind": "NotEquivalent", "ranks": bad, "params": [first]})
-    return CheckResult(name, _strategy(spec), True,
+    return CheckResult(name, strategy_label(spec), True,
                        f"{ctx.world_size} ranks equal one process within {atol:g} (max |Δ| "
                        f"{diff:.3g} in {param!r})", figures)
 
@@ -99,7 +94,7 @@ def check_replica_consistency(ctx, spec: TargetSpec,
     steps = min(len(x) for x in per_rank)
     figures = {"steps": steps}
     if error is not None:
-        return CheckResult("replica consistency", _strategy(spec), False,
+        return CheckResult("replica consistency", strategy_label(spec), False,
                            f"the run stopped: {error}", figures, error.event().to_json())
     for step in range(steps):
         at = [x[step] for x in per_rank]
@@ -108,9 +103,9 @@ def check_replica_consistency(ctx, spec: TargetSpec,
             params = [n for i, n in enumerate(digests.names) if len({a[i] for a in at}) > 1]
             err = ReplicaDivergence("parameters differ between replicas", step=step, ranks=odd,
                                     params=params)
-            return CheckResult("replica consistency", _strategy(spec), False, str(err), figures,
-                               err.event().to_json())
-    return CheckResult("replica consistency", _strategy(spec), True,
+            return CheckResult("replica consistency", strategy_label(spec), False, str(err),
+                               figures, err.event().to_json())
+    return CheckResult("replica consistency", strategy_label(spec), True,
                        f"bitwise equal on {ctx.world_size} ranks after each of {steps} steps",
                        figures)
 
@@ -128,37 +123,12 @@ def check_bucket_layout(ctx, spec: TargetSpec, faults: tuple[FaultSpec, ...] = (
         at = [x[step] for x in per_rank]
         odd = plurality(at).differing
         if odd:
-            return CheckResult("bucket layout", _strategy(spec), False,
+            return CheckResult("bucket layout", strategy_label(spec), False,
                                f"BucketMisalignment at step {step}, ranks {odd}", figures,
                                {"kind": "BucketMisalignment", "step": step, "ranks": odd})
-    return CheckResult("bucket layout", _strategy(spec), True,
+    return CheckResult("bucket layout", strategy_label(spec), True,
                        f"{figures['buckets']} bucket(s), identical on {ctx.world_size} ranks at "
                        f"all {steps} steps", figures)
-
-
-def check_fault(ctx, spec: TargetSpec, fault: FaultSpec) -> CheckResult:
-    """What the hook does with ``fault``: detected (raised, naming ranks), silent corruption
-    (replicas differ, or differ from the fault-free run) or no effect."""
-    digests = ReplicaDigests()
-    options = LoopOptions()
-    error = _catching(lambda: train_target(ctx, spec, options, (fault,), [digests]))
-    per_rank = gather(ctx, (digests.digests[-1:], error.event().to_json() if error else None))
-    clean = ReplicaDigests()
-    train_target(ctx, spec, options, (), [clean])
-    events = [e for _, e in per_rank if e is not None]
-    figures = {"fault": fault.name, "rank": fault.target_rank(ctx.world_size)}
-    if events:
-        outcome, ranks = FaultOutcome.DETECTED, sorted({r for e in events
-                                                        for r in e.get("ranks", [])})
-    else:
-        finals = [d[0] for d, _ in per_rank]
-        wrong = len(set(finals)) > 1 or finals[0] != clean.digests[-1]
-        outcome, ranks = (FaultOutcome.SILENT_CORRUPTION if wrong else FaultOutcome.NO_EFFECT), []
-    figures.update(outcome=str(outcome), ranks=ranks)
-    return CheckResult(f"fault: {fault.name}", _strategy(spec),
-                       outcome == FaultOutcome.DETECTED and figures["rank"] in ranks,
-                       f"{outcome}" + (f", ranks {ranks}" if ranks else ""), figures,
-                       events[0] if events else None)
 
 
 def _catching(fn) -> ConsistencyError | None:
@@ -169,19 +139,9 @@ def _catching(fn) -> ConsistencyError | None:
     return None
 
 
-def fault_for(spec_text: str, model: torch.nn.Module) -> FaultSpec:
-    """A model-agnostic fault aimed at ``model``'s own first parameter where it takes one."""
-    from openclaw_ref.core.faults import parse_fault
-
-    fault = parse_fault(spec_text)
-    if fault.value is None and fault.name in ("bitflip", "nan-grad", "missing-grad"):
-        fault = dataclasses.replace(fault, value=next(n for n, _ in model.named_parameters()))
-    return fault
-
-
-def run_user_checks(ctx, spec: TargetSpec, faults: tuple[str, ...] = ()) -> list[dict]:
-    """``openclaw-bench conform --model/--hook`` on one rank: every model-agnostic check (the
-    DDP option sets the target supports, then each fault), results as JSON (same on all ranks)."""
+def run_user_checks(ctx, spec: TargetSpec) -> list[dict]:
+    """``openclaw-bench conform --model/--hook`` on one rank: every model-agnostic check but the
+    faults (the DDP option sets the target supports), results as JSON (same on all ranks)."""
     from openclaw_ref.conformance.target import build_target
 
     target = build_target(spec.factory)
@@ -189,5 +149,4 @@ def run_user_checks(ctx, spec: TargetSpec, faults: tuple[str, ...] = ()) -> list
             if not (n == "static_graph" and target.find_unused_parameters)]
     results = [check_equivalence(ctx, spec, n) for n in sets]
     results += [check_replica_consistency(ctx, spec), check_bucket_layout(ctx, spec)]
-    results += [check_fault(ctx, spec, fault_for(f, target.module)) for f in faults]
     return [r.to_json() for r in results]

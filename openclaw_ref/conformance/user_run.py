@@ -6,11 +6,13 @@ bucket-layout check reads what the user's hook saw), and without a callable it r
 DDP's allreduce. ``train_target`` is the training loop of ``core/train.py`` reduced to what
 any model supports — batch, forward, loss, backward, ``finish_step``, SGD — calling the same
 callbacks (``core/callbacks.py``) at the same points, so the fault injector and the
-conformance recorders work on a user's model unchanged.
+conformance recorders work on a user's model unchanged. With ``LoopOptions.uneven`` the last
+rank runs fewer steps and every rank trains inside ``ddp.join()`` (DDP's uneven-inputs mode).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,18 +38,27 @@ USER_STRATEGY = "user-hook"
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """How a check trains: steps, extra DDP keyword arguments, micro-batches per step (more
-    than one: all but the last run under ``ddp.no_sync()``) and DDP's bucket cap."""
+    """How a check trains: steps, extra DDP keyword arguments (they override the target's
+    ``find_unused_parameters``), micro-batches per step (more than one: all but the last run
+    under ``ddp.no_sync()``), DDP's bucket cap, and ``uneven``: the steps the last rank runs
+    fewer than the others, every rank inside ``ddp.join()``."""
 
     steps: int = 4
     ddp_options: tuple[tuple[str, Any], ...] = ()
     accumulate: int = 1
     bucket_cap_mb: float = 25.0  # torch DDP's default
+    uneven: int = 0
+
+    def steps_of(self, rank: int, world_size: int) -> int:
+        return self.steps - (self.uneven if rank == world_size - 1 else 0)
 
 
 class UserHook(SyncStrategy):
     """``user-hook``: DDP with the comm hook a user's ``CALLABLE`` registers (stock allreduce
-    when there is none), every hook wrapped in a ``LayoutRecorder``."""
+    when there is none), every hook wrapped in a ``LayoutRecorder``. The state the hook was
+    registered with is the strategy's source of figures and events where it keeps them (as
+    ``harden``'s does: ``step_metrics()``, ``events``), so a hook reports what it saw without
+    the suite knowing the hook."""
 
     name = USER_STRATEGY
 
@@ -56,14 +67,19 @@ class UserHook(SyncStrategy):
         super().__init__(cfg)
         self.spec, self.target, self.options = spec, target, options
         self.recorder: LayoutRecorder | None = None
+        self.hook_state: Any = None
         self.ddp: DDP | None = None
 
     def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
-        ddp = DDP(model, find_unused_parameters=self.target.find_unused_parameters,
-                  bucket_cap_mb=self.cfg.bucket_cap_mb, **dict(self.options.ddp_options))
+        kwargs = {"find_unused_parameters": self.target.find_unused_parameters,
+                  "bucket_cap_mb": self.cfg.bucket_cap_mb, **dict(self.options.ddp_options)}
+        ddp = DDP(model, **kwargs)
 
         def register(state: Any, hook: Any) -> None:
             self.recorder = LayoutRecorder(model, hook)
+            self.hook_state = state
+            if isinstance(getattr(state, "events", None), list):
+                self.events = state.events
             DDP.register_comm_hook(ddp, state, self.recorder)
 
         ddp.register_comm_hook = register  # the user's registrations go through the recorder
@@ -75,6 +91,10 @@ class UserHook(SyncStrategy):
             DDP.register_comm_hook(ddp, ddp.process_group, self.recorder)
         self.ddp = ddp
         return ddp
+
+    def step_metrics(self) -> dict:
+        metrics = getattr(self.hook_state, "step_metrics", None)
+        return metrics() if callable(metrics) else {}
 
 
 class Layouts(Callback):
@@ -107,8 +127,11 @@ def train_target(ctx, spec: TargetSpec, options: LoopOptions,
         module = loop.wrap(model, ctx, strategy)
         start = initial_state(target)
         opt = torch.optim.SGD(model.parameters(), lr=target.lr)
-        for step in range(options.steps):
-            _step(ctx, target, module, strategy, loop, opt, step, options.accumulate)
+        joining = module.join() if options.uneven and isinstance(module, DDP) \
+            else contextlib.nullcontext()
+        with joining:
+            for step in range(options.steps_of(ctx.rank, ctx.world_size)):
+                _step(ctx, target, module, strategy, loop, opt, step, options.accumulate)
     finally:
         loop.close()
         strategy.close()
@@ -141,7 +164,10 @@ def _step(ctx, target: Target, module: nn.Module, strategy: SyncStrategy, loop: 
 
 def train_reference(spec: TargetSpec, options: LoopOptions, world_size: int,
                     start: dict[str, torch.Tensor]) -> nn.Module:
-    """One process, no DDP, on the concatenated global batch of every step, from ``start``."""
+    """One process, no DDP, on the concatenated global batch of every step, from ``start``.
+    Under ``uneven`` a step some rank sat out holds only the active ranks' samples, and its
+    loss counts them against the initial world size (a joined rank contributes zeros and DDP
+    still divides by ``world_size``)."""
     from openclaw_ref.conformance.target import global_batch
 
     target = build_target(spec.factory)
@@ -151,9 +177,11 @@ def train_reference(spec: TargetSpec, options: LoopOptions, world_size: int,
             p.copy_(start[n])
     opt = torch.optim.SGD(model.parameters(), lr=target.lr)
     for step in range(options.steps):
+        active = [r for r in range(world_size) if step < options.steps_of(r, world_size)]
+        weight = len(active) / (world_size * options.accumulate)
         for micro in range(options.accumulate):
-            batch = global_batch(target, step * options.accumulate + micro, world_size)
-            (forward_loss(target, model, batch) / options.accumulate).backward()
+            batch = global_batch(target, step * options.accumulate + micro, world_size, active)
+            (forward_loss(target, model, batch) * weight).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return model

@@ -109,10 +109,15 @@ def replace_parameter(model: nn.Module, name: str) -> None:
 
 
 class CorpusFault(Callback):
-    """Applies one corpus pattern as the user's script would make the mistake."""
+    """Applies one corpus pattern as the user's script would make the mistake. ``replaced``
+    and ``swapped`` name what the two model-specific patterns act on (default: the openclaw
+    model's; ``conformance.user_faults`` aims them at a user's model)."""
 
-    def __init__(self, name: str, rank: int, world_size: int) -> None:
+    def __init__(self, name: str, rank: int, world_size: int, *,
+                 replaced: str = REPLACED_PARAM,
+                 swapped: tuple[str, str] = SWAPPED) -> None:
         self.pattern = pattern(name)
+        self.replaced, self.swapped = replaced, swapped
         self.rank = rank
         self.world_size = world_size
         self.mine = (self.pattern.reach is Reach.EVERY_RANK
@@ -127,7 +132,7 @@ class CorpusFault(Callback):
 
     def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
         if self._on("layer-order"):
-            swap_submodules(model, *SWAPPED)
+            swap_submodules(model, *self.swapped)
         return sync
 
     def wrap(self, model: nn.Module, ctx: RankInfo, strategy: SyncStrategy) -> nn.Module | None:
@@ -138,7 +143,7 @@ class CorpusFault(Callback):
             module.double()
             module.float()
         elif self._on("param-replaced-after-wrap"):
-            replace_parameter(model, REPLACED_PARAM)
+            replace_parameter(model, self.replaced)
         elif self._on("load-on-rank0-after-wrap"):
             model.load_state_dict(checkpoint_of(model))
         elif self._on("forward-via-module"):
