@@ -43,6 +43,20 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16, generator=g) * 4, torch.randint(0, 4, (8,), generator=g)
 
 
+def _scaled_step(ctx, ddp, opt, scaler, step: int) -> bool:
+    """One GradScaler step of the fp16-autocast loss; True when the scaler skipped it (its
+    scale backed off). ``scaler.step`` raises what the optimizer step's pre-hooks raise."""
+    x, y = _batch(step, ctx.rank)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(ddp(x), y)
+    scaler.scale(loss).backward()
+    before = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return scaler.get_scale() < before
+
+
 def scaled_loop(ctx, arm: str | None) -> dict:
     """20 steps of fp16 autocast + GradScaler, started at 2^24 so the first steps overflow
     and back off, with a short growth interval so the scale also grows and overflows again.
@@ -59,16 +73,8 @@ def scaled_loop(ctx, arm: str | None) -> dict:
     scales, skipped = [], []
     try:
         for step in range(STEPS):
-            x, y = _batch(step, ctx.rank)
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = F.cross_entropy(ddp(x), y)
-            scaler.scale(loss).backward()
-            before = scaler.get_scale()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
+            skipped.append(_scaled_step(ctx, ddp, opt, scaler, step))
             scales.append(scaler.get_scale())
-            skipped.append(scaler.get_scale() < before)
     finally:
         if state is not None:
             state.close()
@@ -100,19 +106,11 @@ def refused_loop(ctx, scale: str, enabled: bool) -> dict:
     stopped, skipped = None, 0
     try:
         for step in range(STEPS):
-            x, y = _batch(step, ctx.rank)
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = F.cross_entropy(ddp(x), y)
-            scaler.scale(loss).backward()
-            before = scaler.get_scale()
             try:
-                scaler.step(opt)
+                skipped += _scaled_step(ctx, ddp, opt, scaler, step)
             except BadInput as exc:
                 stopped = (step, str(exc))
                 break
-            scaler.update()
-            opt.zero_grad()
-            skipped += scaler.get_scale() < before
     finally:
         state.close()
     return {"stopped": stopped, "skipped_before": skipped,

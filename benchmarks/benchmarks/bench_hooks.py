@@ -3,9 +3,10 @@ regression gate — and how its verification scales with the number of ranks.
 
 ``HookCost``'s figures are ratios from ONE job in which every arm wraps the same network on the
 same two ranks and the arms take turns step by step (``openclaw_ref.experiments.hook_cost``):
-each is the median of the per-step ratios, so host drift hits both steps of a pair alike. Each
-asv round is a fresh job (``rounds``); the gate (``tox -e bench-gate``) compares the median of
-the rounds at ``--factor 1.05`` for the hardened fp32 figures on the mlp. Absolute step times
+each is the median of the per-step ratios, so host drift hits both steps of a pair alike, and
+each figure is the median over three fresh jobs (``cache.hook_cost_figures``: asv runs a
+``track_*`` once per commit); the gate (``tox -e bench-gate``) compares those at
+``--factor 1.05`` for the hardened fp32 figures on the mlp. Absolute step times
 (``SyncStep``) move by ±12 % between runs here and are reported, not gated. ``CountScale``
 times the hardened hook's clean check (``check_counts`` on a synthesized reduced step block of
 B buckets at W ranks, the one host read included); ``VerifyScale`` times the bucketed engine's
@@ -37,15 +38,13 @@ class HookCost(common.JobBenchmark):
     params = [["mlp", "tiny"]]
     param_names = ["model"]
 
-    rounds = 3  # asv's repeats: each round one fresh job (``cache.hook_cost_figures``)
-
     def setup(self, cache_dir, model):
         if common.settings().max_world < 2:
             raise NotImplementedError("the hook cost needs 2 ranks")
         self.cache_dir, self.model = cache_dir, model
 
     def _arm(self, arm, key):
-        summary = common.hook_cost(self.cache_dir, self.model, f"{arm}.{key}")
+        summary = common.hook_cost(self.cache_dir, self.model)
         return need(summary.get(arm, {}), key)
 
     def track_hardened_fp32_over_ddp(self, *_):

@@ -44,10 +44,10 @@ def case_figures(cache_dir: str, kind: str, label: str, world_size: int, backend
                               cache.CaseCache(cache_dir))
 
 
-def hook_cost(cache_dir: str, model: str, figure: str) -> dict:
-    """The interleaved hook-cost job's summary for ``model``, this round's job for ``figure``
-    (one job per asv round)."""
-    return cache.hook_cost_figures(model, settings(), cache.CaseCache(cache_dir), figure)
+def hook_cost(cache_dir: str, model: str) -> dict:
+    """The hook-cost summary for ``model``: each figure the median of three fresh interleaved
+    jobs (``cache.hook_cost_figures``)."""
+    return cache.hook_cost_figures(model, settings(), cache.CaseCache(cache_dir))
 
 
 def need(figures: dict, key: str) -> float:

@@ -4,6 +4,7 @@ one job (asv asks for each figure in a fresh process)."""
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,15 +41,6 @@ class CaseCache:
             raise RuntimeError(f"benchmark job {key} failed: {entry['error']}")
         return entry["figures"]
 
-    def draw(self, name: str) -> int:
-        """How many times ``name`` was drawn before in this directory (0 the first time); counts
-        this draw. asv runs one benchmark process at a time, so no lock is needed."""
-        path = self.directory / f"{name}.draws"
-        drawn = int(path.read_text()) if path.exists() else 0
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path.write_text(str(drawn + 1))
-        return drawn
-
 
 def case_figures(case: Case, settings: BenchSettings, cache: CaseCache) -> dict:
     """Cached figures of ``case`` (runs its job the first time)."""
@@ -62,17 +54,38 @@ def case_figures(case: Case, settings: BenchSettings, cache: CaseCache) -> dict:
     raise NotImplementedError(f"unknown case kind {case.kind!r}")
 
 
-def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache,
-                      figure: str) -> dict:
-    """The summary of an interleaved hook-cost job (``experiments/hook_cost.py``) on 2 ranks,
-    for ``figure``'s next sample: the n-th request of one figure reads the n-th job, so each of
-    asv's rounds (``HookCost.rounds``) is a fresh job and the figures of one round share it."""
+HOOK_COST_JOBS = 3  # fresh interleaved jobs behind every hook-cost figure
+
+
+def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -> dict:
+    """The summary of ``HOOK_COST_JOBS`` fresh interleaved hook-cost jobs on 2 ranks
+    (``experiments/hook_cost.py``), every figure the median over the jobs. The repeats are made
+    here because asv runs a ``track_*`` benchmark once per commit (its ``rounds`` attribute
+    applies to timing benchmarks only). Each job is cached, so all figures of one commit cost
+    the three jobs once."""
     from openclaw_ref.experiments.hook_cost import HookCostConfig, run
 
     if settings.max_world < 2:
         raise NotImplementedError("the hook cost needs 2 ranks")
     cfg = HookCostConfig(model=model, world_size=2, steps=settings.hook_steps,
                          warmup=min(10, max(2, settings.hook_steps // 10)), seed=settings.seed)
-    sample = cache.draw(f"hookcost-{model}-{figure}")
-    key = f"hookcost-{model}-{settings.digest()}-{sample}"
-    return cache.get(key, lambda: run(cfg, threads_per_rank=settings.threads or 1)["summary"])
+    key = f"hookcost-{model}-{settings.digest()}"
+    return median_summary([
+        cache.get(f"{key}-{job}", lambda: run(cfg, threads_per_rank=settings.threads or 1)
+                  ["summary"]) for job in range(HOOK_COST_JOBS)])
+
+
+def median_summary(summaries: list[dict]) -> dict:
+    """Per arm, each numeric figure's median over ``summaries`` (one per job, as
+    ``hook_cost.summarize`` gives them); a figure that is not a number is the first job's."""
+    out: dict = {}
+    for arm, first in summaries[0].items():
+        rows = [s.get(arm, {}) for s in summaries]
+        out[arm] = {key: (statistics.median(r[key] for r in rows)
+                          if all(_number(r.get(key)) for r in rows) else value)
+                    for key, value in first.items()}
+    return out
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
