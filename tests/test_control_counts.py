@@ -202,6 +202,29 @@ def test_a_nan_on_one_rank_fails_the_counts_through_the_device_flag():
     assert check_counts(summed([parts[0], flagged, parts[2]]), layout, 1)[0].ok == [False]
 
 
+@pytest.mark.parametrize("dtype", WIRES, ids=str)
+def test_a_digest_written_from_the_host_is_the_block_a_device_digest_writes(dtype):
+    layout = CountLayout(3, dtype)
+    s = torch.tensor([slot(), slot(bucket=4)])
+    for digest in (0, 1, -1, -0x1234_5678_9ABC_DEF0, (1 << 63) - 1, -(1 << 63)):
+        host, device = (torch.full((layout.size(2),), 9.0, dtype=dtype) for _ in range(2))
+        write_counts(host, layout, 1, s, replica=digest)
+        write_counts(device, layout, 1, s, replica=torch.tensor(digest, dtype=torch.int64))
+        assert torch.equal(host, device), digest
+
+
+def test_a_nan_on_one_rank_fails_the_counts_through_a_host_flag_and_only_its_bucket():
+    layout = CountLayout(3, torch.float32)
+    slots = [slot(), slot(bucket=4)]
+    parts = [contribution(layout, r, slots) for r in range(3)]
+    flagged = torch.zeros(layout.size(2))
+    write_counts(flagged, layout, 1, torch.tensor(slots), flags=[False, True])
+    clean = torch.zeros(layout.size(2))
+    write_counts(clean, layout, 1, torch.tensor(slots), flags=[False, False])
+    assert torch.equal(clean, parts[1])
+    assert check_counts(summed([parts[0], flagged, parts[2]]), layout, 2)[0].ok == [True, False]
+
+
 def test_extra_values_ride_along_in_the_one_host_read():
     layout = CountLayout(2, torch.float32)
     block = summed([contribution(layout, r, [slot(), slot(bucket=4)]) for r in range(2)])

@@ -15,6 +15,7 @@ from openclaw_ref.sync.precision import (
     OverflowStats,
     ScalePolicy,
     count_nonfinite,
+    divide,
     finite_sum,
     from_wire,
     to_wire,
@@ -69,6 +70,23 @@ def test_fp32_wire_average_is_the_exact_mean_for_power_of_two_worlds(values, log
     g = torch.tensor(values, dtype=torch.float32)
     avg = simulated_allreduce([g] * world, torch.float32, exponent=0)
     torch.testing.assert_close(avg, g, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64],
+                         ids=str)
+@pytest.mark.parametrize("divisor", [1, 2, 8, 1024, 2.0 ** -11, 3, 6, 0.75])
+def test_dividing_gives_torch_divs_bits_whether_or_not_the_divisor_is_a_power_of_two(
+        dtype, divisor):
+    torch.manual_seed(0)
+    t = torch.cat([torch.randn(4096) * 10.0 ** torch.randint(-40, 40, (4096,)).float(),
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"),
+                                 1e-45, -1e-45, 3.4e38, 6e-8, 65504.0])]).to(dtype)
+    expected = torch.div(t, divisor)
+    got = divide(t, divisor, out=torch.empty_like(t))
+    assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    inplace = t.clone()
+    divide(inplace, divisor, out=inplace)
+    assert torch.equal(inplace.view(torch.uint8), expected.view(torch.uint8))
 
 
 def test_fp32_wire_hands_back_a_view_not_a_copy():

@@ -110,6 +110,18 @@ def test_two_instances_digest_identically_without_shared_state():
     assert int(fresh.combine(fresh.digests(ts))) == int(ReplicaDigest.combine(used.digests(ts)))
 
 
+def test_the_host_finish_gives_the_device_digests_bit_for_bit():
+    """``digests_on_host`` (a CPU's path: row sums read once, finished with Python ints) and
+    ``combine_on_host`` give the bits of the all-tensor path, batched small tensors included."""
+    torch.manual_seed(7)
+    ts = [torch.randn(3 * W + 5), torch.randn(9).half(), torch.empty(0), torch.randn(6, 4).t(),
+          torch.tensor(-2.5, dtype=torch.float64), torch.randn(W).bfloat16()]
+    on_host = DIGEST.digests_on_host(ts)
+    assert on_host == DIGEST.digests(ts).tolist() == [reference_digest(t) for t in ts]
+    assert ReplicaDigest.combine_on_host(on_host) == int(ReplicaDigest.combine(DIGEST.digests(ts)))
+    assert DIGEST.digests_on_host([]) == [] and ReplicaDigest.combine_on_host([]) == 0
+
+
 def test_every_single_bit_flip_changes_the_digest():
     torch.manual_seed(2)
     t = torch.randn(6)  # 3 words: every bit of every element, the sign bits included

@@ -11,6 +11,7 @@ gather of a step whose counted block fails its check (``ledger.CountedStep``).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -79,7 +80,7 @@ class HardenState:
         self._wires: dict[int, torch.Tensor] = {}  # only for wires that differ from the grads
         self.block = StepBlock(self.rank, self.world_size)
         self._step_block: CountedStep | None = None  # sent with the last bucket
-        self._sent: tuple[list[list[int]], torch.Tensor | None] | None = None  # slots, flags
+        self._sent: tuple[list[list[int]], torch.Tensor | list[bool] | None] | None = None
         self._middles: dict[tuple[int, int, int], list[int]] = {}
         self._clock_chunks: tuple[int, list[int]] = (-1, [])
         # CUDA only: ready times from events on the current stream (host clocks there measure
@@ -159,7 +160,10 @@ class HardenState:
         flags = None
         if self.block.flags:
             sums = torch.stack(self.block.flags)
-            flags = sums.sub_(sums)  # NaN for NaN and ±inf, else 0: never read on the host here
+            if sums.device.type == "cpu":  # already computed: reading it syncs nothing
+                flags = [not math.isfinite(v) for v in sums.tolist()]
+            else:  # NaN for NaN and ±inf, else 0: never read on the host here
+                flags = sums.sub_(sums)
         replica = None
         if self.replicas.enabled:
             replica = self.replicas.digest_slice(self.clock)
@@ -175,7 +179,7 @@ class HardenState:
         slots, flags = self._sent if self._sent is not None else (None, None)
         assert slots is not None, "a counted step always kept its slots"
         if flags is not None:
-            nonfinite = flags.ne(0).tolist()
+            nonfinite = flags if isinstance(flags, list) else flags.ne(0).tolist()
             slots = [s[:NONFINITE] + [int(f)] + s[NONFINITE + 1:]
                      for s, f in zip(slots, nonfinite)]
         row = [v for s in slots for v in s] + self.replicas.gather_row()

@@ -87,6 +87,7 @@ from openclaw_ref.sync.harden_state import HardenState
 from openclaw_ref.sync.ledger import BucketRecord
 from openclaw_ref.sync.precision import (
     ScalePolicy,
+    divide,
     finite_sum,
     from_wire,
     refuse_grad_scaler,
@@ -118,10 +119,9 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     local_sum = finite_sum(grads)  # NaN/±inf iff this rank's own values hold one
     state.block.add(state.slot(index, digest, exponent, t - state.step_t0,
                                state.first_absent(bucket)), local_sum)
-    in_place = (not last and exponent == 0
-                and state.policy.dtype_for(grads.dtype) == grads.dtype)
+    in_place = _in_place(state, grads, last, exponent)
     if in_place:  # as PyTorch's allreduce_hook: divide and reduce DDP's own bucket
-        wire = grads.div_(state.world_size)
+        wire = divide(grads, state.world_size, out=grads)
         state._wires.pop(index, None)  # a last bucket before DDP's rebuild keeps no buffer
     else:
         wire = state.wire_buffer(index, grads, _block_elements(state, grads) if last else 0)
@@ -152,6 +152,13 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     return record.done
 
 
+def _in_place(state: HardenState, grads: torch.Tensor, last: bool, exponent: int) -> bool:
+    """Is the bucket reduced in DDP's own buffer? Yes unless it carries the step's control
+    block (the last bucket), a pre-scale or a wire dtype other than the gradients'; those go
+    through ``state.wire_buffer``."""
+    return not last and exponent == 0 and state.policy.dtype_for(grads.dtype) == grads.dtype
+
+
 def _block_elements(state: HardenState, grads: torch.Tensor) -> int:
     """Elements of the step's counted block (``control_counts``) on this bucket's wire."""
     return state.block_layout(state.policy.dtype_for(grads.dtype)).size(len(state.block))
@@ -159,7 +166,8 @@ def _block_elements(state: HardenState, grads: torch.Tensor) -> int:
 
 def _plain_allreduce(state: HardenState, bucket):
     """The hook after ``close()`` (DDP cannot unregister it): PyTorch's ``allreduce_hook``."""
-    grads = bucket.buffer().div_(state.world_size)
+    grads = bucket.buffer()
+    divide(grads, state.world_size, out=grads)
     fut = dist.all_reduce(grads, group=state.group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
 
@@ -173,7 +181,7 @@ def _shadow_allreduce(state: HardenState, bucket):
     exponent = state.policy.exponent_for(state.rank)
     state.block.add(joined_slot(), None)
     state.shadow_buckets += 1
-    if not last and exponent == 0 and state.policy.dtype_for(grads.dtype) == grads.dtype:
+    if _in_place(state, grads, last, exponent):
         wire = grads.zero_()
     else:
         wire = state.wire_buffer(bucket.index(), grads,
@@ -203,7 +211,7 @@ def _unissued_allreduce(state: HardenState, bucket) -> None:
     exponent = state.policy.exponent_for(state.rank)
     state.block.add(unissued_slot(state.slot(index, digest, exponent, 0.0, None)),
                     torch.zeros((), dtype=torch.float32))
-    if not last and exponent == 0 and state.policy.dtype_for(grads.dtype) == grads.dtype:
+    if _in_place(state, grads, last, exponent):
         wire = grads
     else:
         wire = state.wire_buffer(index, grads, _block_elements(state, grads) if last else 0)

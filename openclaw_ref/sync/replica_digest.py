@@ -68,6 +68,16 @@ def _mix_(z: torch.Tensor) -> torch.Tensor:
     return z
 
 
+def mix_int(v: int) -> int:
+    """splitmix64's finalizer on a Python int, modulo 2^64 (``_mix_``'s bits, unsigned)."""
+    v &= _MASK64
+    for shift, mult in _MIX:
+        v ^= v >> shift
+        if mult is not None:
+            v = (v * mult) & _MASK64
+    return v
+
+
 def _words(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes as int64 words, on its device; the last word zero-padded. No copy
     for a contiguous, 8-byte-aligned tensor whose size is a multiple of 8 bytes."""
@@ -106,6 +116,7 @@ class _Plan:
         # Row sums come in this order: one per small tensor, then every large tensor's rows.
         seg = self.small + [i for i in self.large for _ in range(rows[i])]
         pos = [0] * len(self.small) + [r for i in self.large for r in range(rows[i])]
+        self.seg_list, self.pos_list, self.nbytes = seg, pos, nbytes  # for a host finish
         self.seg = torch.tensor(seg, dtype=torch.int64, device=device)
         self.row_keys = (torch.tensor(pos, dtype=torch.int64).add_(1).mul_(_s64(_PHI))
                          .to(device))
@@ -146,6 +157,30 @@ class ReplicaDigest:
         device (CPU when there are none)."""
         if not tensors:
             return torch.zeros(0, dtype=torch.int64)
+        plan, device, sums = self._row_sums_of(tensors, fused)
+        terms = _mix_(sums.add_(plan.row_keys)) if sums is not None else plan.row_keys
+        s = torch.zeros(len(tensors), dtype=torch.int64, device=device)
+        return _mix_(s.index_add_(0, plan.seg, terms).add_(plan.len_keys))
+
+    def digests_on_host(self, tensors: Sequence[torch.Tensor]) -> list[int]:
+        """``digests(tensors)`` as Python ints (the same bits, signed): the row sums are made
+        on the tensors' device and read once; the ~20 small ops that finish them (row keys,
+        mixes, per-tensor sums) run as integer arithmetic on the host. For tensors on a CPU,
+        where each small torch op costs more than its arithmetic; on an accelerator this is
+        a host synchronisation, which ``digests`` never makes."""
+        if not tensors:
+            return []
+        plan, _, sums = self._row_sums_of(tensors, None)
+        totals = [0] * len(tensors)
+        if sums is not None:
+            for u, i, r in zip(sums.tolist(), plan.seg_list, plan.pos_list):
+                totals[i] += mix_int(u + (r + 1) * _PHI)
+        return [_s64(mix_int(s + (n + 1) * _PSI)) for s, n in zip(totals, plan.nbytes)]
+
+    def _row_sums_of(self, tensors: Sequence[torch.Tensor], fused: bool | None
+                     ) -> tuple[_Plan, torch.device, torch.Tensor | None]:
+        """(plan, first tensor's device, every row sum u_r in the plan's order — None when
+        no tensor has a byte)."""
         device = tensors[0].device
         for t in tensors:
             if t.layout != torch.strided:
@@ -165,9 +200,9 @@ class ReplicaDigest:
             use_mv = t.device.type == "cpu" if fused is None else fused
             sums = self._row_sums(_words(t), a, b, use_mv)
             parts.extend(sums if t.device == device else [s.to(device) for s in sums])
-        terms = _mix_(torch.cat(parts).add_(plan.row_keys)) if parts else plan.row_keys
-        s = torch.zeros(len(tensors), dtype=torch.int64, device=device)
-        return _mix_(s.index_add_(0, plan.seg, terms).add_(plan.len_keys))
+        if not parts:
+            return plan, device, None
+        return plan, device, parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def prepare(self, tensors: Sequence[torch.Tensor]) -> None:
         """Build now what ``digests(tensors)`` will reuse (the multiplier table of their
@@ -190,6 +225,11 @@ class ReplicaDigest:
         tables, hence static."""
         keys = torch.arange(1, digests.numel() + 1, dtype=torch.int64, device=digests.device)
         return _mix_(keys.mul_(_s64(_PHI)).add_(digests)).sum()
+
+    @staticmethod
+    def combine_on_host(digests: Sequence[int]) -> int:
+        """``combine`` over digests held as Python ints (``digests_on_host``): same bits."""
+        return _s64(sum(mix_int(d + (p + 1) * _PHI) for p, d in enumerate(digests)))
 
     # the reused state --------------------------------------------------------------------
     def _multipliers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,10 +277,13 @@ class ReplicaDigest:
                 pieces.append((x[stop - tail:stop].view(1, tail), a[:tail], b[:tail]))
             for xs, aa, bb in pieces:
                 k = xs.numel()
-                hi = torch.bitwise_right_shift(xs, 32, out=scratch[:k].view(xs.shape))
-                if fused:  # integer matrix-vector products, no product temporaries
-                    out.append(torch.mv(xs, aa).add_(torch.mv(hi, bb)))
+                if fused:  # integer matrix-vector products, no product temporaries; the
+                    # first pass reads the words from memory, the shift then finds them cached
+                    lo = torch.mv(xs, aa)
+                    hi = torch.bitwise_right_shift(xs, 32, out=scratch[:k].view(xs.shape))
+                    out.append(lo.add_(torch.mv(hi, bb)))
                 else:
+                    hi = torch.bitwise_right_shift(xs, 32, out=scratch[:k].view(xs.shape))
                     lo = torch.mul(xs, aa, out=scratch[k:2 * k].view(xs.shape))
                     out.append(hi.mul_(bb).add_(lo).sum(1))
         return out

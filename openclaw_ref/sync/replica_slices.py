@@ -68,7 +68,8 @@ class ReplicaSlices:
                                 max(k, 1))
         self.width = max((len(s) for s in self.slices), default=0)  # gather row length
         self.digest = ReplicaDigest(max_plans=max(MAX_PLANS, k + 1))
-        self.last: torch.Tensor | None = None  # per-piece digests of the last slice
+        self.last: torch.Tensor | list[int] | None = None  # per-piece digests, last slice
+        self.on_host = all(p.device.type == "cpu" for _, p in self.named)
         self.last_slice = -1
         if self.enabled:  # every slice's plan now: none is built (copied to a GPU) in backward
             for j in range(k):
@@ -81,11 +82,16 @@ class ReplicaSlices:
     def enabled(self) -> bool:
         return self.k > 0 and bool(self.named)
 
-    def digest_slice(self, clock: int) -> torch.Tensor:
-        """0-dim int64: the combined digest of slice ``clock mod K``, on the parameters' device
-        (no host synchronisation); the per-parameter digests are kept for a gather."""
+    def digest_slice(self, clock: int) -> torch.Tensor | int:
+        """The combined digest of slice ``clock mod K``; the per-parameter digests are kept
+        for a gather. On a CPU a Python int (``ReplicaDigest.digests_on_host``: the same bits
+        with ~20 fewer small torch ops per step); elsewhere a 0-dim int64 tensor on the
+        parameters' device (no host synchronisation)."""
         self.last_slice = clock % self.k
         pieces = self._pieces(self.last_slice)
+        if self.on_host:
+            self.last = self.digest.digests_on_host(pieces)
+            return ReplicaDigest.combine_on_host(self.last)
         self.last = self.digest.digests(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
         return ReplicaDigest.combine(self.last)
 
@@ -94,7 +100,7 @@ class ReplicaSlices:
         then the per-piece digests padded with zeros to ``width``."""
         if self.last is None:
             return [0] * (1 + self.width)
-        mine = self.last.tolist()
+        mine = self.last if isinstance(self.last, list) else self.last.tolist()
         return [1 + self.last_slice] + mine + [0] * (self.width - len(mine))
 
     def clear(self) -> None:
