@@ -41,7 +41,7 @@ replica mismatch) does every rank gather the per-rank slots with one extra colle
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -249,11 +249,12 @@ def _agree(counts: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return ((counts == 0) | (counts == n.unsqueeze(-1))).all(-1)
 
 
-def agrees(counts: Iterable[float], n: float) -> bool:
-    """Every count is 0 or ``n``: the ``n`` ranks that counted agree on these bits. A NaN
-    count never is (a NaN is only found in a set as the very object: ``n`` itself is left out
-    when NaN)."""
-    return ({0.0, n} if n == n else {0.0}).issuperset(counts)
+def agrees(counts: list[float], n: float) -> bool:
+    """Every count is 0 or ``n``: the ``n`` ranks that counted agree on these bits (a NaN
+    count is neither; ``list.count`` compares as ``==`` does for any ``n`` but a NaN)."""
+    zeros = counts.count(0.0)
+    return zeros == len(counts) or (n == n and n != 0
+                                    and zeros + counts.count(n) == len(counts))
 
 
 def _bucket_ok(counts: torch.Tensor, world_size: int) -> torch.Tensor:
