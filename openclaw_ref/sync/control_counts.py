@@ -70,9 +70,10 @@ DETAIL_FIELDS = 4  # active marker, 3 ready chunks
 HIST_PER_OCTAVE = 2
 HIST_BINS = 1 + HIST_PER_OCTAVE * 24  # ready units saturate at 2^24 − 1
 INF = float("inf")
-# a CPU block up to here is checked on the host: below where the two paths' costs cross
-# (2,300-3,000 elements at W = 2 ... 128, one thread; ~0.1 µs per element on the host)
-HOST_CHECK_MAX_ELEMENTS = 2048
+# a CPU block up to here is checked on the host: one thread, right after a backward (where the
+# hook checks), the two paths' costs cross at ~5,000 elements (W = 2 ... 128); in a warm loop at
+# 2,300-3,000
+HOST_CHECK_MAX_ELEMENTS = 4096
 
 EXACT_LIMIT = {torch.float32: 1 << 24, torch.float16: 1 << 11, torch.bfloat16: 1 << 8,
                torch.float64: 1 << 53}
