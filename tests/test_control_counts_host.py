@@ -4,6 +4,7 @@ the tensor path's answer bit for bit, on every block the property tests can draw
 
 from __future__ import annotations
 
+import pytest
 import torch
 from count_blocks import PERTURB, WIRES, step_block
 from hypothesis import example, given
@@ -14,6 +15,8 @@ from openclaw_ref.sync.control_counts import (
     HOST_CHECK_MAX_ELEMENTS,
     STEP_FIELDS,
     CountLayout,
+    _agree,
+    _spread,
     agrees,
     check_counts,
     check_counts_tensor,
@@ -97,12 +100,22 @@ def test_a_clean_step_passes_on_both_paths_and_a_silent_rank_fails_on_both():
         assert failed.ok == [True, False] and failed.counts[1][0] == 3.0
 
 
-def test_the_host_rules_treat_nan_as_the_tensor_rules_do():
-    nan = float("nan")
-    assert agrees([0.0, 2.0, -0.0], 2.0) and not agrees([0.0, 1.0], 2.0)
-    assert not agrees([nan], 2.0) and not agrees([nan], nan) and agrees([0.0], nan)
-    assert spread([1.0, 1.0, 1.0], [3.0, nan, nan])[1] == 1  # argmax: the first NaN
-    assert spread([0.0, 2.0], [3.0, 4.0]) == (0.0, 0)  # no rank active
+@pytest.mark.parametrize("counts,n", [([0.0, 2.0, -0.0], 2.0), ([0.0, 1.0], 2.0), ([NAN], 2.0),
+                                      ([NAN, 0.0], NAN), ([0.0], NAN), ([0.0, 5.0], 0.0),
+                                      ([INF, INF], INF), ([], 3.0)])
+def test_the_host_agreement_rule_answers_as_its_tensor_form(counts, n):
+    tensor = _agree(torch.tensor([counts], dtype=torch.float64), torch.tensor([n]))
+    assert agrees(counts, n) == bool(tensor[0])
+
+
+@pytest.mark.parametrize("marks,ms", [([1.0, 1.0, 1.0], [3.0, NAN, NAN]), ([0.0, 2.0], [3.0, 4.0]),
+                                      ([1.0, 1.0], [5.0, 5.0]), ([1.0, 0.0, 1.0], [1.0, 9.0, 4.0]),
+                                      ([1.0, 1.0], [INF, INF]), ([NAN, 1.0], [7.0, 2.0])])
+def test_the_host_spread_rule_answers_as_its_tensor_form(marks, ms):
+    """Ties (the first rank at the latest), NaN times (the first NaN), inactive ranks."""
+    skew, late = _spread(torch.tensor([marks], dtype=torch.float64),
+                         torch.tensor([ms], dtype=torch.float64))
+    assert repr(spread(marks, ms)) == repr((skew.item(), int(late.item())))
 
 
 def test_check_counts_takes_the_host_path_only_for_a_small_block_on_a_cpu(monkeypatch):
