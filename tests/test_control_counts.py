@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from count_blocks import PERTURB, WIRES, contribution, perturbed, slot, summed
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
@@ -22,41 +23,11 @@ from openclaw_ref.sync.control_counts import (
     ready_bin,
     write_counts,
 )
-from openclaw_ref.sync.control_layout import (
-    READY_UNIT_US,
-    SLOT_FIELDS,
-    decode_block,
-    encode_slot,
-    joined_slot,
-)
+from openclaw_ref.sync.control_layout import READY_UNIT_US, decode_block, joined_slot
 from openclaw_ref.sync.errors import ConsistencyError
 
-WIRES = [torch.float32, torch.float16, torch.bfloat16]
 CAUSE = {"ClockMismatch": {"clock"}, "BucketMisalignment": {"missing", "bucket", "digest"},
          "ScaleMismatch": {"scale"}, "MissingGradient": {"absent"}}
-
-
-def slot(clock=7, bucket=3, digest=0xDEADBEEF01234567, scale_exp=12, ready_s=0.0123,
-         absent=None, nonfinite=False):
-    return encode_slot(clock=clock, bucket=bucket, digest=digest, scale_exp=scale_exp,
-                       ready_s=ready_s, absent=absent, nonfinite=nonfinite)
-
-
-def contribution(layout: CountLayout, rank: int, slots: list[list[int]],
-                 replica: int | None = None) -> torch.Tensor:
-    """What rank ``rank`` writes for a step of ``len(slots)`` buckets."""
-    block = torch.full((layout.size(len(slots)),), 9.0, dtype=layout.dtype)  # overwritten
-    write_counts(block, layout, rank, torch.tensor(slots, dtype=torch.int64),
-                 replica=None if replica is None else torch.tensor(replica, dtype=torch.int64))
-    return block
-
-
-def summed(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The SUM allreduce, in the wire dtype."""
-    total = torch.zeros_like(parts[0])
-    for p in parts:
-        total += p
-    return total
 
 
 def per_rank(slots: list[list[int]]) -> list[float]:
@@ -72,34 +43,6 @@ def _verify(slots):
     if v.nonfinite_ranks:
         return ("nonfinite",)
     return ("ok", round(v.skew_ms, 6), v.late_rank, v.ready_ms, v.joined)
-
-
-PERTURB = st.sampled_from(["none", "clock", "bucket", "digest", "scale", "absent", "joined",
-                           "empty", "twice", "nonfinite"])
-
-
-def perturbed(world: int, ready: list[int], perturb) -> tuple[list, list]:
-    """(the slots today's block would hold, each rank's count contribution as slot lists):
-    "empty" = a rank that wrote nothing, "twice" = a rank's contribution landing twice (two
-    ranks in one slot today)."""
-    slots = [slot(ready_s=ready[r] * 1e-5) for r in range(world)]
-    writes = [[s] for s in slots]
-    for kind, r in perturb:
-        r %= world
-        if kind == "joined":
-            slots[r], writes[r] = joined_slot(), [joined_slot()]
-        elif kind == "empty":
-            slots[r], writes[r] = [0] * SLOT_FIELDS, []
-        elif kind == "twice":
-            other = slots[(r + 1) % world]
-            slots[r] = [a + b for a, b in zip(slots[r], other)]
-            writes[r] = writes[r] + [other]
-        elif kind != "none":
-            field = {"clock": "clock", "bucket": "bucket", "digest": "digest",
-                     "scale": "scale_exp", "absent": "absent", "nonfinite": "nonfinite"}[kind]
-            slots[r] = slot(ready_s=ready[r] * 1e-5, **{field: 1})
-            writes[r] = [slots[r]]
-    return slots, writes
 
 
 def counted(layout: CountLayout, writes: list[list[list[int]]]):

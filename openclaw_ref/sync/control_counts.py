@@ -34,9 +34,11 @@ G × ``HIST_BINS`` (W > 64). fp32: 139 + 4·W ≤ 395 elements per bucket up to 
 to 16,777,216 ranks (752 B per bucket, 770 KB for 1,024 buckets); fp16 at 8,192 ranks: 4 groups,
 752 elements (1,504 B) per bucket; bf16 at 8,192 ranks: 32 groups (12 KB per bucket).
 
-Only when the clean check fails (a disagreement, a NaN count > 0 whose ranks must be named, a
-replica mismatch) does every rank gather the per-rank slots with one extra collective
-(``ledger``); every rank sees the same reduced block, so every rank enters it together.
+The clean check runs as tensor operations on the block's device, or, for a small block on a CPU,
+in Python on the host (``control_counts_host``): the same rules, the same answer. Only when it
+fails (a disagreement, a NaN count > 0 whose ranks must be named, a replica mismatch) does every
+rank gather the per-rank slots with one extra collective (``ledger``); every rank sees the same
+reduced block, so every rank enters it together.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ DETAIL_MAX_RANKS = 64  # per-rank ready times (4 elements per rank) up to here
 DETAIL_FIELDS = 4  # active marker, 3 ready chunks
 HIST_PER_OCTAVE = 2
 HIST_BINS = 1 + HIST_PER_OCTAVE * 24  # ready units saturate at 2^24 − 1
+INF = float("inf")
+# a CPU block up to here is checked on the host: one thread, right after a backward (where the
+# hook checks), the two paths' costs cross at ~5,000 elements (W = 2 ... 128); in a warm loop at
+# 2,300-3,000
+HOST_CHECK_MAX_ELEMENTS = 4096
 
 EXACT_LIMIT = {torch.float32: 1 << 24, torch.float16: 1 << 11, torch.bfloat16: 1 << 8,
                torch.float64: 1 << 53}
@@ -255,36 +262,104 @@ class CountCheck:
     step_counts: list[float]  # group-summed step row (only when the replica row failed)
 
 
+# The rules of the clean check, each in its tensor form (a step's buckets at once, on the
+# block's device) beside its host form (one bucket's Python floats): the two paths of
+# ``check_counts`` apply the same rules, and ``tests/test_control_counts_host.py`` proves they
+# give the same answer.
+
 def _agree(counts: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return ((counts == 0) | (counts == n.unsqueeze(-1))).all(-1)
 
 
+def agrees(counts: list[float], n: float) -> bool:
+    """Every count is 0 or ``n``: the ``n`` ranks that counted agree on these bits. A NaN
+    count is neither (``list.count`` also counts the very object ``n``: hence no NaN ``n``)."""
+    zeros = counts.count(0.0)
+    return zeros == len(counts) or (n == n and n != 0
+                                    and zeros + counts.count(n) == len(counts))
+
+
+def _bucket_ok(counts: torch.Tensor, world_size: int) -> torch.Tensor:
+    """``bucket_ok`` of every bucket's counts ``(B, COUNT_FIELDS)``."""
+    n, bits = counts[:, ACTIVE], counts[:, BITS0:NONFINITE_COUNT]
+    return ((n + counts[:, JOINED] == world_size) & _agree(bits, n)
+            & (bits[:, ABSENT_BITS] == 0).all(-1) & (counts[:, NONFINITE_COUNT] == 0))
+
+
+def bucket_ok(counts: Sequence[float], world_size: int) -> bool:
+    """A bucket's group-summed counts pass: every rank active or joined, the active ranks
+    agree on every bit, no absent gradient, no rank's gradient non-finite."""
+    n, bits = counts[ACTIVE], counts[BITS0:NONFINITE_COUNT]
+    return (n + counts[JOINED] == world_size and agrees(bits, n)
+            and agrees(bits[ABSENT_BITS], 0.0) and counts[NONFINITE_COUNT] == 0)
+
+
+def ready_ms(high, mid, low):
+    """A ready time in ms from its three 8-bit chunks: tensors or floats alike."""
+    return (high * 65536 + mid * 256 + low) * READY_UNIT_US / 1e3
+
+
+def _spread(marks: torch.Tensor, ms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``spread`` of every bucket's ready detail ``(B, W)``, the late ranks as float64."""
+    on = marks == 1
+    hi = torch.where(on, ms, torch.full_like(ms, -1.0))
+    lo = torch.where(on, ms, torch.full_like(ms, INF))
+    some = on.any(1)
+    return (torch.where(some, hi.amax(1) - lo.amin(1), 0.0),
+            torch.where(some, hi.argmax(1), 0).double())
+
+
+def spread(marks: Sequence[float], ms: Sequence[float]) -> tuple[float, int]:
+    """(skew, late rank) of one bucket's ready detail: over the ranks marked active, the
+    latest time less the earliest and the first rank at the latest (``argmax``: the first NaN,
+    if any); (0.0, 0) when none is active (every rank joined), as ``verify``."""
+    if 1.0 not in marks:
+        return 0.0, 0
+    hi = [t if m == 1 else -1.0 for m, t in zip(marks, ms)]
+    late = next((r for r, t in enumerate(hi) if t != t), None)
+    if late is None:
+        late = hi.index(max(hi))
+    return hi[late] - min(t if m == 1 else INF for m, t in zip(marks, ms)), late
+
+
+def binned_figures(hist: Sequence[float], joined: bool) -> Figures:
+    """A passing bucket's figures from its ready histogram (both paths): the skew between
+    the lowest edges of the highest and lowest occupied bins, no late rank."""
+    occupied = [k for k, c in enumerate(hist) if c > 0]
+    if not occupied:
+        return Figures(None, 0.0, None, joined)
+    return Figures(None, bin_floor_ms(occupied[-1]) - bin_floor_ms(occupied[0]), None, joined)
+
+
 def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
                  extra: torch.Tensor | None = None) -> tuple[CountCheck, list[float]]:
-    """The clean check of a reduced step block on its own device, one host transfer
-    (``extra``, any 1-D tensor the caller needs on the host too, rides along)."""
+    """The clean check of a reduced step block, one host transfer (``extra``, any 1-D tensor
+    the caller needs on the host too, rides along): a CPU block of at most
+    ``HOST_CHECK_MAX_ELEMENTS`` is read to the host and checked in Python
+    (``check_counts_host``: a few dozen tensor operations cost more there than the
+    arithmetic), any other on its own device (``check_counts_tensor``). Same answer."""
+    if block.is_cpu and block.numel() <= HOST_CHECK_MAX_ELEMENTS:
+        from openclaw_ref.sync.control_counts_host import check_counts_host  # imports us
+        return check_counts_host(block, layout, buckets, extra)
+    return check_counts_tensor(block, layout, buckets, extra)
+
+
+def check_counts_tensor(block: torch.Tensor, layout: CountLayout, buckets: int,
+                        extra: torch.Tensor | None = None) -> tuple[CountCheck, list[float]]:
+    """``check_counts`` on the block's own device: the rules as tensor operations over the
+    step's buckets, then one host transfer of the answer."""
     B, G, W = buckets, layout.groups, layout.world_size
     rows = block[:B * layout.row].view(B, layout.row).to(torch.float64)
     counts = rows[:, :G * COUNT_FIELDS].view(B, G, COUNT_FIELDS).sum(1)
-    n = counts[:, ACTIVE]
-    bits = counts[:, BITS0:NONFINITE_COUNT]
-    ok = ((n + counts[:, JOINED] == W) & _agree(bits, n)
-          & (bits[:, ABSENT_BITS] == 0).all(-1) & (counts[:, NONFINITE_COUNT] == 0))
+    ok = _bucket_ok(counts, W)
     step = block[B * layout.row:].view(G, STEP_FIELDS).to(torch.float64).sum(0)
     replica_ok = _agree(step[1:], step[0])
     ready = rows[:, G * COUNT_FIELDS:]
     parts = [ok.double(), replica_ok.double().reshape(1), counts[:, JOINED]]
-    if layout.detail:  # skew and late rank on the device: the first active rank at the max
+    if layout.detail:
         d = ready.view(B, W, DETAIL_FIELDS)
-        marks = d[:, :, 0]
-        ms = (d[:, :, 1] * 65536 + d[:, :, 2] * 256 + d[:, :, 3]) * READY_UNIT_US / 1e3
-        on = marks == 1
-        hi = torch.where(on, ms, torch.full_like(ms, -1.0))
-        lo = torch.where(on, ms, torch.full_like(ms, float("inf")))
-        some = on.any(1)  # none active (every rank joined): skew 0, rank 0, as ``verify``
-        parts += [torch.where(some, hi.amax(1) - lo.amin(1), 0.0),
-                  torch.where(some, hi.argmax(1), 0).double(), marks.reshape(-1),
-                  ms.reshape(-1)]
+        marks, ms = d[:, :, 0], ready_ms(d[:, :, 1], d[:, :, 2], d[:, :, 3])
+        parts += [*_spread(marks, ms), marks.reshape(-1), ms.reshape(-1)]
     else:
         parts.append(ready.view(B, G, HIST_BINS).sum(1).reshape(-1))
     flat = torch.cat(parts)
@@ -300,18 +375,14 @@ def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
         skew, late, at = host[at:at + B], host[at + B:at + 2 * B], at + 2 * B
         marks, ms, at = host[at:at + B * W], host[at + B * W:at + 2 * B * W], at + 2 * B * W
         for b in range(B):
-            if not oks[b]:
-                figures.append(None)
-                continue
-            ready = ms[b * W:(b + 1) * W]
-            if joined_n[b] > 0:  # the active ranks' times only
-                ready = [t for t, m in zip(ready, marks[b * W:(b + 1) * W]) if m == 1.0]
-            figures.append(Figures(ready, skew[b], int(late[b]), joined_n[b] > 0))
+            figures.append(detail_figures(marks[b * W:(b + 1) * W], ms[b * W:(b + 1) * W],
+                                           skew[b], int(late[b]), joined_n[b])
+                           if oks[b] else None)
     else:
         hist, at = host[at:at + B * HIST_BINS], at + B * HIST_BINS
         for b in range(B):
-            figures.append(_binned(hist[b * HIST_BINS:(b + 1) * HIST_BINS], joined_n[b] > 0)
-                           if oks[b] else None)
+            figures.append(binned_figures(hist[b * HIST_BINS:(b + 1) * HIST_BINS],
+                                          joined_n[b] > 0) if oks[b] else None)
     failed = not all(oks) or not rep_ok
     check = CountCheck(oks, figures, rep_ok, any(j > 0 for j in joined_n),
                        counts.tolist() if failed else [],
@@ -319,11 +390,13 @@ def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
     return check, host[at:]
 
 
-def _binned(hist: list[float], joined: bool) -> Figures:
-    occupied = [k for k, c in enumerate(hist) if c > 0]
-    if not occupied:
-        return Figures(None, 0.0, None, joined)
-    return Figures(None, bin_floor_ms(occupied[-1]) - bin_floor_ms(occupied[0]), None, joined)
+def detail_figures(marks: list[float], ms: list[float], skew: float, late: int,
+                   joined_n: float) -> Figures:
+    """A passing bucket's figures from its ready detail (both paths): every rank's time, or
+    the active ranks' alone when some rank had joined."""
+    if joined_n > 0:
+        ms = [t for t, m in zip(ms, marks) if m == 1.0]
+    return Figures(ms, skew, late, joined_n > 0)
 
 
 def first_failing_field(counts: list[float], world_size: int) -> str | None:
@@ -337,9 +410,9 @@ def first_failing_field(counts: list[float], world_size: int) -> str | None:
     spans = (("clock", 4), ("bucket", 2), ("digest", 8), ("scale", 1))
     at = 0
     for name, chunks in spans:
-        if any(c not in (0, n) for c in bits[at:at + chunks * CHUNK_BITS]):
+        if not agrees(bits[at:at + chunks * CHUNK_BITS], n):
             return name
         at += chunks * CHUNK_BITS
-    if any(c != 0 for c in bits[ABSENT_BITS]):
+    if not agrees(bits[ABSENT_BITS], 0.0):
         return "absent"
     return "nonfinite" if counts[NONFINITE_COUNT] else None
