@@ -21,8 +21,8 @@ from openclaw_ref.sync.control_counts import (
     first_failing_field,
     hist_bin,
     ready_bin,
-    write_counts,
 )
+from openclaw_ref.sync.control_counts_write import write_counts
 from openclaw_ref.sync.control_layout import READY_UNIT_US, decode_block, joined_slot
 from openclaw_ref.sync.errors import ConsistencyError
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.control_counts import CountLayout, write_counts
+from openclaw_ref.sync.control_counts import CountLayout
+from openclaw_ref.sync.control_counts_write import write_counts
 from openclaw_ref.sync.control_layout import block_size, encode_slot, joined_slot, write_block
 from openclaw_ref.sync.errors import ClockMismatch, NonFiniteGradient
 from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger

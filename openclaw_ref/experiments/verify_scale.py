@@ -34,8 +34,10 @@ from openclaw_ref.sync.control_counts import (
     STEP_FIELDS,
     CountLayout,
     check_counts,
-    count_rows,
     hist_bin,
+)
+from openclaw_ref.sync.control_counts_write import (
+    count_rows,
     write_counts,
 )
 from openclaw_ref.sync.control_layout import SLOT_FIELDS, block_size, decode_block, encode_slot

@@ -157,7 +157,7 @@ def write_block(block: torch.Tensor, rank: int, slot: Sequence[int]) -> None:
 
 class StepBlock:
     """The hardened hook's slots for one step: this rank's slot for every bucket it issues,
-    written as counts (``control_counts.write_counts``) at the tail of the step's last bucket.
+    written as counts (``control_counts_write.write_counts``) at the tail of the step's last bucket.
 
     Why per step: a block appended to each bucket's own allreduce forces every bucket through a
     separate wire buffer (a copy of all gradients) and a tensor write per bucket; a block of its

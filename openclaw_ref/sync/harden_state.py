@@ -22,7 +22,8 @@ from torch import nn
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
-from openclaw_ref.sync.control_counts import CountLayout, write_counts
+from openclaw_ref.sync.control_counts import CountLayout
+from openclaw_ref.sync.control_counts_write import write_counts
 from openclaw_ref.sync.control_layout import (
     NONFINITE,
     StepBlock,

@@ -7,9 +7,11 @@ on every rank of the group, starts a watchdog, and registers ``hardened_hook``. 
 hook
 
   1. sums this rank's own gradients (NaN or ±inf iff one of them is: the local non-finite
-     flag, never read on the host here);
-  2. divides them by the world size in place and allreduces DDP's own bucket, exactly as
-     PyTorch's ``allreduce_hook`` does — or, for the last bucket, an fp16/bf16 wire or a
+     flag, read on the host only where it is already there, on a CPU);
+  2. divides them by the world size in place and allreduces DDP's own bucket, with the bits
+     of PyTorch's ``allreduce_hook`` (``precision.divide``: a power-of-two world size is a
+     multiplication by 1/W, exact, and twice as fast on a CPU) — or, for the last bucket, an
+     fp16/bf16 wire or a
      pre-scale, writes ``g · 2^e / W`` into the bucket's wire buffer in one pass (divide before
      the rounding); where the wire can overflow, the reduced wire is summed on completion and
      the unscaled result written back into DDP's bucket;
@@ -80,7 +82,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
-from openclaw_ref.sync.control_counts import write_counts
+from openclaw_ref.sync.control_counts_write import write_counts
 from openclaw_ref.sync.control_layout import joined_slot, unissued_slot
 from openclaw_ref.sync.ddp import wrap_ddp
 from openclaw_ref.sync.harden_state import HardenState

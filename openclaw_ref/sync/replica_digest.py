@@ -11,6 +11,11 @@ thread in the process would share: a scratch buffer shared by two threads would 
 mid-digest, and global caches outlive the parameters they were planned for. A fresh instance
 gives the same digests; it only rebuilds its tables and plans first.
 
+Two ways to compute the same bits: ``digests`` stays on the tensors' device from the words to
+the digests (no host read: what a CUDA backward needs); ``digests_on_host`` makes the row sums
+there and finishes them with Python integers (a CPU's path: its ~20 small torch ops cost more
+than their arithmetic). The tests hold both to the definition below.
+
 The digest of a tensor (``ReplicaDigest.digests``), exactly — the single-process tests
 re-derive it with Python integers:
   x_i   the i-th 64-bit word of the tensor's bytes, elements in row-major order (native byte
