@@ -282,8 +282,7 @@ class ReplicaDigest:
                 pieces.append((x[stop - tail:stop].view(1, tail), a[:tail], b[:tail]))
             for xs, aa, bb in pieces:
                 k = xs.numel()
-                if fused:  # integer matrix-vector products, no product temporaries; the
-                    # first pass reads the words from memory, the shift then finds them cached
+                if fused:  # integer matrix-vector products, no product temporaries
                     lo = torch.mv(xs, aa)
                     hi = torch.bitwise_right_shift(xs, 32, out=scratch[:k].view(xs.shape))
                     out.append(lo.add_(torch.mv(hi, bb)))
