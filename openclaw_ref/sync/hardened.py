@@ -11,10 +11,9 @@ hook
   2. divides them by the world size in place and allreduces DDP's own bucket, with the bits
      of PyTorch's ``allreduce_hook`` (``precision.divide``: a power-of-two world size is a
      multiplication by 1/W, exact, and twice as fast on a CPU) — or, for the last bucket, an
-     fp16/bf16 wire or a
-     pre-scale, writes ``g · 2^e / W`` into the bucket's wire buffer in one pass (divide before
-     the rounding); where the wire can overflow, the reduced wire is summed on completion and
-     the unscaled result written back into DDP's bucket;
+     fp16/bf16 wire or a pre-scale, writes ``g · 2^e / W`` into the bucket's wire buffer in one
+     pass (divide before the rounding); where the wire can overflow, the reduced wire is
+     summed on completion and the unscaled result written back into DDP's bucket;
   3. appends its slot for the bucket — clock, bucket index, membership digest, scale exponent,
      first absent required gradient, local flag, ready time — to the step's control block
      (``control_layout.StepBlock``: Python integers, encoded once per bucket where they

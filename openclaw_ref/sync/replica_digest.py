@@ -282,12 +282,10 @@ class ReplicaDigest:
                 pieces.append((x[stop - tail:stop].view(1, tail), a[:tail], b[:tail]))
             for xs, aa, bb in pieces:
                 k = xs.numel()
+                hi = torch.bitwise_right_shift(xs, 32, out=scratch[:k].view(xs.shape))
                 if fused:  # integer matrix-vector products, no product temporaries
-                    lo = torch.mv(xs, aa)
-                    hi = torch.bitwise_right_shift(xs, 32, out=scratch[:k].view(xs.shape))
-                    out.append(lo.add_(torch.mv(hi, bb)))
+                    out.append(torch.mv(xs, aa).add_(torch.mv(hi, bb)))
                 else:
-                    hi = torch.bitwise_right_shift(xs, 32, out=scratch[:k].view(xs.shape))
                     lo = torch.mul(xs, aa, out=scratch[k:2 * k].view(xs.shape))
                     out.append(hi.mul_(bb).add_(lo).sum(1))
         return out
