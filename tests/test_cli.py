@@ -108,6 +108,7 @@ def test_an_output_file_under_a_file_or_onto_a_directory_is_rejected_before_spaw
     (["--out-root", "/sys/openclaw-results"], "cannot write"),
     (["--preset", "huge"], "huge"),
     (["--sections", "nope"], "unknown sections"),
+    (["--p2-repeats", "0"], "P2 repeats >= 1"),
 ])
 def test_compare_rejects_bad_input_in_one_line_before_any_rank(args, message, a_file, capsys):
     args = [str(a_file) if a == "FILE" else a for a in args]

@@ -322,3 +322,40 @@ def test_p2_bench_statistic_is_the_largest_bucket_ready_time_std():
     assert stats["median_ready_std_ms"] == pytest.approx(0.5)  # steps 1, 2: std 1.0 and 0.0
     assert stats["median_skew_ms"] == pytest.approx(1.0)
     assert stats["barriers"] == 2 and stats["median_step_ms"] == pytest.approx(11.5)
+
+
+class _RecordingPool:
+    """A real rank pool that also records what each ``run`` was given."""
+
+    def __init__(self, pool) -> None:
+        self.pool, self.calls = pool, []
+
+    def run(self, fn, *args):
+        self.calls.append(args)
+        return self.pool.run(fn, *args)
+
+
+def test_p2_bench_pairs_both_arms_on_one_jitter_draw_and_draws_anew_per_repeat():
+    from openclaw_ref.core.launch import LaunchConfig, RankPool
+    from openclaw_ref.experiments.p2bench import (
+        SEED_JITTER_MS,
+        Jitter,
+        jitter_seed,
+        measure_skew_barrier,
+    )
+
+    repeats_seen = []
+    with RankPool(LaunchConfig(2, backend="gloo", timeout_s=120)) as real:
+        pool = _RecordingPool(real)
+        out = measure_skew_barrier(2, steps=5, repeats=2, pool=pool, seed=3,
+                                   on_repeat=repeats_seen.append)
+    assert repeats_seen == [0, 1]
+    assert [len(out["off"]), len(out["on"])] == [2, 2]
+    assert all(r["steps"] == 5 for runs in out.values() for r in runs)
+    arms = ["on" if cfg.metrics.skew_barrier_ms else "off" for cfg, _, _ in pool.calls]
+    assert arms == ["off", "on", "on", "off"]  # the order rotates per repeat
+    seeds = [seed for _, _, seed in pool.calls]
+    assert seeds == [jitter_seed(3, 0)] * 2 + [jitter_seed(3, 1)] * 2
+    draws = [[Jitter(rank, *SEED_JITTER_MS, seed=s).rng.random() for rank in (0, 1)]
+             for s in (seeds[0], seeds[2])]
+    assert draws[0] != draws[1]  # a new draw per repeat, on every rank

@@ -19,6 +19,8 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=40, help="training steps per strategy run")
     p.add_argument("--repeats", type=int, default=5,
                    help="interleaved repeats of every strategy run (timing verdicts need 5)")
+    p.add_argument("--p2-repeats", type=int, default=15,
+                   help="off/on pairs of the P2 skew barrier (ablations), a new jitter draw each")
     p.add_argument("--curve-steps", type=int, default=300, help="steps of the long loss curves")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of: {', '.join(SECTIONS)}")
@@ -48,6 +50,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         except ValueError:
             raise BadInput(f"--world-sizes must be integers; got {args.world_sizes!r}") from None
     cfg = CompareConfig(preset=args.preset, steps=args.steps, repeats=args.repeats,
+                        p2_repeats=args.p2_repeats,
                         curve_steps=args.curve_steps, backend=args.backend,
                         sections=tuple(x for x in args.sections.split(",") if x),
                         out_root=args.out_root, tag=args.tag, **kw)

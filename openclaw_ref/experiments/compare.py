@@ -56,6 +56,9 @@ class CompareConfig:
     preset: str = "tiny"
     steps: int = 40
     repeats: int = 5  # timing verdicts need >= 5 interleaved repeats (claims.MIN_REPEATS)
+    # The P2 barrier's off/on pairs, a new jitter draw each (p2bench.jitter_seed): 5 pairs on
+    # one draw gave intervals that did not overlap between two regenerations of the same code.
+    p2_repeats: int = 15
     global_batch: int = 32
     bucket_cap_mb: float = 0.025  # the tiny model is 0.15 MB: this cap gives it ~6 buckets
     curve_steps: int = 300
@@ -83,8 +86,8 @@ class CompareConfig:
                 raise BadInput(f"global batch {self.global_batch} not divisible by world size {w}")
         if self.preset not in PRESETS:
             raise BadInput(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
-        if self.steps < 5 or self.repeats < 1 or self.curve_steps < 1:
-            raise BadInput("need steps >= 5, repeats >= 1 and curve steps >= 1")
+        if self.steps < 5 or min(self.repeats, self.p2_repeats, self.curve_steps) < 1:
+            raise BadInput("need steps >= 5, repeats >= 1, P2 repeats >= 1 and curve steps >= 1")
         if any(w < 2 for w in self.overflow_extra_sizes):
             raise BadInput("extra overflow world sizes must be >= 2")
         if self.hook_steps < 5:

@@ -9,6 +9,8 @@ Skew source: ``jitter_ms`` makes each rank sleep a seeded uniform Δt before eve
 the seed's M1 ("per-rank sparse-mask compute delay Δt in [0.3, 5.7] ms"); 0 = only the
 machine's own noise. Benchmarks (asv) can call ``measure_skew_barrier`` directly.
 
+Each repeat runs both arms on one jitter draw and draws anew for the next (``jitter_seed``).
+
     openclaw-bench p2 --world-size 2 --steps 40 --repeats 3
 """
 
@@ -18,12 +20,14 @@ import dataclasses
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 from torch import nn
 
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.launch import RankContext, RankPool
 from openclaw_ref.core.train import TrainConfig, train_rank
+from openclaw_ref.experiments.runs import rotated
 from openclaw_ref.ops.prometheus import MetricsConfig
 from openclaw_ref.sync.base import SyncConfig
 
@@ -44,8 +48,19 @@ class Jitter(Callback):
         time.sleep(self.rng.uniform(self.lo_ms, self.hi_ms) / 1e3)
 
 
-def _task(ctx: RankContext, cfg: TrainConfig, jitter: tuple[float, float] | None) -> dict | None:
-    extra = (Jitter(ctx.rank, *jitter, seed=cfg.seed),) if jitter else ()
+def jitter_seed(seed: int, repeat: int) -> int:
+    """The jitter draw of one repeat: shared by its off and on arms, which are compared with
+    each other, and new for every repeat. The barrier's gain depends on the draw (how often
+    the ranks' Δt differ by more than the threshold), so an interval over repeats that all
+    replayed one draw would measure the host's noise on that draw alone."""
+    return seed * 1_000_003 + repeat
+
+
+def p2_arm_rank(ctx: RankContext, cfg: TrainConfig, jitter: tuple[float, float] | None,
+                seed: int) -> dict | None:
+    """One arm of one repeat on one rank: the training loop with the seed's per-rank Δt drawn
+    from ``seed`` (``jitter_seed``) before every backward."""
+    extra = (Jitter(ctx.rank, *jitter, seed=seed),) if jitter else ()
     return train_rank(ctx, cfg, extra)
 
 
@@ -72,23 +87,30 @@ def step_stats(record: dict, warmup: int = 2) -> dict:
 
 def measure_skew_barrier(world_size: int = 2, steps: int = 40, repeats: int = 3,
                          threshold_ms: float = 1.5, jitter_ms: tuple[float, float] | None
-                         = SEED_JITTER_MS, preset: str = "tiny", pool: RankPool | None = None
+                         = SEED_JITTER_MS, preset: str = "tiny", pool: RankPool | None = None,
+                         *, backend: str = "gloo", seed: int = 0,
+                         on_repeat: Callable[[int], None] | None = None
                          ) -> dict[str, list[dict]]:
-    """{"off": [stats per repeat], "on": [...]}, arms interleaved to share the machine's drift."""
+    """{"off": [stats per repeat], "on": [...]}: per repeat both arms on one jitter draw
+    (``jitter_seed``), in an order rotated per repeat so that the host's drift hits both arms
+    alike (they are paired by repeat index). ``on_repeat(repeat)`` after each repeat."""
     from openclaw_ref.core.launch import LaunchConfig
 
     base = TrainConfig(preset=preset, world_size=world_size, steps=steps, global_batch=8 *
-                       world_size, eval_every=0, progress=False, sync=SyncConfig(name="hardened"))
-    arms = {"off": base,
-            "on": dataclasses.replace(base, metrics=MetricsConfig(skew_barrier_ms=threshold_ms))}
+                       world_size, eval_every=0, progress=False, sync=SyncConfig(name="hardened"),
+                       backend=backend)
+    arms = [("off", base),
+            ("on", dataclasses.replace(base, metrics=MetricsConfig(skew_barrier_ms=threshold_ms)))]
     own = pool is None
-    pool = pool or RankPool(LaunchConfig(world_size, backend="gloo", timeout_s=600))
-    out: dict[str, list[dict]] = {k: [] for k in arms}
+    pool = pool or RankPool(LaunchConfig(world_size, backend=backend, timeout_s=600))
+    out: dict[str, list[dict]] = {name: [] for name, _ in arms}
     try:
-        for _ in range(repeats):
-            for name, cfg in arms.items():
-                record = pool.run(_task, cfg, jitter_ms)[0]
+        for repeat in range(repeats):
+            for name, cfg in rotated(arms, repeat):
+                record = pool.run(p2_arm_rank, cfg, jitter_ms, jitter_seed(seed, repeat))[0]
                 out[name].append(step_stats(record))
+            if on_repeat is not None:
+                on_repeat(repeat)
     finally:
         if own:
             pool.close()

@@ -64,7 +64,7 @@ SECTIONS: dict[str, Section] = {
     "overflow": _plain("fp16 overflow rate vs scale", overflow, 3.8),
     "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.2),
     "ablations": _plain("skew with the sparse path off; text 000's P2 barrier on vs off",
-                        ablations, 13.0),
+                        ablations, 5.5),
     "lightning": _plain("a short real Lightning run (text 004's L2/L4)", lightning, 17.7),
     "quantization": _plain("int8 quantization of a trained model on CPU (text 004's L4)",
                            quantization, 27.4),

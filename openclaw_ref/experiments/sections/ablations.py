@@ -6,14 +6,13 @@ interleaved (order rotated per repeat)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 from typing import TYPE_CHECKING
 
 import torch
 
-from openclaw_ref.core.launch import RankContext, RankPool, resolve_backend
+from openclaw_ref.core.launch import RankPool, resolve_backend
 from openclaw_ref.core.metrics import percentile
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.train import TrainConfig
@@ -27,36 +26,18 @@ BARRIER_MS = 1.5  # the seed's P2 threshold on the std of bucket-ready times
 
 
 def jobs(cfg: CompareConfig) -> int:
-    return 2 * cfg.repeats
-
-
-def p2_arm_rank(ctx: RankContext, tcfg: TrainConfig,
-                jitter: tuple[float, float] | None) -> dict | None:
-    """One P2 arm on one rank: the training loop with the seed's per-rank Δt before backward."""
-    from openclaw_ref.core.train import train_rank
-    from openclaw_ref.experiments.p2bench import Jitter
-
-    return train_rank(ctx, tcfg, (Jitter(ctx.rank, *jitter, seed=tcfg.seed),) if jitter else ())
+    return cfg.repeats + cfg.p2_repeats
 
 
 def skew_barrier_interleaved(cfg: CompareConfig, pool: RankPool, w: int,
                              progress: Progress) -> dict[str, list[dict]]:
-    """``p2bench.measure_skew_barrier``'s arms (hardened, threshold 1.5 ms, the seed's jitter),
-    with the arm order rotated per repeat: {"off": [stats per repeat], "on": [...]}."""
-    from openclaw_ref.experiments.p2bench import SEED_JITTER_MS, step_stats
-    from openclaw_ref.ops.prometheus import MetricsConfig
+    """``p2bench.measure_skew_barrier`` (hardened, threshold 1.5 ms, the seed's jitter, a new
+    draw per repeat) for ``cfg.p2_repeats`` repeats: {"off": [stats per repeat], "on": [...]}."""
+    from openclaw_ref.experiments.p2bench import SEED_JITTER_MS, measure_skew_barrier
 
-    base = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.steps, global_batch=8 * w,
-                       eval_every=0, progress=False, sync=SyncConfig(name="hardened"),
-                       backend=cfg.backend)
-    arms = [("off", base),
-            ("on", dataclasses.replace(base, metrics=MetricsConfig(skew_barrier_ms=BARRIER_MS)))]
-    out: dict[str, list[dict]] = {name: [] for name, _ in arms}
-    for repeat in range(cfg.repeats):
-        for name, tcfg in rotated(arms, repeat):
-            out[name].append(step_stats(pool.run(p2_arm_rank, tcfg, SEED_JITTER_MS)[0]))
-        progress.tick(f"P2 barrier on/off r{repeat}")
-    return out
+    return measure_skew_barrier(w, cfg.steps, cfg.p2_repeats, BARRIER_MS, SEED_JITTER_MS,
+                                cfg.preset, pool, backend=cfg.backend, seed=cfg.seed,
+                                on_repeat=lambda r: progress.tick(f"P2 barrier on/off r{r}"))
 
 
 def _sparsity(cfg: CompareConfig, w: int, pools: PoolCache, progress: Progress) -> dict:
