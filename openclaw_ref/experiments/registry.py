@@ -1,7 +1,7 @@
 """The sections of ``openclaw-bench compare``, in run order: name → what it measures, how many
 progress ticks (jobs) it takes, its runner (``experiments.sections.<name>.run``) and the
 seconds one of its jobs took on the reference machine (2 CPU cores, gloo, the default settings:
-``results/cpu2-gloo``, 252 jobs in 1,506 s), from which ``compare`` says up front how long it
+``results/cpu2-gloo``, 427 jobs in 1,321 s), from which ``compare`` says up front how long it
 will take.
 
 Adding a section: a module under ``experiments/sections/`` returning figures only, a line here,
@@ -53,23 +53,23 @@ def _plain(description: str, module: ModuleType, seconds_per_job: float) -> Sect
 
 SECTIONS: dict[str, Section] = {
     "strategies": Section("every strategy × world size, repeated",
-                          strategies.jobs, strategies.run, 5.8),
-    "curves": _plain("long loss/validation curves, ddp vs hardened", curves, 56.4),
-    "faults": _plain("fault × hook outcome matrix (stock DDP, PyTorch's hooks, ours)", faults, 2.8),
+                          strategies.jobs, strategies.run, 3.9),
+    "curves": _plain("long loss/validation curves, ddp vs hardened", curves, 41.2),
+    "faults": _plain("fault × hook outcome matrix (stock DDP, PyTorch's hooks, ours)", faults, 2.3),
     "corpus": _plain("published DDP silent errors × (ddp, ddp-detail, harden() defaults, K=1), "
-                     "openclaw model and plain-MLP script", corpus, 4.3),
+                     "openclaw model and plain-MLP script", corpus, 0.6),
     "false_alarms": _plain("false-alarm corpus: pattern × (stock DDP, hardened) outcomes",
-                           false_alarms, 1.6),
-    "precision": _plain("text 004's precision × devices matrix", precision, 3.0),
-    "overflow": _plain("fp16 overflow rate vs scale", overflow, 3.8),
-    "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.2),
+                           false_alarms, 0.3),
+    "precision": _plain("text 004's precision × devices matrix", precision, 2.4),
+    "overflow": _plain("fp16 overflow rate vs scale", overflow, 2.6),
+    "raw_allreduce": _plain("raw flat allreduce of the same bytes", raw_allreduce, 0.1),
     "ablations": _plain("skew with the sparse path off; text 000's P2 barrier on vs off",
                         ablations, 5.5),
-    "lightning": _plain("a short real Lightning run (text 004's L2/L4)", lightning, 17.7),
+    "lightning": _plain("a short real Lightning run (text 004's L2/L4)", lightning, 14.7),
     "quantization": _plain("int8 quantization of a trained model on CPU (text 004's L4)",
-                           quantization, 27.4),
+                           quantization, 23.5),
     "hook_cost": _plain("hook cost per step and bucket (arms interleaved), verification at "
-                        "scale", hook_cost, 29.5),
+                        "scale", hook_cost, 36.8),
 }
 
 
