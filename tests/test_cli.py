@@ -103,6 +103,20 @@ def test_an_output_file_under_a_file_or_onto_a_directory_is_rejected_before_spaw
 
 
 @pytest.mark.parametrize("args,message", [
+    (["--world-size", "1"], "need --world-size >= 2"),
+    (["--steps", "2"], "need --steps > 2"),
+    (["--repeats", "0"], "need --repeats >= 1"),
+    (["--threshold-ms", "0"], "--threshold-ms must be positive"),
+    (["--jitter-ms", "5,1"], "0 <= LOW <= HIGH"),
+    (["--jitter-ms=-1,2"], "0 <= LOW <= HIGH"),
+    (["--jitter-ms", "1,2,3"], "must be LOW,HIGH"),
+    (["--jitter-ms", "a,b"], "must be LOW,HIGH"),
+])
+def test_p2_rejects_bad_input_in_one_line_before_any_rank(args, message, capsys):
+    assert message in _rejected(["p2", *args], capsys)
+
+
+@pytest.mark.parametrize("args,message", [
     (["--out-root", "FILE"], "is not a directory"),
     (["--out-root", "FILE", "--tag", "t"], "is not a directory"),
     (["--out-root", "/sys/openclaw-results"], "cannot write"),

@@ -108,6 +108,8 @@ def _cmd_p2(args: argparse.Namespace) -> int:
                   else tuple(float(x) for x in args.jitter_ms.split(",")))
     except ValueError:
         raise BadInput(f"--jitter-ms must be LOW,HIGH; got {args.jitter_ms!r}") from None
+    if jitter is not None and len(jitter) != 2:
+        raise BadInput(f"--jitter-ms must be LOW,HIGH; got {args.jitter_ms!r}")
     result = measure_skew_barrier(args.world_size, args.steps, args.repeats, args.threshold_ms,
                                   jitter)
     print(f"P2 skew barrier, hardened fp32, tiny, W={args.world_size}, {args.steps} steps × "

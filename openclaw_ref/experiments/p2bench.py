@@ -30,8 +30,10 @@ from openclaw_ref.core.train import TrainConfig, train_rank
 from openclaw_ref.experiments.runs import rotated
 from openclaw_ref.ops.prometheus import MetricsConfig
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
 
 SEED_JITTER_MS = (0.3, 5.7)  # the seed's M1 range
+WARMUP_STEPS = 2  # per run, left out of its figures (``step_stats``)
 
 
 class Jitter(Callback):
@@ -64,7 +66,7 @@ def p2_arm_rank(ctx: RankContext, cfg: TrainConfig, jitter: tuple[float, float] 
     return train_rank(ctx, cfg, extra)
 
 
-def step_stats(record: dict, warmup: int = 2) -> dict:
+def step_stats(record: dict, warmup: int = WARMUP_STEPS) -> dict:
     """Per-run figures from a run record (rank 0's), warm-up steps excluded."""
     steps = record["steps"][warmup:]
     ready_std, skew, sync = [], [], []
@@ -85,6 +87,24 @@ def step_stats(record: dict, warmup: int = 2) -> dict:
     }
 
 
+def check_p2_input(world_size: int, steps: int, repeats: int, threshold_ms: float,
+                   jitter_ms: tuple[float, float] | None) -> None:
+    """Raise ``BadInput`` before any rank starts: the barrier compares ranks (≥ 2), each run
+    needs a step after its warm-up, each arm a repeat, the threshold is a positive std, and
+    Δt a range LOW ≤ HIGH of sleeps."""
+    if world_size < 2:
+        raise BadInput(f"the P2 barrier compares ranks: need --world-size >= 2; got {world_size}")
+    if steps <= WARMUP_STEPS:
+        raise BadInput(f"need --steps > {WARMUP_STEPS} (the warm-up steps are left out); "
+                       f"got {steps}")
+    if repeats < 1:
+        raise BadInput(f"need --repeats >= 1; got {repeats}")
+    if not threshold_ms > 0:
+        raise BadInput(f"--threshold-ms must be positive; got {threshold_ms}")
+    if jitter_ms is not None and not 0 <= jitter_ms[0] <= jitter_ms[1]:
+        raise BadInput(f"--jitter-ms must be LOW,HIGH with 0 <= LOW <= HIGH; got {jitter_ms}")
+
+
 def measure_skew_barrier(world_size: int = 2, steps: int = 40, repeats: int = 3,
                          threshold_ms: float = 1.5, jitter_ms: tuple[float, float] | None
                          = SEED_JITTER_MS, preset: str = "tiny", pool: RankPool | None = None,
@@ -96,6 +116,7 @@ def measure_skew_barrier(world_size: int = 2, steps: int = 40, repeats: int = 3,
     alike (they are paired by repeat index). ``on_repeat(repeat)`` after each repeat."""
     from openclaw_ref.core.launch import LaunchConfig
 
+    check_p2_input(world_size, steps, repeats, threshold_ms, jitter_ms)
     base = TrainConfig(preset=preset, world_size=world_size, steps=steps, global_batch=8 *
                        world_size, eval_every=0, progress=False, sync=SyncConfig(name="hardened"),
                        backend=backend)
