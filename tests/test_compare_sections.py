@@ -275,3 +275,12 @@ def test_the_sparsity_control_runs_at_the_largest_size_the_host_fits(monkeypatch
     monkeypatch.setattr(ablations.os, "cpu_count", lambda: cores)
     cfg = CompareConfig(world_sizes=sizes, backend="gloo", global_batch=32)
     assert ablations.control_size(cfg) == expected
+
+
+@pytest.mark.parametrize(("sizes", "expected"),
+                         [((1, 2, 4), 2), ((1,), 2), ((4, 8), 8), ((1, 4), 4)])
+def test_the_p2_arms_run_at_two_ranks_or_the_largest_size_never_at_one(sizes, expected):
+    from openclaw_ref.experiments.compare import CompareConfig
+    from openclaw_ref.experiments.sections import ablations
+
+    assert ablations.p2_size(CompareConfig(world_sizes=sizes, backend="gloo")) == expected

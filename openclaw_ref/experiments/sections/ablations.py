@@ -79,11 +79,17 @@ def control_size(cfg: CompareConfig) -> int:
     return max(fit) if fit else max(cfg.world_sizes)
 
 
+def p2_size(cfg: CompareConfig) -> int:
+    """The P2 arms' world size: 2 when the comparison runs 2 ranks, else its largest size —
+    but never 1, since the barrier compares ranks (``p2bench.check_p2_input``)."""
+    return 2 if 2 in cfg.world_sizes else max(2, max(cfg.world_sizes))
+
+
 def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
-    """The sparsity control at ``control_size``, the P2 arms at 2 ranks (else the largest)."""
+    """The sparsity control at ``control_size``, the P2 arms at ``p2_size``."""
     w = control_size(cfg)
     sparsity = _sparsity(cfg, w, pools, progress)
-    pw = 2 if 2 in cfg.world_sizes else w
+    pw = p2_size(cfg)
     barrier = skew_barrier_interleaved(cfg, pools.get(pw), pw, progress)
     barrier_rows = _barrier_rows(barrier, pw)
     return {"sparsity": sparsity, "sparsity_arms": list(sparsity),
