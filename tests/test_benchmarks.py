@@ -82,7 +82,7 @@ def test_asv_quick_smoke_on_two_ranks_saves_a_value_for_every_runnable_benchmark
         if STRATEGY_CASES[label]["name"] not in STRATEGIES:
             assert step[2 * i] is None or math.isnan(step[2 * i])
     # the gate figures: a ratio per model from the interleaved job; verification timed at W
-    gate = values("bench_hooks.HookCost.track_hardened_fp32_over_ddp")
+    gate = values("bench_hooks.HookCost.track_hardened_over_ddp")
     assert len(gate) == 2 and all(v is not None and v > 0 for v in gate)
     assert all(v is not None and v > 0
                for v in values("bench_hooks.VerifyScale.time_check_blocks_16_buckets"))

@@ -37,6 +37,7 @@ from openclaw_ref.reporting.claims import (
     assess,
     assess_all,
 )
+from openclaw_ref.reporting.claims.symptoms import PER_BUCKET
 from openclaw_ref.reporting.record import SCHEMA_VERSION, RecordError, load_record, parse_record
 from openclaw_ref.reporting.render import claims_markdown
 
@@ -73,7 +74,7 @@ def test_an_empty_record_is_honest():
 
 
 def test_hardware_verdicts_name_the_hardware_and_a_command():
-    rec = record(strategies(*repeats("hardened fp32", 4, [10.0] * 5, "skew")))
+    rec = record(strategies(*repeats(PER_BUCKET, 4, [10.0] * 5, "skew")))
     found = {c.id: f for c, f in assess_all(rec)}
     assert "≥ 8 cores" in found["C3"].reason and "--backend nccl" in found["C3"].command
     assert "NCCL" in found["R5"].reason and "NCCL" in found["C6"].reason

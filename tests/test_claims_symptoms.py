@@ -20,6 +20,7 @@ from claims_records import (
 )
 
 from openclaw_ref.reporting.claims import Verdict, assess
+from openclaw_ref.reporting.claims.symptoms import PER_BUCKET
 
 CASES: list[Case] = [
     ("S1", "any environment", lambda: record(), Verdict.SETTING),
@@ -38,24 +39,25 @@ CASES: list[Case] = [
      Verdict.NOT_REPRODUCED),
     ("C2", "one rank only", lambda: record(strategies(run("ddp", 1))), Verdict.NOT_MEASURABLE),
     ("C3", "10 ms skew, no masking-off control", lambda: record(strategies(*repeats(
-        "hardened fp32", 2, [10.0] * 5, "skew"))), Verdict.NOT_MEASURABLE),
-    ("C3", "0.5 ms skew", lambda: record(strategies(*repeats("hardened fp32", 2, [0.5] * 5,
+        PER_BUCKET, 2, [10.0] * 5, "skew"))), Verdict.NOT_MEASURABLE),
+    ("C3", "0.5 ms skew", lambda: record(strategies(*repeats(PER_BUCKET, 2, [0.5] * 5,
                                                                "skew"))), Verdict.NOT_REPRODUCED),
     ("C3", "skew around 3 ms", lambda: record(strategies(*repeats(
-        "hardened fp32", 2, [3 * x for x in NOISY], "skew"))), Verdict.INSIDE_NOISE),
+        PER_BUCKET, 2, [3 * x for x in NOISY], "skew"))), Verdict.INSIDE_NOISE),
     ("C3", "p99 recorded per run", lambda: record({**strategies(*[
-        {**run("hardened fp32", 2, i), "skew_ms": None, "skew_p99_ms": 10.0} for i in range(5)]),
+        {**run(PER_BUCKET, 2, i), "skew_ms": None,
+         "skew_p99_ms": 10.0} for i in range(5)]),
         **sparsity_ablation(0.9, 0.1)}), Verdict.REPRODUCED),
-    ("C3", "4 ranks on 2 cores", lambda: record(strategies(*repeats("hardened fp32", 4, [10.0] * 5,
+    ("C3", "4 ranks on 2 cores", lambda: record(strategies(*repeats(PER_BUCKET, 4, [10.0] * 5,
                                                                       "skew"))),
      Verdict.NOT_MEASURABLE),
     ("C3", "skew that masking off removes", lambda: record({**strategies(*repeats(
-        "hardened fp32", 2, [10.0] * 5, "skew")), **sparsity_ablation(0.9, 0.1)}),
+        PER_BUCKET, 2, [10.0] * 5, "skew")), **sparsity_ablation(0.9, 0.1)}),
      Verdict.REPRODUCED),
     ("C3", "the same skew with masking off", lambda: record({**strategies(*repeats(
-        "hardened fp32", 2, [10.0] * 5, "skew")), **sparsity_ablation(0.99, 0.98, w=4)}),
+        PER_BUCKET, 2, [10.0] * 5, "skew")), **sparsity_ablation(0.99, 0.98, w=4)}),
      Verdict.NOT_MEASURABLE),
-    ("C3", "3 repeats", lambda: record(strategies(*repeats("hardened fp32", 2, [10.0] * 3,
+    ("C3", "3 repeats", lambda: record(strategies(*repeats(PER_BUCKET, 2, [10.0] * 3,
                                                              "skew"))), Verdict.NOT_MEASURABLE),
     ("C4", "skew follows the sparse path", lambda: record(sparsity_ablation(0.9, 0.1)),
      Verdict.REPRODUCED),
@@ -87,7 +89,7 @@ def test_rule_reaches_outcome(claim_id, name, make, expected):
 
 
 def test_skew_the_control_shows_without_masking_is_not_attributed_to_the_sparse_path():
-    rec = record({**strategies(*repeats("hardened fp32", 2, [10.0] * 5, "skew")),
+    rec = record({**strategies(*repeats(PER_BUCKET, 2, [10.0] * 5, "skew")),
                   **sparsity_ablation(0.99, 0.98, w=4)})
     finding = assess(BY_ID["C3"], rec)
     assert "not attributable" in finding.reason and "C4 control" in finding.measured

@@ -202,11 +202,12 @@ def test_the_clis_plain_choice_lists_equal_their_torch_backed_homes():
     from openclaw_ref.experiments.hook_cost import ARMS
     from openclaw_ref.experiments.registry import SECTIONS
     from openclaw_ref.sync import STRATEGIES
-    from openclaw_ref.sync.base import NonFinitePolicy, Planner, WatchdogAction, Wire
+    from openclaw_ref.sync.base import Guard, NonFinitePolicy, Planner, WatchdogAction, Wire
 
     assert choices.PRESETS == tuple(PRESETS)
     assert choices.STRATEGIES == tuple(STRATEGIES)
     assert choices.WIRES == tuple(Wire)
+    assert choices.GUARDS == tuple(Guard)
     assert choices.PLANNERS == tuple(Planner)
     assert choices.NONFINITE_POLICIES == tuple(NonFinitePolicy)
     assert choices.WATCHDOG_ACTIONS == tuple(WatchdogAction)

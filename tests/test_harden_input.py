@@ -19,9 +19,9 @@ from openclaw_ref.sync.hardened import harden
 from openclaw_ref.sync.target import process_backend, reducible_dtypes, validate_target
 
 
-def harden_twice(ctx) -> tuple[str, int]:
+def harden_twice(ctx, guard: str) -> tuple[str, int]:
     ddp = DDP(nn.Linear(4, 2))
-    state = harden(ddp, SyncConfig(name="hardened"), ctx)
+    state = harden(ddp, SyncConfig(name="hardened", guard=guard), ctx)
     try:
         harden(ddp, SyncConfig(name="hardened"), ctx)
     except BadInput as exc:
@@ -43,9 +43,10 @@ def test_a_model_that_is_not_ddp_is_refused(pools):
     assert all("DistributedDataParallel" in m for m in pools.get(2).run(harden_a_plain_module))
 
 
-def test_hardening_twice_is_refused_and_leaves_one_hook(pools):
-    for message, hooks in pools.get(2).run(harden_twice):
-        assert "already has a comm hook" in message and hooks == 1
+@pytest.mark.parametrize("guard,hooks", [("step", 0), ("bucket", 1)])
+def test_hardening_twice_is_refused_and_leaves_what_the_first_registered(pools, guard, hooks):
+    for message, left in pools.get(2).run(harden_twice, guard):
+        assert "already hardened" in message and left == hooks
 
 
 def harden_over_a_registered_hook(ctx, kind: str) -> str:
@@ -73,14 +74,39 @@ def test_a_hook_already_registered_is_refused_before_any_collective(pools, kind,
     assert "already has a comm hook" in message and name in message
 
 
+def harden_what_needs_the_bucket_guard(ctx, kwargs: dict) -> str:
+    """Only rank 0 asks; had harden() run a collective before refusing, it would hang."""
+    ddp = DDP(nn.Linear(4, 2))
+    message = ""
+    if ctx.rank == 0:
+        try:
+            harden(ddp, SyncConfig(name="hardened", **kwargs), ctx).close()
+        except BadInput as exc:
+            message = f"{exc} | hooks left: {len(ddp._forward_pre_hooks)}"
+    dist.barrier()
+    return message
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"wire": "bf16"}, "a bf16 wire needs the per-bucket guard"),
+    ({"wire": "fp16", "scale": "4096"}, "an fp16 pre-scale (--scale 4096) needs"),
+    ({"wire": "fp16", "scale": "auto"}, "an fp16 pre-scale (--scale auto) needs"),
+])
+def test_the_step_guard_refuses_what_only_the_bucket_guard_sends_before_any_collective(
+        pools, kwargs, words):
+    message, _ = pools.get(2).run(harden_what_needs_the_bucket_guard, kwargs, timeout_s=60)
+    assert words in message and "guard='bucket'" in message
+    assert message.endswith("hooks left: 0")
+
+
 def harden_on_a_group_without_backend(ctx) -> dict:
     """A process group created without a backend reports "undefined"; its CPU backend is
     gloo, which the dtype checks must judge (not skip)."""
     group = dist.new_group(backend="undefined")
     ddp = DDP(nn.Linear(4, 2), process_group=group)
-    reply = {"reported": dist.get_backend(group),
-             "judged": validate_target(ddp, SyncConfig(name="hardened", wire="bf16"))}
-    state = harden(ddp, SyncConfig(name="hardened", wire="bf16"), ctx)
+    bf16 = SyncConfig(name="hardened", wire="bf16", guard="bucket")  # judged: gloo reduces bf16
+    reply = {"reported": dist.get_backend(group), "judged": validate_target(ddp, bf16)}
+    state = harden(ddp, bf16, ctx)
     ddp(torch.ones(3, 4)).sum().backward()
     reply["checks"] = state.summary()["bucket_checks"]
     state.close()
@@ -126,7 +152,7 @@ def close_and_keep_training(ctx) -> dict:
                          zip(ddp.parameters(), plain.parameters()))}
 
 
-def test_close_removes_the_hooks_and_thread_and_leaves_an_inert_comm_hook(pools):
+def test_close_removes_the_hooks_and_thread_and_ddp_averages_as_before(pools):
     for reply in pools.get(2).run(close_and_keep_training):
         assert reply["added"] == 1 and reply["left"] == 0 and not reply["thread"]
         assert reply["added_optimizer"] == 1 and reply["left_optimizer"] == 0

@@ -1,11 +1,13 @@
-"""What a user may do after a ``ConsistencyError`` (README "After an error"): the DDP model it
-was raised from cannot run another backward — DDP's reducer was left mid-iteration — but the
-module can be wrapped again and hardened once the failed model is closed and dropped (its
-reducer's hooks on the parameters go with it: ``close()`` keeps no reference to it), and
-training goes on with equal replicas."""
+"""What a user may do after a ``ConsistencyError`` (docs "After an error"): under the per-bucket
+guard the DDP model it was raised from cannot run another backward — DDP's reducer was left
+mid-iteration — while under the step guard a verdict read after DDP's finalize leaves DDP
+whole; either way the module can be wrapped again and hardened once the failed model is closed
+and dropped (its reducer's hooks on the parameters go with it: ``close()`` keeps no reference to
+it), and training goes on with equal replicas — the one recipe the docs give."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -27,10 +29,10 @@ def _step(ddp: DDP, opt: torch.optim.Optimizer, step: int, rank: int) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def _clock_fault(ctx, ddp: DDP) -> str:
+def _clock_fault(ctx, ddp: DDP, guard: str = "step") -> str:
     """Rank 1 names step 1 where rank 0 names step 0: every rank raises ClockMismatch (its
     name returned, so that nothing keeps the failed step's frames alive)."""
-    state = harden(ddp, SyncConfig(name="hardened"), ctx)
+    state = harden(ddp, SyncConfig(name="hardened", guard=guard), ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     try:
         state.begin_step(ctx.rank)
@@ -42,10 +44,10 @@ def _clock_fault(ctx, ddp: DDP) -> str:
     return "nothing raised"
 
 
-def reuse_task(ctx) -> dict:
+def reuse_task(ctx, guard: str) -> dict:
     torch.manual_seed(0)
     ddp = DDP(nn.Linear(4, 2))
-    first = _clock_fault(ctx, ddp)
+    first = _clock_fault(ctx, ddp, guard)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     try:
         _step(ddp, opt, 1, ctx.rank)
@@ -77,9 +79,11 @@ def rewrap_task(ctx) -> dict:
             "steps": state.summary()["steps"]}
 
 
-def test_the_ddp_model_an_error_was_raised_from_cannot_run_another_backward(pools):
-    for reply in pools.get(2).run(reuse_task):
-        assert reply == {"first": "ClockMismatch", "again": "RuntimeError"}
+@pytest.mark.parametrize("guard,again", [("step", None), ("bucket", "RuntimeError")])
+def test_whether_the_ddp_model_an_error_was_raised_from_runs_another_backward(pools, guard,
+                                                                             again):
+    for reply in pools.get(2).run(reuse_task, guard):
+        assert reply == {"first": "ClockMismatch", "again": again}
 
 
 def test_after_an_error_the_module_wrapped_and_hardened_again_trains_with_equal_replicas(pools):

@@ -1,5 +1,7 @@
-"""Every check of the hardened hook fires on its injected fault, naming the right rank, step and
-bucket — identically on every rank — and stays silent without one."""
+"""Every check of ``harden()`` fires on its injected fault, naming the right rank, step and (under
+the per-bucket guard) bucket — identically on every rank — and stays silent without one. The
+pre-scale faults belong to the per-bucket guard (``guard="bucket"``), the only one that
+pre-scales; everything else runs under the default step guard."""
 
 from __future__ import annotations
 
@@ -128,24 +130,27 @@ def test_no_fault_no_alarm(pools):
     assert results[0]["summary"]["checks_run"] == results[0]["summary"]["checks_passed"] > 3
 
 
-def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("clock", 1, 1))
+@pytest.mark.parametrize("guard", ["step", "bucket"])
+def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools, guard):
+    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", guard=guard),
+                               Fault("clock", 1, 1))
     err = _same_error_everywhere(results, ClockMismatch)
-    assert err.ranks == [1] and err.step == 1 and err.bucket is not None
+    assert err.ranks == [1] and err.step == 1
+    assert (err.bucket is None) == (guard == "step")  # the step guard names no bucket
     # two ranks: neither is "the odd one out"; the message gives both clocks
     assert "no majority" in str(err) and "most" not in str(err)
     assert "rank 0: step 1" in str(err) and "rank 1: step 2" in str(err)
 
 
 def test_the_seeds_scale_mismatch_is_caught_naming_the_rank(pools):
-    sync = SyncConfig("hardened", wire="fp16", scale="4096")
+    sync = SyncConfig("hardened", wire="fp16", scale="4096", guard="bucket")
     results = pools.get(4).run(run_with_fault, sync, Fault("scale", 3, exponent=10))  # 2^12 vs 2^10
     err = _same_error_everywhere(results, ScaleMismatch)
     assert err.ranks == [3] and err.step == 0
 
 
 def test_scale_mismatch_is_caught_on_the_fp32_wire_too(pools):
-    sync = SyncConfig("hardened", wire="fp32")
+    sync = SyncConfig("hardened", wire="fp32", guard="bucket")
     results = pools.get(2).run(run_with_fault, sync, Fault("scale", 1, exponent=3))
     err = _same_error_everywhere(results, ScaleMismatch)
     assert err.ranks == [1]
@@ -192,7 +197,7 @@ def test_a_nan_gradient_under_the_skip_policy_skips_the_step_everywhere_and_name
 
 
 def test_a_finite_gradient_that_overflows_only_under_the_pre_scale_is_not_a_local_nan(pools):
-    sync = SyncConfig("hardened", wire="fp16", scale="4096", nonfinite="raise")
+    sync = SyncConfig("hardened", wire="fp16", scale="4096", nonfinite="raise", guard="bucket")
     results = pools.get(2).run(run_with_fault, sync, Fault("huge", 1, 1))
     for r in results:
         assert r["error"] is None  # 1e9-scaled but finite: an overflow, skipped, not fatal
@@ -201,8 +206,21 @@ def test_a_finite_gradient_that_overflows_only_under_the_pre_scale_is_not_a_loca
         assert r["events"] == []
 
 
+def test_an_fp16_wire_overflow_under_the_step_guard_skips_the_step_on_every_rank(pools):
+    """DDP's own fp16 wire (its C++ hook) overflows on rank 1's 1e9-scaled but finite
+    gradients: no rank's own gradient was non-finite, the reduced ones are, and every rank
+    skips that step."""
+    sync = SyncConfig("hardened", wire="fp16", nonfinite="raise")
+    results = pools.get(2).run(run_with_fault, sync, Fault("huge", 1, 1))
+    for r in results:
+        assert r["error"] is None and r["events"] == []
+        assert r["applied"] == [True, False, True]
+        assert r["metrics"][1]["overflowed"] and r["metrics"][1]["overflow_elements"] > 0
+        assert r["summary"]["skipped_steps"] == 1
+
+
 def test_a_wire_overflow_skips_the_step_on_every_rank_and_backs_off_the_scale(pools):
-    sync = SyncConfig("hardened", wire="fp16", scale="auto")
+    sync = SyncConfig("hardened", wire="fp16", scale="auto", guard="bucket")
     results = pools.get(2).run(run_with_fault, sync, Fault("huge", 1, 1))
     for r in results:
         assert r["error"] is None

@@ -39,21 +39,25 @@ def test_hardened_fp32_trains_exactly_like_ddp_and_one_process(pools, world_size
     assert hard["summary"]["replicas_equal"] and hard["events"] == []
 
 
-@pytest.mark.parametrize("wire", ["fp16", "bf16"])
-def test_reduced_precision_wires_stay_within_their_stated_tolerance(pools, wire):
+@pytest.mark.parametrize("wire,guard", [("fp16", "step"), ("fp16", "bucket"),
+                                        ("bf16", "bucket")])
+def test_reduced_precision_wires_stay_within_their_stated_tolerance(pools, wire, guard):
     ddp = pools.get(2).run(record_of, train_cfg(2, SyncConfig("ddp"), optimizer="sgd"))[0]
-    hard = pools.get(2).run(record_of, train_cfg(2, SyncConfig("hardened", wire=wire),
+    hard = pools.get(2).run(record_of, train_cfg(2, SyncConfig("hardened", wire=wire,
+                                                               guard=guard),
                                             optimizer="sgd"))[0]
     assert _rel(hard["summary"]["final_loss"], ddp["summary"]["final_loss"]) <= WIRE_RTOL[wire]
     assert hard["summary"]["replicas_equal"] and hard["summary"]["skipped_steps"] == 0
 
 
 def test_no_false_alarm_in_over_a_thousand_checked_bucket_steps(pools):
-    """Small buckets (32 per step), every wire, sparsity from none to extreme: missing expert
-    gradients (zero-filled by DDP) must never look like a layout disagreement."""
+    """The per-bucket guard. Small buckets (32 per step), every wire, sparsity from none to
+    extreme: missing expert gradients (zero-filled by DDP) must never look like a layout
+    disagreement."""
     checked = missing = 0
     for wire, sparsity in [("fp16", (0.0, 0.0)), ("bf16", (0.12, 0.68)), ("fp32", (0.9, 0.95))]:
-        sync = SyncConfig("hardened", wire=wire, scale="auto", bucket_cap_mb=0.01)
+        sync = SyncConfig("hardened", wire=wire, scale="auto", bucket_cap_mb=0.01,
+                          guard="bucket")
         rec = pools.get(2).run(record_of, train_cfg(2, sync, steps=12, sparsity_range=sparsity))[0]
         s = rec["summary"]["sync"]
         assert rec["events"] == [] and s["checks_run"] == s["checks_passed"]
@@ -64,8 +68,22 @@ def test_no_false_alarm_in_over_a_thousand_checked_bucket_steps(pools):
     assert missing > 0  # absent expert gradients were exercised, not avoided
 
 
+def test_no_false_alarm_under_the_step_guard_from_no_to_extreme_sparsity(pools):
+    """The default guard, both wires it sends: absent expert gradients (zero-filled by DDP)
+    are never a missing gradient, and every step is checked."""
+    missing = 0
+    for wire, sparsity in [("fp16", (0.0, 0.0)), ("fp32", (0.12, 0.68)), ("fp32", (0.9, 0.95))]:
+        sync = SyncConfig("hardened", wire=wire, bucket_cap_mb=0.01)
+        rec = pools.get(2).run(record_of, train_cfg(2, sync, steps=12, sparsity_range=sparsity))[0]
+        s = rec["summary"]["sync"]
+        assert rec["events"] == [] and s["checks_run"] == s["checks_passed"]
+        assert s["bucket_checks"] == 12 and rec["summary"]["replicas_equal"]
+        missing += sum(sum(st["missing_grads"]) for st in rec["steps"])
+    assert missing > 0  # absent expert gradients were exercised, not avoided
+
+
 def test_every_step_reports_sync_time_skew_late_rank_overflow_scale_and_checks(pools):
-    sync = SyncConfig("hardened", wire="fp16", scale="4096")
+    sync = SyncConfig("hardened", wire="fp16", scale="4096", guard="bucket")
     rec = pools.get(2).run(record_of, train_cfg(2, sync, steps=3))[0]
     m = rec["steps"][-1]["sync"]
     assert {"sync_ms", "buckets", "overflow_elements", "elements", "overflowed", "scale",
@@ -107,19 +125,32 @@ def costs_and_recording(ctx, sync: SyncConfig) -> tuple[dict, list]:
 @pytest.mark.parametrize("sync", [
     SyncConfig("ddp", bucket_cap_mb=0.05),
     SyncConfig("hardened", bucket_cap_mb=0.05),
+    SyncConfig("hardened", bucket_cap_mb=0.05, guard="bucket"),
     SyncConfig("bucketed", bucket_cap_mb=0.05, planner="norm-ema-agreed"),
-], ids=lambda s: s.name)
+], ids=["ddp", "hardened", "hardened-bucket", "bucketed"])
 def test_derived_per_step_costs_equal_the_recorded_collectives(pools, sync):
     cost, recorded = pools.get(2).run(costs_and_recording, sync)[0]
     assert cost["collectives"] == len(recorded)
     assert cost["wire_bytes"] == 4 * sum(n for _, n in recorded)  # fp32 wire, int32 used map
 
 
-def test_hardened_issues_exactly_as_many_collectives_per_step_as_ddp(pools):
+def test_the_step_guard_adds_one_small_exchange_to_ddps_collectives(pools):
     ddp, ddp_recorded = pools.get(2).run(costs_and_recording,
                                          SyncConfig("ddp", bucket_cap_mb=0.05))[0]
     hard, recorded = pools.get(2).run(costs_and_recording,
                                       SyncConfig("hardened", bucket_cap_mb=0.05, wire="fp16"))[0]
+    assert hard["collectives"] == ddp["collectives"] + 1
+    extra = sum(n for _, n in recorded) - sum(n for _, n in ddp_recorded)
+    assert extra == CountLayout(2, torch.float32).size(1)  # the step's counts, once
+    assert hard["wire_bytes"] < ddp["wire_bytes"]  # DDP's fp16 payload + the exchange
+
+
+def test_the_bucket_guard_issues_exactly_as_many_collectives_per_step_as_ddp(pools):
+    ddp, ddp_recorded = pools.get(2).run(costs_and_recording,
+                                         SyncConfig("ddp", bucket_cap_mb=0.05))[0]
+    hard, recorded = pools.get(2).run(costs_and_recording,
+                                      SyncConfig("hardened", bucket_cap_mb=0.05, wire="fp16",
+                                                 guard="bucket"))[0]
     assert hard["collectives"] == ddp["collectives"] > 2
     buckets = ddp["collectives"] - 1  # less DDP's used-map allreduce
     extra = sum(n for _, n in recorded) - sum(n for _, n in ddp_recorded)
@@ -132,7 +163,8 @@ def test_cli_trains_with_the_hardened_fp16_auto_wire(tmp_path):
     from openclaw_ref.core.jsonio import read_json
 
     out = tmp_path / "run.json"
-    code = main(["train", "--sync", "hardened", "--wire", "fp16", "--scale", "auto",
+    code = main(["train", "--sync", "hardened", "--guard", "bucket", "--wire", "fp16",
+                 "--scale", "auto",
                  "--world-size", "2", "--steps", "3", "--global-batch", "8", "--no-progress",
                  "--eval-every", "0", "--out", str(out)])
     assert code == 0
@@ -147,7 +179,7 @@ def test_a_fired_check_still_writes_the_run_json_with_its_event(pools, tmp_path)
     from openclaw_ref.core.jsonio import read_json
 
     out = tmp_path / "run.json"
-    sync = SyncConfig("hardened", wire="fp16")
+    sync = SyncConfig("hardened", wire="fp16", guard="bucket")  # the guard that sees a scale
     scale_mismatch = (parse_fault("scale-mismatch=10@1"),)  # rank 1 pre-scales by 2^10
     with pytest.raises(RankFailed) as err:
         pools.get(2).run(record_of, train_cfg(2, sync, steps=3, out=str(out),

@@ -30,7 +30,7 @@ def _raw(step_ms: dict[str, list[float]], buckets: int = 8) -> dict:
 
 def test_a_constant_factor_gives_that_ratio_with_a_collapsed_interval():
     ddp = [10.0, 11.0, 12.0, 10.5, 11.5]
-    s = summarize(_raw({"ddp": ddp, "hardened-fp32": [x * 1.1 for x in ddp]}))["hardened-fp32"]
+    s = summarize(_raw({"ddp": ddp, "hardened": [x * 1.1 for x in ddp]}))["hardened"]
     assert s["ratio"] == pytest.approx(1.1)
     assert s["ratio_low"] == pytest.approx(1.1) and s["ratio_high"] == pytest.approx(1.1)
 
@@ -38,7 +38,7 @@ def test_a_constant_factor_gives_that_ratio_with_a_collapsed_interval():
 def test_the_ratio_is_the_median_per_step_ratio_so_a_spike_on_one_arms_step_cancels():
     ddp = [10.0, 10.0, 10.0, 40.0, 40.0]  # steps 3 and 4: the host was busy for both arms
     arm = [11.0, 11.0, 44.0, 44.0, 44.0]  # step 2: busy for this arm's step only
-    s = summarize(_raw({"ddp": ddp, "hardened-fp32": arm}))["hardened-fp32"]
+    s = summarize(_raw({"ddp": ddp, "hardened": arm}))["hardened"]
     assert s["ratio"] == pytest.approx(1.1)  # a ratio of medians would say 4.4
     assert s["ratio_low"] <= 1.1 <= s["ratio_high"]
 
@@ -52,30 +52,30 @@ def test_the_per_bucket_cost_is_the_extra_over_ddp_spread_over_the_buckets():
 def test_a_hardened_arm_is_also_compared_with_pytorchs_hook_of_the_same_wire():
     ddp = [10.0, 10.2, 9.9, 10.1, 10.0]
     s = summarize(_raw({"ddp": ddp, "allreduce_hook": [x * 1.02 for x in ddp],
-                        "hardened-fp32": [x * 1.04 for x in ddp]}))
-    assert s["hardened-fp32"]["vs_python_hook"] == "allreduce_hook"
-    assert s["hardened-fp32"]["vs_python_hook_ratio"] == pytest.approx(1.04 / 1.02)
+                        "hardened": [x * 1.04 for x in ddp]}))
+    assert s["hardened"]["vs_python_hook"] == "allreduce_hook"
+    assert s["hardened"]["vs_python_hook_ratio"] == pytest.approx(1.04 / 1.02)
     assert "vs_python_hook" not in s["allreduce_hook"]
 
 
 def test_a_faster_arm_gets_a_ratio_below_one_and_a_negative_extra():
     ddp = [10.0] * 5
-    s = summarize(_raw({"ddp": ddp, "hardened-fp32": [9.0] * 5}))["hardened-fp32"]
+    s = summarize(_raw({"ddp": ddp, "hardened": [9.0] * 5}))["hardened"]
     assert s["ratio"] == pytest.approx(0.9) and s["per_bucket_us"] < 0
 
 
 def test_the_table_has_a_row_per_arm_with_its_interval():
     ddp = [10.0, 10.2, 9.9, 10.1, 10.0]
-    job = {"config": {"arms": ["ddp", "hardened-fp32"], "world_size": 2, "steps": 5},
-           "summary": summarize(_raw({"ddp": ddp, "hardened-fp32": ddp})), "baseline": "ddp"}
+    job = {"config": {"arms": ["ddp", "hardened"], "world_size": 2, "steps": 5},
+           "summary": summarize(_raw({"ddp": ddp, "hardened": ddp})), "baseline": "ddp"}
     t = hook_cost_table("mlp", job)
-    assert [r[0] for r in t.rows] == ["ddp", "hardened-fp32"]
+    assert [r[0] for r in t.rows] == ["ddp", "hardened"]
     assert "[" in t.rows[1][2] and "interleaved" in t.caption
 
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"world_size": 1}, "2 ranks"),
-    ({"arms": ("hardened-fp32",)}, "must include ddp"),
+    ({"arms": ("hardened",)}, "must include ddp"),
     ({"arms": ("ddp", "nope")}, "must include ddp"),
     ({"model": "huge"}, "model must be"),
     ({"steps": 2}, "at least 5"),

@@ -28,7 +28,7 @@ STRATEGY_CASES: dict[str, dict] = {
     "ddp": {"name": "ddp"},
     "ddp-fp16": {"name": "ddp-fp16"},
     "hardened-fp32": {"name": "hardened", "wire": "fp32"},
-    "hardened-fp16": {"name": "hardened", "wire": "fp16", "scale": "4096"},
+    "hardened-fp16": {"name": "hardened", "wire": "fp16"},  # the step guard: DDP's fp16 wire
     "bucketed-static": {"name": "bucketed", "planner": "static",
                         "replica_check_every": REPLICA_CHECK_EVERY},
     "bucketed-norm-ema-agreed": {"name": "bucketed", "planner": "norm-ema-agreed",

@@ -12,6 +12,7 @@ PRESETS = ("tiny", "small", "base")  # core.model.PRESETS
 STRATEGIES = ("ddp", "ddp-allreduce", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "ddp-detail",
               "local", "hardened", "bucketed", "seed-f5")  # sync.STRATEGIES
 WIRES = ("native", "fp32", "fp16", "bf16")  # sync.base.Wire
+GUARDS = ("step", "bucket")  # sync.base.Guard
 PLANNERS = ("static", "norm-ema", "norm-ema-agreed")  # sync.base.Planner
 NONFINITE_POLICIES = ("skip", "raise")  # sync.base.NonFinitePolicy
 WATCHDOG_ACTIONS = ("raise", "report", "exit")  # sync.base.WatchdogAction
@@ -23,5 +24,5 @@ CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consi
           "equivalence", "fault-detection")  # conformance.cluster.CHECKS
 CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",
                   "late-rank=250ms")  # conformance.settings.ConformSettings().faults
-HOOK_COST_ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32",
-                  "hardened-fp16", "hardened-fp32-noreplica")  # experiments.hook_cost.ARMS
+HOOK_COST_ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
+                  "hardened-noreplica", "hardened-bucket-fp32")  # experiments.hook_cost.ARMS

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from openclaw_ref.cli.choices import (
+    GUARDS,
     NONFINITE_POLICIES,
     PLANNERS,
     STRATEGIES,
@@ -21,6 +22,10 @@ def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_e
     its short runs judge the faults they inject; None: ``SyncConfig``'s)."""
     p.add_argument("--sync", default=sync, choices=STRATEGIES,
                    help="gradient-synchronization strategy")
+    p.add_argument("--guard", default="step", choices=GUARDS,
+                   help="hardened: one small exchange per step with the gradients on DDP's own "
+                        "C++ path (step, the default), or the per-bucket comm hook (bucket: "
+                        "forensic; needed for a bf16 wire or an fp16 pre-scale)")
     p.add_argument("--wire", default="native", choices=WIRES,
                    help="dtype a bucket travels as (hardened/bucketed)")
     p.add_argument("--scale", default="loss-scaler",
@@ -55,4 +60,4 @@ def sync_config_from_args(args: argparse.Namespace):
     return SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
                       nonfinite=args.nonfinite, bucket_cap_mb=args.bucket_cap_mb,
                       replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s,
-                      watchdog_action=args.watchdog_action, **slices)
+                      watchdog_action=args.watchdog_action, guard=args.guard, **slices)

@@ -34,7 +34,8 @@ from openclaw_ref.sync.errors import ConsistencyError, SyncTimeout
 OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
 # Columns: stock DDP, PyTorch's own comm hooks as users register them, then the suite's own.
 MATRIX_STRATEGIES = ("ddp", "ddp-allreduce", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "hardened",
-                     "bucketed")
+                     "hardened-bucket", "bucketed")
+PER_BUCKET = "hardened-bucket"  # the column of harden()'s per-bucket guard
 
 # ---------------------------------------------------------------------------------------------
 # The fault × strategy matrix
@@ -61,18 +62,24 @@ class MatrixSettings:
 
     def sync_config(self, strategy: str) -> SyncConfig:
         """Stock DDP, with or without one of PyTorch's hooks, as users get it (``as_shipped``);
-        ``hardened`` with an FP16 wire at the seed's 2^12 (so scale faults are meaningful),
-        every parameter's replica compared within K steps (``replica_slices`` for hardened,
+        ``hardened`` at harden()'s defaults (the step guard, the gradients' own wire);
+        ``hardened-bucket`` (the per-bucket guard) and ``bucketed`` (the agreed planner) with an
+        FP16 wire at the seed's 2^12 (so scale faults reach their pre-scale); every
+        parameter's replica compared within K steps (``replica_slices`` for hardened,
         ``replica_check_every`` for bucketed), a short watchdog that ends a hung job at its own
         deadline (``WatchdogAction.EXIT``: the default, ``RAISE``, would leave a hang to gloo's
-        timeout); ``bucketed`` likewise, with the agreed planner."""
+        timeout)."""
         if as_shipped(strategy):
             return SyncConfig(name=strategy)
+        knobs = dict(replica_check_every=self.replica_check_every,
+                     replica_slices=self.replica_check_every, watchdog_s=self.watchdog_s,
+                     watchdog_action=WatchdogAction.EXIT)
+        if strategy == "hardened":
+            return SyncConfig(name=strategy, **knobs)
         planner = "norm-ema-agreed" if strategy == "bucketed" else "static"
-        return SyncConfig(name=strategy, wire="fp16", scale="4096", planner=planner,
-                          replica_check_every=self.replica_check_every,
-                          replica_slices=self.replica_check_every,
-                          watchdog_s=self.watchdog_s, watchdog_action=WatchdogAction.EXIT)
+        guard = {"guard": "bucket"} if strategy == PER_BUCKET else {}
+        return SyncConfig(name=strategy_name(strategy), wire="fp16", scale="4096",
+                          planner=planner, **guard, **knobs)
 
     def train_config(self, strategy: str, fault: str | None):
         from openclaw_ref.core.train import TrainConfig
@@ -336,7 +343,8 @@ def kills_group(strategy: str, fault: str) -> bool:
     or wait on a size mismatch."""
     from openclaw_ref.core.faults import DDP_STRATEGIES
 
-    return fault in GROUP_KILLING or (fault == "local-buckets" and strategy in DDP_STRATEGIES)
+    return fault in GROUP_KILLING or (fault == "local-buckets"
+                                       and strategy_name(strategy) in DDP_STRATEGIES)
 
 
 def self_exited_ranks(pool: RankPool) -> list[int]:
@@ -351,13 +359,18 @@ def as_shipped(strategy: str) -> bool:
     most one of PyTorch's comm hooks (``sync.ddp.is_stock``)."""
     from openclaw_ref.sync.ddp import is_stock
 
-    return strategy == "local" or is_stock(STRATEGIES.get(strategy))
+    return strategy == "local" or is_stock(STRATEGIES.get(strategy_name(strategy)))
+
+
+def strategy_name(column: str) -> str:
+    """The registered strategy a matrix column runs (``hardened-bucket``: ``hardened``)."""
+    return "hardened" if column == PER_BUCKET else column
 
 
 def matrix_strategies() -> tuple[str, ...]:
     """The matrix's columns that exist in this build (every one of ``MATRIX_STRATEGIES`` once
     all are registered)."""
-    return tuple(s for s in MATRIX_STRATEGIES if s in STRATEGIES)
+    return tuple(s for s in MATRIX_STRATEGIES if strategy_name(s) in STRATEGIES)
 
 __all__ = ["FAULTS", "MATRIX_STRATEGIES", "OUTCOMES", "CaseOutcome", "MatrixRunner",
            "MatrixSettings", "case_task", "classify", "detected_in_band"]

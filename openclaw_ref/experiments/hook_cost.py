@@ -12,10 +12,13 @@ Arms:
   ``ddp``                 stock DDP, its built-in C++ allreduce (the denominator)
   ``allreduce_hook``      PyTorch's Python ``default_hooks.allreduce_hook``
   ``fp16_compress_hook``  PyTorch's ``default_hooks.fp16_compress_hook``
-  ``hardened-fp32``       ``harden()`` with every per-bucket check, fp32 wire
-  ``hardened-fp16``       ``harden()`` with every per-bucket check, fp16 wire (fixed 2^12)
-  ``hardened-fp32-noreplica``  ``hardened-fp32`` without the replica digest in the step block
-                          (``replica_slices=0``): what the default digest costs
+  ``hardened``            ``harden()`` with its defaults: the step guard (DDP's own C++
+                          reduction, one small exchange per step)
+  ``hardened-fp16``       the step guard on DDP's built-in fp16 wire
+  ``hardened-noreplica``  ``hardened`` without the replica digest (``replica_slices=0``): what
+                          the default digest costs
+  ``hardened-bucket-fp32``  the per-bucket guard (the forensic mode: a Python comm hook that
+                          checks every bucket), fp32 wire
 
 Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB bucket cap, about
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
@@ -46,12 +49,17 @@ from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.core.metrics import median_paired_ratio
 from openclaw_ref.sync.errors import BadInput
 
-ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened-fp32", "hardened-fp16",
-        "hardened-fp32-noreplica")
+ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
+        "hardened-noreplica", "hardened-bucket-fp32")
 BASELINE = "ddp"
-# each hardened wire beside PyTorch's Python hook for the same wire (the stretch target)
-PYTHON_HOOK_FOR = {"hardened-fp32": "allreduce_hook", "hardened-fp16": "fp16_compress_hook",
-                   "hardened-fp32-noreplica": "allreduce_hook"}
+# each hardened arm's SyncConfig beyond the defaults
+HARDENED_ARMS: dict[str, dict] = {"hardened": {}, "hardened-fp16": {"wire": "fp16"},
+                                  "hardened-noreplica": {"replica_slices": 0},
+                                  "hardened-bucket-fp32": {"guard": "bucket", "wire": "fp32"}}
+# each hardened arm beside PyTorch's Python hook for the same wire
+PYTHON_HOOK_FOR = {"hardened": "allreduce_hook", "hardened-fp16": "fp16_compress_hook",
+                   "hardened-noreplica": "allreduce_hook",
+                   "hardened-bucket-fp32": "allreduce_hook"}
 MLP_WIDTH, MLP_LAYERS, MLP_BATCH = 512, 8, 32
 BUCKET_CAP_MB = {"mlp": 1.0, "tiny": 0.025, "small": 1.0}
 
@@ -107,11 +115,8 @@ def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unus
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif arm == "fp16_compress_hook":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif arm.startswith("hardened-"):
-        off = arm.endswith("-noreplica")
-        # scale: the fp16 arm's fixed 2^12 (the fp32 wire ignores it)
-        cfg = SyncConfig(name="hardened", wire=arm.split("-")[1], scale="4096",
-                         bucket_cap_mb=cap_mb, **({"replica_slices": 0} if off else {}))
+    elif arm in HARDENED_ARMS:
+        cfg = SyncConfig(name="hardened", bucket_cap_mb=cap_mb, **HARDENED_ARMS[arm])
         return ddp, harden(ddp, cfg, ctx)
     return ddp, None
 
@@ -186,7 +191,8 @@ def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
             "buckets": buckets, "events": false_alarms}
 
 
-MEMORY_ARMS = ("ddp", "fp16_compress_hook", "hardened-fp32", "hardened-fp16")
+MEMORY_ARMS = ("ddp", "fp16_compress_hook", "hardened", "hardened-fp16",
+               "hardened-bucket-fp32")
 
 
 def hook_memory_rank(ctx: RankContext, seed: int = 0, warmup: int = 2,
@@ -220,7 +226,7 @@ def hook_memory_rank(ctx: RankContext, seed: int = 0, warmup: int = 2,
                 opt.step()
             opt.zero_grad(set_to_none=False)
         grad_bytes = sum(p.numel() * p.element_size() for p in ddp.parameters())
-        held = sum(b.numel() * b.element_size() for b in state._wires.values()) if state else 0
+        held = state.held_bytes() if state else 0
         rows.append({"arm": arm, "gradient_as_bucket_view": as_view,
                      "step_peak_growth_mb": peak_memory_mb(ctx.device, scope) - start,
                      "scope": scope, "gradient_mb": grad_bytes / 2**20,

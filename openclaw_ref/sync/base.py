@@ -37,6 +37,22 @@ class NonFinitePolicy(enum.StrEnum):
     RAISE = "raise"
 
 
+class Guard(enum.StrEnum):
+    """How ``harden()`` gathers its evidence.
+
+    ``STEP`` (the default): the gradients go through DDP's own C++ reduction (no Python comm
+    hook; DDP's built-in C++ hook for an fp16 wire), and everything the guard checks — clock,
+    what was averaged, missing gradients, each rank's non-finite flag, the ready-time skew, one
+    replica slice's digest — rides in ONE small allreduce per step, issued at the end of the
+    backward, before DDP waits for its last bucket. ``BUCKET``: the forensic mode — a Python
+    comm hook that checks every bucket (its membership, its ready-time skew, which rank's
+    bucket held a NaN) and can pre-scale an fp16 wire or send bf16; it costs a Python call per
+    bucket (``docs/hardening.md`` states both costs)."""
+
+    STEP = "step"
+    BUCKET = "bucket"
+
+
 class VerdictAt(enum.StrEnum):
     """Where ``harden()`` reads a step's verdict on the host — its one host synchronization.
 
@@ -150,10 +166,10 @@ class RankInfo(Protocol):
 class SyncConfig:
     """Every knob of every strategy; each strategy validates the ones it reads.
 
-    ``wire``, ``nonfinite``, ``planner``, ``watchdog_action`` and ``verdict_at`` accept their
-    enum or its
-    string (as the CLI passes it) and always hold the enum; ``scale`` keeps the text it was
-    given (the run JSON records it), ``scale_mode`` and ``scale_exp`` are its parsed value."""
+    ``wire``, ``nonfinite``, ``planner``, ``watchdog_action``, ``verdict_at`` and ``guard``
+    accept their enum or its string (as the CLI passes it) and always hold the enum; ``scale``
+    keeps the text it was given (the run JSON records it), ``scale_mode`` and ``scale_exp`` are
+    its parsed value."""
 
     name: str = "ddp"
     wire: Wire = Wire.NATIVE
@@ -169,6 +185,7 @@ class SyncConfig:
     watchdog_action: WatchdogAction = WatchdogAction.RAISE
     nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
     verdict_at: VerdictAt = VerdictAt.AUTO  # hardened: where the step's verdict is read
+    guard: Guard = Guard.STEP  # hardened: one exchange per step, or the per-bucket hook
     # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
     # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
     ddp_options: dict[str, Any] = field(default_factory=dict)
@@ -180,6 +197,7 @@ class SyncConfig:
         object.__setattr__(self, "watchdog_action",
                            _choice(WatchdogAction, self.watchdog_action, "watchdog-action"))
         object.__setattr__(self, "verdict_at", _choice(VerdictAt, self.verdict_at, "verdict-at"))
+        object.__setattr__(self, "guard", _choice(Guard, self.guard, "guard"))
         _ = self.scale_exp  # parsed here, so a bad --scale fails at construction
         if self.bucket_cap_mb <= 0:
             raise BadInput(f"bucket cap must be positive; got {self.bucket_cap_mb}")

@@ -68,7 +68,7 @@ class BucketVerdict:
     ``check_blocks`` did not bring the per-rank times to the host (more than
     ``READY_DETAIL_MAX_RANKS`` ranks)."""
 
-    index: int
+    index: int | None  # None: the step guard's one slot for the whole step
     ready_ms: list[float] | None
     skew_ms: float
     late_rank: int | None  # None: not known (a ready-time histogram beyond 64 ranks)
@@ -77,13 +77,16 @@ class BucketVerdict:
     nonfinite_seen: bool = False  # some rank's did, but the ranks could not be named
 
 
-def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdict:
+def verify(slots: list[Slot], *, bucket: int | None, params: list[str]) -> BucketVerdict:
     """Raise the first disagreement in the reduced block of one bucket, else the verdict.
 
     ``bucket`` and ``params`` are this rank's view, used only to *name* the bucket in the error
     (``params`` may differ on the very rank whose membership disagrees); the decision itself and
-    the step, bucket and ranks in the error come from the shared block alone. Joined ranks'
-    slots abstain: they take part in the sum with zeros and report nothing to compare.
+    the step, bucket and ranks in the error come from the shared block alone. ``bucket=None``:
+    the slots describe a whole step (the step guard's one exchange), and no error names a
+    bucket (the slot's bucket field then holds the first bucket a rank's DDP never issued).
+    Joined ranks' slots abstain: they take part in the sum with zeros and report
+    nothing to compare.
     """
     missing = [r for r, s in enumerate(slots) if not s.valid]
     active = [r for r, s in enumerate(slots) if s.valid and not s.joined]
@@ -96,9 +99,10 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
     unissued = [r for r in active if slots[r].unissued]
     if unissued:
         clocks = [slots[r].clock for r in active]
+        first = slots[unissued[0]].bucket if bucket is None else bucket  # step: from the slot
         raise MissingGradient(
             "DDP never reduced this backward's last bucket on these ranks: their DDP stopped "
-            f"before bucket {bucket} (a parameter without a gradient under "
+            f"before bucket {first} (a parameter without a gradient under "
             "find_unused_parameters=False?); they sent zeros so that every rank stops here",
             step=int(plurality(clocks)[0]), ranks=unissued, bucket=bucket, params=params)
     joined = len(active) < len(slots)
@@ -116,19 +120,20 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
                             step=int(clock), ranks=late, bucket=bucket, params=params)
     step = int(clock)
     index, off, split = odd("bucket", lambda b: f"bucket {b}")
+    at = None if bucket is None else int(index)
     if off:
         raise BucketMisalignment(
             f"ranks reduce different buckets together: {split}", step=step, ranks=off,
-            bucket=int(index), params=params)
+            bucket=at, params=params)
     digest, off, split = odd("digest", lambda d: format(d, "016x"))
     if off:
         raise BucketMisalignment(
             f"bucket {index} holds different parameters on these ranks (membership digest "
-            f"{split})", step=step, ranks=off, bucket=int(index), params=params)
+            f"{split})", step=step, ranks=off, bucket=at, params=params)
     exp, off, split = odd("scale_exp", lambda e: f"2^{e}")
     if off:
         raise ScaleMismatch(f"FP16 pre-scale differs: {split}", step=step, ranks=off,
-                            bucket=int(index), params=params)
+                            bucket=at, params=params)
     absent = [r for r in active if slots[r].absent is not None]
     if absent:
         first = slots[absent[0]].absent
@@ -136,11 +141,11 @@ def verify(slots: list[Slot], *, bucket: int, params: list[str]) -> BucketVerdic
         raise MissingGradient(
             f"required parameter(s) got no gradient on these ranks (member index "
             f"{ {r: slots[r].absent for r in absent} }); the sum would silently miss them",
-            step=step, ranks=absent, bucket=int(index), params=named)
-    return _passed(int(index), [slots[r] for r in active], active, joined)
+            step=step, ranks=absent, bucket=at, params=named)
+    return _passed(at, [slots[r] for r in active], active, joined)
 
 
-def _passed(index: int, mine: list[Slot], active: list[int], joined: bool) -> BucketVerdict:
+def _passed(index: int | None, mine: list[Slot], active: list[int], joined: bool) -> BucketVerdict:
     """The figures of a bucket ``verify`` passed: ``mine`` are the slots of the ``active``
     ranks; the late rank is the first at the latest ready time."""
     ready = [s.ready_ms for s in mine]

@@ -2,7 +2,9 @@
 
 Timing differences between sync variants here are inside ±5% noise, so every comparison also
 quotes these counts, derived from the layout the strategy actually uses (DDP's own logging
-data for ``ddp``/``ddp-fp16``/``hardened``; the engine's frames for ``bucketed``) — and
+data for ``ddp``/``ddp-fp16``/``hardened``; the engine's frames for ``bucketed``): the step
+guard (``hardened`` by default) issues DDP's collectives plus one small exchange per step; the
+per-bucket guard carries its block at the tail of DDP's last bucket (no extra collective) — and
 ``recorded_collectives`` measures them with the profiler so a test can hold the two equal.
 
 Definitions (per training step, per rank, steady state):
@@ -15,7 +17,7 @@ Definitions (per training step, per rank, steady state):
                     reducer-internal waits are not ours to count and are listed in ``notes``
   ``periodic``      extra collectives every ``replica_check_every`` steps (an
                     ``all_gather_object`` is two all_gathers: sizes, then payload); the
-                    hardened hook has none (its replica digest rides in the step block)
+                    hardened guards have none (the replica digest rides in the step's block)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from openclaw_ref.sync.base import SyncStrategy
+from openclaw_ref.sync.base import Guard, SyncStrategy, Wire
 from openclaw_ref.sync.control_counts import CountLayout
 from openclaw_ref.sync.precision import WIRE_DTYPES
 
@@ -72,6 +74,15 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
         sizes, n_params, unused = _ddp_layout(strategy.ddp)
         used_map = (1, n_params * USED_MAP_BYTES) if unused else (0, 0)
         grad_elem = 4  # fp32 gradients
+        if name == "hardened" and strategy.cfg.guard is Guard.STEP:
+            wire = 2 if strategy.cfg.wire is Wire.FP16 else grad_elem
+            block = CountLayout(world_size, torch.float32).size(1)
+            payload = sum(s // grad_elem * wire for s in sizes) + block * 4
+            return StepCost(name, world_size, len(sizes) + used_map[0] + 1,
+                            payload + used_map[1], 1,
+                            notes=f"{len(sizes)} buckets on DDP's own path + used-map "
+                                  f"allreduce + the step's exchange ({block} fp32 elements); "
+                                  "1 host sync (the step check)")
         if name == "hardened":
             dtype = WIRE_DTYPES.get(strategy.cfg.wire, torch.float32)  # native: fp32
             block = CountLayout(world_size, dtype).size(len(sizes))

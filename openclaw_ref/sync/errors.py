@@ -179,3 +179,10 @@ class SyncTimeout(OpenClawError):
 
 def _rebuild_timeout(detail, ranks, step, bucket):
     return SyncTimeout(detail, ranks=ranks, step=step, bucket=bucket)
+
+
+def backend_message(exc: BaseException) -> str:
+    """The backend's own words for a failed collective, without the future's wrapping of a
+    hook continuation."""
+    text = str(exc).split("\n\nAt:")[0].strip()
+    return text.removeprefix("Got the following error when running the callback: ")

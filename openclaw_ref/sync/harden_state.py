@@ -19,21 +19,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
 from openclaw_ref.sync.control_counts import CountLayout
 from openclaw_ref.sync.control_counts_write import write_counts
 from openclaw_ref.sync.control_layout import (
-    NONFINITE,
     StepBlock,
     assemble_slot,
     clock_chunks,
     membership_digest,
     slot_middle,
 )
-from openclaw_ref.sync.errors import CollectiveFailed
-from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger
+from openclaw_ref.sync.errors import CollectiveFailed, backend_message
+from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.precision import ScalePolicy
 from openclaw_ref.sync.replica_slices import ReplicaSlices
 from openclaw_ref.sync.watchdog import Watchdog
@@ -175,18 +173,10 @@ class HardenState:
         self._step_block = CountedStep(block, layout, self._gather, self._replica_error)
 
     def _gather(self) -> list[list[int]]:
-        """Every rank's slots of the step and replica row, in rank order: the failure path's
-        one extra collective (every rank sees the same failing counts, so all enter it)."""
+        """Every rank's slots of the step and replica row (``ledger.gather_step_rows``)."""
         slots, flags = self._sent if self._sent is not None else (None, None)
         assert slots is not None, "a counted step always kept its slots"
-        if flags is not None:
-            nonfinite = flags if isinstance(flags, list) else flags.ne(0).tolist()
-            slots = [s[:NONFINITE] + [int(f)] + s[NONFINITE + 1:]
-                     for s, f in zip(slots, nonfinite)]
-        row = [v for s in slots for v in s] + self.replicas.gather_row()
-        device = checks._collective_device(self.group, torch.device("cpu"))
-        local = torch.tensor(row, dtype=torch.int64, device=device)
-        return checks._gather_rows(local, self.group).tolist()
+        return gather_step_rows(self.group, slots, flags, self.replicas)
 
     def _replica_error(self, rows: list[list[int]], active: list[int]):
         return self.replicas.divergence(rows, active, step=self.clock - 1)
@@ -303,6 +293,10 @@ class HardenState:
                 index: self._device_t0.elapsed_time(event) for index, event in self._device_marks}
             self._device_marks = []
 
+    def held_bytes(self) -> int:
+        """Bytes the guard holds between steps: its wire buffers."""
+        return sum(b.numel() * b.element_size() for b in self._wires.values())
+
     def step_metrics(self) -> dict:
         return dict(self.ledger.last)
 
@@ -336,11 +330,5 @@ def _failed_collective(records: list[BucketRecord], step: int) -> CollectiveFail
         try:
             record.done.value()
         except RuntimeError as exc:
-            return CollectiveFailed(_backend_message(exc), step=step, bucket=record.index)
+            return CollectiveFailed(backend_message(exc), step=step, bucket=record.index)
     return None
-
-
-def _backend_message(exc: RuntimeError) -> str:
-    """The backend's own words, without the future's wrapping of the hook continuation."""
-    text = str(exc).split("\n\nAt:")[0].strip()
-    return text.removeprefix("Got the following error when running the callback: ")

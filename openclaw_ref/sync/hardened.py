@@ -80,7 +80,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
-from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import Guard, RankInfo, SyncConfig, SyncStrategy
 from openclaw_ref.sync.control_counts_write import write_counts
 from openclaw_ref.sync.control_layout import joined_slot, unissued_slot
 from openclaw_ref.sync.ddp import wrap_ddp
@@ -94,7 +94,8 @@ from openclaw_ref.sync.precision import (
     refuse_grad_scaler,
     to_wire,
 )
-from openclaw_ref.sync.target import bucket_sizes, validate_target
+from openclaw_ref.sync.step_guard import StepGuard, Unset, refuse_unsupported, register_wire
+from openclaw_ref.sync.target import HARDENED_MARK, bucket_sizes, validate_target
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
 
@@ -250,26 +251,28 @@ def _presence_hook(present: set[int], key: int):
 
 
 def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None = None, *,
-           check_construction: bool = True) -> HardenState:
+           check_construction: bool = True) -> HardenState | StepGuard:
     """Make a DDP model's gradient sync verifiable; returns the state (see module docstring).
 
-    Everything runs on ``ddp_model.process_group``. ``ctx`` (any ``RankInfo``, e.g. our
-    launcher's) gives the store for the watchdog and the way to report a hang from its thread;
-    without it the default store and ``os._exit`` are used. ``check_construction=False`` skips
-    the cross-rank parameter check (tests use it to show that the in-band membership digest
-    alone still catches a swapped registration). Raises ``BadInput`` before registering
-    anything and before any collective when the model cannot be hardened: a comm hook already
-    registered (Python or C++ built-in), a process group with no backend for the gradients'
-    device, a wire dtype the backend cannot reduce; and from the first optimizer step a
-    ``torch.amp.GradScaler`` runs over a pre-scaled fp16 wire (``precision.refuse_grad_scaler``).
+    ``cfg.guard`` picks how: ``step`` (the default, ``step_guard``: DDP's own C++ reduction and
+    one small exchange per step) or ``bucket`` (this module's per-bucket comm hook: the
+    forensic mode, and the only one that pre-scales an fp16 wire or sends bf16). Everything
+    runs on ``ddp_model.process_group``. ``ctx`` (any ``RankInfo``, e.g. our launcher's) gives
+    the store for the watchdog and the way to report a hang from its thread; without it the
+    default store and ``os._exit`` are used. ``check_construction=False`` skips the cross-rank
+    parameter check (tests use it to show that the in-band membership digest alone still
+    catches a swapped registration). Raises ``BadInput`` before registering anything and before
+    any collective when the model cannot be hardened: a comm hook already registered (Python or
+    C++ built-in), a process group with no backend for the gradients' device, a wire dtype the
+    backend cannot reduce, a wire or pre-scale the chosen guard cannot send; and from the first
+    optimizer step a ``torch.amp.GradScaler`` runs over a pre-scaled fp16 wire
+    (``precision.refuse_grad_scaler``).
 
-    ``state.close()`` removes what this added (forward pre-hook, gradient-presence hooks, the
-    optimizer step pre-hooks that keep a wire overflow out of the weights and refuse a
-    GradScaler over a pre-scale,
-    forward hook of ``averaged.AveragingWatch`` on ``ddp_model.module``, watchdog thread) on
-    the rank it runs on. DDP cannot unregister a comm hook: after ``close()`` the hook is
-    inert — a plain allreduce average like PyTorch's ``allreduce_hook``, no control block, no
-    check — so close every rank of the group.
+    ``state.close()`` removes what this added (forward hooks, gradient-presence hooks, the
+    optimizer step pre-hooks, the watchdog thread) on the rank it runs on. Under ``bucket``
+    DDP cannot unregister the comm hook: after ``close()`` it is inert — a plain allreduce
+    average like PyTorch's ``allreduce_hook``, no control block, no check — so close every
+    rank of the group. Under ``step`` the wire is DDP's own and stays as it was.
 
     After an error. A ``ConsistencyError`` (or a failed collective) is raised from inside
     DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of this DDP
@@ -280,20 +283,51 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     """
     cfg = cfg or SyncConfig(name="hardened")
     backend = validate_target(ddp_model, cfg)
+    if cfg.guard is Guard.STEP:
+        refuse_unsupported(cfg)
     group = ddp_model.process_group
     named = list(ddp_model.module.named_parameters())
     if check_construction:
         checks.construction_check(named, group=group, layout=bucket_sizes(ddp_model))
-    state = HardenState(cfg, group, named, checks.synchronized_parameters(ddp_model))
+    synchronized = checks.synchronized_parameters(ddp_model)
+    if cfg.guard is Guard.STEP:
+        state = StepGuard(ddp_model, cfg, named, synchronized)
+        state.watchdog = _watchdog(state, cfg, ctx)
+        register_wire(ddp_model, cfg)
+        state.install(checks.required_gradient_names(ddp_model.module))
+    else:
+        state = _harden_buckets(ddp_model, cfg, ctx, named, synchronized)
     if check_construction:
         state.ledger.count_check(True)
+    setattr(ddp_model, HARDENED_MARK, state)
+    state.handles.append(Unset(ddp_model, HARDENED_MARK))
+    state.handles.append(register_optimizer_step_pre_hook(state.before_optimizer_step))
+    if backend == "nccl" and os.environ.get(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
+        warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
+                      "was created; a failed collective may hang instead of aborting",
+                      stacklevel=2)
+    return state
+
+
+def _watchdog(state: HardenState | StepGuard, cfg: SyncConfig, ctx: RankInfo | None
+              ) -> Watchdog:
+    """The state's hang watchdog, on ``ctx``'s store (the default store without one)."""
     store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()
     report = ctx.report_fatal if ctx is not None else exit_fatal
     global_rank = state.global_ranks[state.rank]
-    state.watchdog = Watchdog(store, state.rank, state.world_size, cfg.watchdog_s,
-                              namespace_for(store, global_rank, group_ranks=state.global_ranks),
-                              on_timeout=report, global_ranks=state.global_ranks,
-                              action=cfg.watchdog_action, events=state.events)
+    return Watchdog(store, state.rank, state.world_size, cfg.watchdog_s,
+                    namespace_for(store, global_rank, group_ranks=state.global_ranks),
+                    on_timeout=report, global_ranks=state.global_ranks,
+                    action=cfg.watchdog_action, events=state.events)
+
+
+def _harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
+                    named: list[tuple[str, nn.Parameter]],
+                    synchronized: list[tuple[str, nn.Parameter]]) -> HardenState:
+    """``Guard.BUCKET``: register ``hardened_hook`` and what it needs (module docstring)."""
+    state = HardenState(cfg, ddp_model.process_group, named, synchronized)
+    state.watchdog = _watchdog(state, cfg, ctx)
     try:
         ddp_model.register_comm_hook(state, hardened_hook)
     except BaseException:
@@ -305,8 +339,8 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
             state.required.add(id(p))
             state.handles.append(p.register_hook(_presence_hook(state.present, id(p))))
     watch = state.averaging = AveragingWatch(ddp_model, state.synchronized, state.progress,
-                                             global_rank, functools.partial(_unissued_step,
-                                                                            state, ddp_model))
+                                             state.global_ranks[state.rank],
+                                             functools.partial(_unissued_step, state, ddp_model))
 
     def wrapper_forward(module, args) -> None:
         watch.wrapper_forward()
@@ -314,17 +348,10 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
 
     state.complete_unissued = functools.partial(_complete_unissued, state, ddp_model)
     state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
-    state.handles.append(register_optimizer_step_pre_hook(
-        state.before_optimizer_step))
     if state.policy.pre_scales:  # opt-in pre-scale: refused under a GradScaler
         state.handles.append(register_optimizer_step_pre_hook(
             refuse_grad_scaler(state.policy, cfg.scale)))
     state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
-    if backend == "nccl" and os.environ.get(
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
-        warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
-                      "was created; a failed collective may hang instead of aborting",
-                      stacklevel=2)
     return state
 
 
@@ -356,7 +383,11 @@ class Hardened(SyncStrategy):
         return self.state.summary()
 
     def scale_policy(self) -> ScalePolicy | None:
-        return self.state.policy if hasattr(self, "state") else None
+        """The pre-scale policy of the per-bucket guard (the fault injector's handle on one
+        rank's exponent); None under the step guard, which never pre-scales."""
+        if not hasattr(self, "state") or self.cfg.guard is Guard.STEP:
+            return None
+        return self.state.policy
 
     def close(self) -> None:
         if hasattr(self, "state"):

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from openclaw_ref.sync import checks
 from openclaw_ref.sync.base import Wire
 from openclaw_ref.sync.control import BucketVerdict, check_blocks, verify
 from openclaw_ref.sync.control_counts import (
@@ -49,7 +50,12 @@ from openclaw_ref.sync.control_counts import (
     check_counts,
     first_failing_field,
 )
-from openclaw_ref.sync.control_layout import READY_UNIT_US, SLOT_FIELDS, decode_block
+from openclaw_ref.sync.control_layout import (
+    NONFINITE,
+    READY_UNIT_US,
+    SLOT_FIELDS,
+    decode_block,
+)
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ClockMismatch,
@@ -91,6 +97,21 @@ class CountedStep:
     layout: CountLayout
     gather: Callable[[], list[list[int]]]
     replicas: Callable[[list[list[int]], list[int]], ConsistencyError | None]
+
+
+def gather_step_rows(group, slots: list[list[int]], flags, replicas) -> list[list[int]]:
+    """Every rank's slots of a counted step and its replica row, in rank order: the failure
+    path's one extra collective (every rank sees the same failing counts, so all enter it).
+    ``flags``: the non-finite flags the counts were written with (host booleans, or a device
+    tensor), folded into the slots; ``replicas``: the ``ReplicaSlices`` whose row rides along."""
+    if flags is not None:
+        nonfinite = flags if isinstance(flags, list) else flags.ne(0).tolist()
+        slots = [s[:NONFINITE] + [int(f)] + s[NONFINITE + 1:]
+                 for s, f in zip(slots, nonfinite)]
+    row = [v for s in slots for v in s] + replicas.gather_row()
+    device = checks._collective_device(group, torch.device("cpu"))
+    local = torch.tensor(row, dtype=torch.int64, device=device)
+    return checks._gather_rows(local, group).tolist()
 
 
 _UNNAMED = {"missing": BucketMisalignment, "clock": ClockMismatch, "bucket": BucketMisalignment,

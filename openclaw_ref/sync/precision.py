@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -220,9 +221,12 @@ def has_nonfinite(t: torch.Tensor) -> torch.Tensor:
     return ~(torch.isfinite(lo) & torch.isfinite(hi))
 
 
-def count_nonfinite(t: torch.Tensor) -> int:
-    """Number of NaN/inf elements (a host sync: called only for buckets already flagged)."""
-    return int(torch.isfinite(t).logical_not().sum())
+def count_nonfinite(t: torch.Tensor | Sequence[torch.Tensor]) -> int:
+    """Number of NaN/inf elements of a tensor or of several (a host sync: called only for
+    buckets or steps already flagged)."""
+    if isinstance(t, torch.Tensor):
+        return int(torch.isfinite(t).logical_not().sum())
+    return sum(count_nonfinite(x) for x in t)
 
 
 @dataclass

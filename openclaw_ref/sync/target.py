@@ -12,6 +12,8 @@ from openclaw_ref.sync.base import SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.precision import WIRE_DTYPES
 
+HARDENED_MARK = "_openclaw_guard"  # set on a DDP model while a harden() state guards it
+
 
 def bucket_sizes(ddp_model: DDP) -> list[int] | None:
     """DDP's bucket sizes in bytes (fixed at construction with find_unused_parameters=True;
@@ -84,6 +86,9 @@ def validate_target(ddp_model: object, cfg: SyncConfig) -> str:
     if not isinstance(ddp_model, DDP):
         raise BadInput(f"harden() needs a torch DistributedDataParallel model; got "
                        f"{type(ddp_model).__name__}")
+    if getattr(ddp_model, HARDENED_MARK, None) is not None:
+        raise BadInput("this DDP model is already hardened (harden() called twice?): close() "
+                       "the first state before hardening it again")
     hook = registered_hook(ddp_model)
     if hook is not None:
         raise BadInput(f"this DDP model already has a comm hook ({hook}; harden() called twice, "

@@ -1,7 +1,8 @@
 """The fault × strategy matrix: what each sync path does when each fault is injected.
 
 One short run per cell (tiny preset, 2 ranks, 5 steps, fault at step 2), classified from what
-the system surfaced. ``hardened`` and ``bucketed`` must detect every fault, naming the faulty
+the system surfaced. ``hardened`` (harden()'s defaults: the step guard) and ``bucketed`` must
+detect every fault, naming the faulty
 rank and its parameter or bucket, within one step (bitflip: one replica-check interval), and end
 a hang by their own deadline. Stock DDP's outcomes are asserted as the facts we measured: that
 table is what users come for. Known gaps are strict xfails: the day they are fixed, the xfail
@@ -10,7 +11,8 @@ turns into a failure and the table here must be updated.
 The matrix of these four columns runs once per session (module fixture) on the shared 2-rank
 pool; faults that kill the group (crash, hang) get fresh pools with short deadlines. The columns
 of PyTorch's own hooks are asserted in ``test_fault_matrix_hooks.py`` (a few cells in CI, the
-whole columns under ``slow``).
+whole columns under ``slow``); the per-bucket guard's column (``hardened-bucket``) here, under
+``slow``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 import pytest
 
 from openclaw_ref.conformance.fault_matrix import (
+    PER_BUCKET,
     CaseOutcome,
     MatrixRunner,
     MatrixSettings,
@@ -113,6 +116,17 @@ def test_self_verifying_strategy_ends_a_hang_by_its_own_deadline(matrix, strateg
     # spawn (≤ ~15 s on a loaded 2-core box) + 2 steps + watchdog deadline, far below the
     # pool's own 3 × pg-timeout deadline that would otherwise end it
     assert cell.wall_s < SETTINGS.pg_timeout_s * 3, cell
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "crash"])
+def test_the_per_bucket_guard_detects_and_attributes_the_fault(pools, fault):
+    runner = MatrixRunner(SETTINGS, get_pool=pools.get)
+    try:
+        cell = runner.run_case(PER_BUCKET, fault)
+    finally:
+        runner.close()
+    assert cell.outcome == "detected" and cell.attributed and cell.in_time, cell
 
 
 def test_stock_ddp_hang_is_ended_only_by_gloos_timeout_on_the_waiting_rank(matrix):

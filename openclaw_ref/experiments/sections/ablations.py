@@ -41,7 +41,8 @@ def skew_barrier_interleaved(cfg: CompareConfig, pool: RankPool, w: int,
 
 
 def _sparsity(cfg: CompareConfig, w: int, pools: PoolCache, progress: Progress) -> dict:
-    """Bucket skews of hardened fp32 with the seed's masking vs masking off, per arm."""
+    """Bucket skews of the per-bucket guard (fp32) with the seed's masking vs masking off, per
+    arm: the step guard sees one ready time per rank and step, not per bucket."""
     arms = [("sparse (text 000's range)", None), ("masking off (s = 0)", (0.0, 0.0))]
     skews: dict[str, list[float]] = {label: [] for label, _ in arms}
     for repeat in range(cfg.repeats):
@@ -49,7 +50,8 @@ def _sparsity(cfg: CompareConfig, w: int, pools: PoolCache, progress: Progress) 
             tcfg = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.steps,
                                global_batch=cfg.global_batch, seed=cfg.seed, eval_every=0,
                                progress=False, backend=cfg.backend, sparsity_range=rng,
-                               sync=SyncConfig(name="hardened", bucket_cap_mb=cfg.bucket_cap_mb))
+                               sync=SyncConfig(name="hardened", bucket_cap_mb=cfg.bucket_cap_mb,
+                                               guard="bucket"))
             record = pools.get(w).run(run_and_return_params, tcfg)[0]["record"]
             skews[label] += bucket_skews(record)
         progress.tick(f"ablation sparse/masking-off r{repeat}")

@@ -45,9 +45,12 @@ def default_variants(bucket_cap_mb: float) -> tuple[Variant, ...]:
         v("local (no sync)", name="local"),
         v("ddp", name="ddp"),
         v("ddp-fp16", name="ddp-fp16"),
-        v("hardened fp32", name="hardened", wire="fp32"),
-        v("hardened fp16", name="hardened", wire="fp16", scale="4096"),
-        v("hardened bf16", name="hardened", wire="bf16"),
+        v("hardened fp32", name="hardened", wire="fp32"),  # harden()'s defaults: the step guard
+        v("hardened fp16", name="hardened", wire="fp16"),  # the step guard on DDP's fp16 wire
+        v("hardened per-bucket fp32", name="hardened", wire="fp32", guard="bucket"),
+        v("hardened per-bucket fp16 (2^12)", name="hardened", wire="fp16", scale="4096",
+          guard="bucket"),  # text 000's F3: one uniform pre-scale
+        v("hardened per-bucket bf16", name="hardened", wire="bf16", guard="bucket"),
         v("bucketed static", name="bucketed", planner="static"),
         v("bucketed norm-ema-agreed", name="bucketed", planner="norm-ema-agreed"),
         v("bucketed norm-ema (text 000's F2)", name="bucketed", planner="norm-ema"),

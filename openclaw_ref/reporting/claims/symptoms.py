@@ -45,6 +45,8 @@ FAMILY = Family()
 claim = FAMILY.claim
 SYMPTOMS = "text 000 §1"
 
+PER_BUCKET = "hardened per-bucket fp32"  # the row whose ready times are per bucket
+
 
 def val_spikes(validation: list[dict], rise: float = 0.05) -> list[int]:
     """Steps where validation loss rose more than ``rise`` (relative) over the previous point."""
@@ -109,17 +111,17 @@ def skew_p99(r: dict) -> float | None:
        "skew over a 3 ms threshold", source=SYMPTOMS,
        outcomes=TIMED)
 def bucket_skew_exceeds_3ms(rec: RunRecord) -> Finding:
-    """Reproduced if hardened fp32's per-repeat p99 bucket skew is above 3 ms: bootstrap interval
-    of median p99 / 3 ms entirely above 1 (below 1: not reproduced; containing 1: noise), and
-    the C4 control on the same host shows the skew follows the sparse path; skew above 3 ms
-    without that control, or with it showing the same skew with masking off, is not
-    attributable here (the host's, not the sparse path's)."""
-    ran = "hardened fp32: bucket-ready times in the control block"
+    """Reproduced if the per-bucket guard's (fp32) per-repeat p99 bucket skew is above 3 ms:
+    bootstrap interval of median p99 / 3 ms entirely above 1 (below 1: not reproduced;
+    containing 1: noise), and the C4 control on the same host shows the skew follows the
+    sparse path; skew above 3 ms without that control, or with it showing the same skew with
+    masking off, is not attributable here (the host's, not the sparse path's)."""
+    ran = "hardened per-bucket fp32: bucket-ready times in the control block"
     w = size_to_judge(rec, multi_rank_sizes(rec), ran,
                       Needs(f"{HW_8GPU} or ≥ 8 cores", CMD_NCCL8))
     if isinstance(w, Finding):
         return w
-    p99 = repeat_values(runs(rec, "hardened fp32", w), skew_p99)
+    p99 = repeat_values(runs(rec, PER_BUCKET, w), skew_p99)
     if not p99:
         raise Missing(f"no skew recorded at {w} ranks")
     label, reason, text = judge_ratio(list(p99.values()), [3.0] * len(p99), 1.0,
@@ -168,7 +170,7 @@ def skew_follows_sparse_path(rec: RunRecord) -> Finding:
     if not on or not off:
         raise Missing("sparse-vs-masking-off ablation not recorded")
     w = on["world_size"]
-    ran = f"hardened fp32 on {w} ranks, sparse path on vs masking off"
+    ran = f"hardened per-bucket fp32 on {w} ranks, sparse path on vs masking off"
     text = (f"{pct(on['share_over_3ms'])} of {on['bucket_steps']} bucket-steps above 3 ms with "
             f"text 000's masking vs {pct(off['share_over_3ms'])} with masking off "
             "(text 000: 89.3%)")
@@ -246,10 +248,10 @@ def gradient_lifetime_proxy(rec: RunRecord) -> Finding:
     (when each rank's buckets became ready after its step start) or says it is missing."""
     sizes = multi_rank_sizes(rec)
     w = sizes[-1] if sizes else None
-    last = [b for r in runs(rec, "hardened fp32", w) for b in r["sync_last"].get("buckets", [])]
+    last = [b for r in runs(rec, PER_BUCKET, w) for b in r["sync_last"].get("buckets", [])]
     if w is None or not last:
         raise Missing("no multi-rank bucket timings")
     ready = [t for b in last for t in b["ready_ms"]]
-    return Finding(Verdict.NOT_MEASURABLE, f"hardened fp32 on {w} ranks",
+    return Finding(Verdict.NOT_MEASURABLE, f"{PER_BUCKET} on {w} ranks",
                    f"proxy: bucket-ready times {min(ready):.1f}–{max(ready):.1f} ms after step "
                    "start (last step of each run)", "undefined quantity; proxy shown", NOTHING)

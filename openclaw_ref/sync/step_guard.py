@@ -1,0 +1,439 @@
+"""``harden()``'s default guard (``Guard.STEP``): DDP reduces the gradients on its own C++ path,
+and everything the guard checks rides in ONE small allreduce per step.
+
+Why not a comm hook: a Python comm hook costs a crossing into Python per bucket (PyTorch's own
+``allreduce_hook`` already costs 1.04–1.09× stock DDP for that alone), and most of what the
+per-bucket hook (``Guard.BUCKET``) checks does not need it on stock DDP: DDP makes the bucket
+layout identical on every rank (rank 0's rebuilt order is broadcast) and the start-up check
+proves the parameters agree; a clock disagreement, a missing gradient, a gradient that was never
+averaged, a rank's NaN, the replica digest and the ready-time skew are facts of the whole step.
+
+Per step, on every rank, with the default ``native``/``fp32`` wire (no comm hook at all) or an
+``fp16`` wire (DDP's built-in C++ ``FP16_COMPRESS`` hook: PyTorch's ``fp16_compress_hook``):
+  1. the forward through the wrapper opens the step (ready-time origin; a step whose verdict
+     was deferred is judged first);
+  2. a hook on each gradient accumulator DDP itself hooked records that the parameter got a
+     gradient — the node DDP watches, so a conversion that replaced it shows as absent;
+  3. at the end of the backward's graph task (a callback queued when the backward reaches the
+     forward's output, so it runs before DDP's own finalize, which waits for the last bucket),
+     ``_exchange`` gathers the step's facts — clock, whether DDP reduced every bucket, the first
+     absent required parameter, this rank's non-finite flag (one pass over its own gradients,
+     still local until DDP's finalize copies the averages back; with
+     ``gradient_as_bucket_view`` each gradient is summed as it is accumulated, before DDP can
+     reduce its bucket), its ready time, one replica slice's digest — writes them as counts
+     (``control_counts``: B = 1) and issues their allreduce, which overlaps DDP's last bucket;
+  4. after DDP's finalize (a second callback) — or, deferred (``SyncConfig.verdict_at``; the
+     default on CUDA), at the optimizer step's pre-hook — ``ledger.Ledger.settle`` checks the
+     reduced counts: clean, one host read; otherwise every rank gathers the per-rank slots with
+     one more collective, on that step only, and raises the same named error.
+A rank whose DDP did not reduce every bucket (a parameter without a gradient under
+``find_unused_parameters=False``, a forward through ``ddp.module``, parameters replaced after
+wrapping) sends zeros for the buckets its DDP never issued, then its slot marked so, so that
+the other ranks' allreduces complete and every rank stops at the same step. A rank that joined
+(``DDP.join()``) sends a "joined" slot after DDP's shadow allreduces.
+
+What this mode does not see (``Guard.BUCKET`` does): which bucket held a rank's NaN, the
+per-bucket ready-time skew, a bucket whose membership differs while its size matches (DDP's
+broadcast layout prevents it; the start-up check compares the layout), a pre-scaled fp16 wire
+and a bf16 wire (refused here with ``BadInput``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._pytree import tree_leaves
+
+from openclaw_ref.sync.averaged import Cause, _accumulates, _accumulator
+from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt, Wire
+from openclaw_ref.sync.control_counts import CountLayout
+from openclaw_ref.sync.control_counts_write import write_counts
+from openclaw_ref.sync.control_layout import (
+    MAGIC_UNISSUED,
+    encode_slot,
+    joined_slot,
+    membership_digest,
+)
+from openclaw_ref.sync.errors import (
+    BadInput,
+    CollectiveFailed,
+    ConsistencyError,
+    GradientsNotAveraged,
+    MissingGradient,
+    backend_message,
+)
+from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
+from openclaw_ref.sync.precision import ScalePolicy, finite_sum
+from openclaw_ref.sync.replica_slices import ReplicaSlices
+from openclaw_ref.sync.watchdog import Watchdog
+
+STEP_UNIT = 0  # the watchdog's "bucket" index of the step's exchange
+
+
+def refuse_unsupported(cfg: SyncConfig) -> None:
+    """What the step guard cannot do without a Python comm hook, refused before anything is
+    registered: a bf16 wire (DDP has no built-in bf16 hook) and an fp16 pre-scale."""
+    if cfg.wire is Wire.BF16:
+        raise BadInput("a bf16 wire needs the per-bucket guard: DDP has no built-in bf16 comm "
+                       "hook; pass SyncConfig(guard='bucket') (--guard bucket)")
+    if ScalePolicy.from_config(cfg).pre_scales:
+        raise BadInput(f"an fp16 pre-scale (--scale {cfg.scale}) needs the per-bucket guard; "
+                       "pass SyncConfig(guard='bucket') (--guard bucket), or keep the default "
+                       "--scale loss-scaler")
+
+
+def register_wire(ddp_model: DDP, cfg: SyncConfig) -> None:
+    """The gradients' wire on DDP's own C++ path: none for native/fp32, DDP's built-in
+    ``FP16_COMPRESS`` (cast, ÷W, SUM, copy back: PyTorch's ``fp16_compress_hook``) for fp16."""
+    if cfg.wire is Wire.FP16:
+        ddp_model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+
+
+class StepGuard:
+    """One per hardened DDP model in step mode: the step lifecycle (module docstring), the
+    facts it gathers, and the statistics it reports. Public surface as ``HardenState``'s:
+    ``begin_step``, ``finish_step``, ``step_metrics``, ``summary``, ``events``, ``close``."""
+
+    def __init__(self, ddp: DDP, cfg: SyncConfig, named: list[tuple[str, nn.Parameter]],
+                 synchronized: list[tuple[str, nn.Parameter]]) -> None:
+        self.ddp = ddp
+        self.cfg = cfg
+        self.group = ddp.process_group
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.global_ranks = dist.get_process_group_ranks(self.group)
+        self.policy = ScalePolicy.from_config(cfg)
+        self.synchronized = synchronized
+        ignored = set(getattr(ddp, "parameters_to_ignore", ()))
+        self.tracked = [(n, p) for n, p in named if p.requires_grad and n not in ignored]
+        self.names = [n for n, _ in self.tracked]
+        self._index = {id(p): i for i, (_, p) in enumerate(self.tracked)}
+        self.accumulators = [_accumulator(p) for _, p in self.tracked]  # the nodes DDP hooked
+        self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
+                             global_ranks=self.global_ranks,
+                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE,
+                             params=[p for _, p in named])
+        self.events = self.ledger.events
+        self.replicas = ReplicaSlices(synchronized, cfg.replica_slices)
+        self.on_cuda = any(p.is_cuda for _, p in named)
+        self.deferred = (cfg.verdict_at is VerdictAt.OPTIMIZER_STEP
+                         or (cfg.verdict_at is VerdictAt.AUTO and self.on_cuda))
+        device = self.tracked[0][1].device if self.tracked else torch.device("cpu")
+        self.layout = CountLayout(self.world_size, torch.float32)
+        self.block = torch.zeros(self.layout.size(1), device=device)
+        self.digest = membership_digest([(n, tuple(p.shape), str(p.dtype), 0, p.numel())
+                                         for n, p in self.tracked])
+        self.required: list[int] = []  # indices into ``tracked`` (``checks.required_…``)
+        self.watchdog: Watchdog | None = None
+        self.handles: list = []
+        self.closed = False
+        self.clock = 0
+        self.step_t0 = time.perf_counter()
+        self.present = bytearray(len(self.tracked))
+        self.local_sums: list[torch.Tensor] = []  # gradient_as_bucket_view: summed on arrival
+        self.via_wrapper = False
+        self.prepared = False  # a forward through the wrapper armed DDP's reducer
+        self._task = -2  # graph task whose end runs the exchange (one per backward)
+        self._pending: tuple[BucketRecord, CountedStep, tuple[Cause, list[str]] | None] | None \
+            = None
+        self._sent: list[int] = []  # this step's slot and flags, for a failure gather
+        self._flags: list[bool] | torch.Tensor | None = None
+        self._verdict: bool | None = None
+        self.shadow_steps = 0
+
+    # -- registration (harden) ----------------------------------------------------------------
+    def install(self, required: set[str] | None) -> None:
+        """Register the hooks of the module docstring; ``required``: names that must get a
+        gradient every step (None: presence judged only for DDP's own completion)."""
+        self.required = [i for i, n in enumerate(self.names) if required and n in required]
+        as_view = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
+        for i, (node, (_, p)) in enumerate(zip(self.accumulators, self.tracked)):
+            self.handles.append(node.register_hook(self._presence(i)))
+            if as_view:
+                self.handles.append(p.register_post_accumulate_grad_hook(self._summed))
+        self.handles.append(self.ddp.register_forward_pre_hook(self._wrapper_forward))
+        self.handles.append(self.ddp.module.register_forward_hook(self._module_forward))
+        original = self.ddp.join_hook
+        self.ddp.join_hook = lambda **kwargs: _JoinedExchange(original(**kwargs), self)
+        self.handles.append(Unset(self.ddp, "join_hook"))
+
+    def _presence(self, i: int):
+        present = self.present
+
+        def mark(grad_inputs, grad_outputs) -> None:
+            present[i] = 1
+        return mark
+
+    def _summed(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self.local_sums.append(finite_sum(p.grad))
+
+    # -- the step -------------------------------------------------------------------------------
+    def _wrapper_forward(self, module, args) -> None:
+        self._enter()
+        self.via_wrapper = True
+        if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
+            self.prepared = True  # DDP.forward arms its reducer for the next backward
+        self.step_t0 = time.perf_counter()
+
+    def _module_forward(self, module, args, output) -> None:
+        """Forward hook of ``ddp.module``: arm the exchange for the backward of an output that
+        DDP should average (through the wrapper outside ``no_sync``, or around it)."""
+        via, self.via_wrapper = self.via_wrapper, False
+        if self.closed or not torch.is_grad_enabled():
+            return
+        if via and not self.ddp.require_backward_grad_sync:
+            return
+        out = next((t for t in tree_leaves(output)
+                    if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
+        if out is not None:
+            out.grad_fn.register_prehook(lambda grads: self._arm())
+
+    def _arm(self) -> None:
+        task = torch._C._current_graph_task_id()
+        if task == self._task or self.closed:
+            return
+        self._task = task
+        _queue(self._exchange)
+
+    def _exchange(self) -> None:
+        """The end of the backward (callback 1): the step's facts, sent (module docstring).
+        Whether DDP reduced: it did iff a forward through the wrapper armed its reducer
+        (``prepared``) and every parameter it waits for got a gradient through the very
+        accumulator it hooked (or it tolerates unused ones)."""
+        self._task = -2
+        if self.closed or not (any(self.present) or self._received_elsewhere()):
+            self.local_sums = []  # reached no parameter DDP averages (``autograd.grad``)
+            return
+        t = time.perf_counter()
+        prepared, self.prepared = self.prepared, False
+        complete = prepared and (self._unused_allowed() or all(self.present))
+        first_unissued = 0 if complete else self._send_unissued(prepared)
+        absent = next((i for i in self.required if not self.present[i]), None)
+        slot = encode_slot(clock=self.clock, bucket=first_unissued, digest=self.digest,
+                           scale_exp=0, ready_s=t - self.step_t0, absent=absent)
+        if not complete:
+            slot = [MAGIC_UNISSUED] + slot[1:]
+        flags = self._local_flags()
+        replica = None
+        if self.replicas.enabled:
+            replica = self.replicas.digest_slice(self.clock)
+            self.ledger.replica_checks += 1
+        write_counts(self.block, self.layout, self.rank, [slot], flags, replica)
+        self._sent, self._flags = slot, flags
+        work = dist.all_reduce(self.block, group=self.group, async_op=True)
+        if self.watchdog is not None:
+            self.watchdog.issued(self.clock, STEP_UNIT, work)
+        grads = [p.grad for _, p in self.tracked if p.grad is not None]
+        record = BucketRecord(None, self.names, sum(g.numel() for g in grads), None, grads,
+                              done=work.get_future())
+        counted = CountedStep(self.block, self.layout, self._gather, self._replica_error)
+        self._pending = (record, counted, None if complete else self._cause(prepared))
+        if not self.deferred:
+            # Waited on here, before DDP's finalize: a peer that died makes this wait fail,
+            # and it is raised as the failed collective it is (DDP's own wait would raise a
+            # bare RuntimeError). The buckets still in flight complete meanwhile.
+            self._wait(work)
+            _queue(self._settle)  # after DDP's finalize, queued during the backward
+
+    def _received_elsewhere(self) -> bool:
+        """No accumulator DDP hooked ran: did some parameter of the module get a gradient in
+        this backward anyway (a conversion or a replacement after wrapping)? Asked of the
+        engine, on such backwards only."""
+        return any(_accumulates(p) for p in self.ddp.module.parameters() if p.requires_grad)
+
+    def _wait(self, work) -> None:
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            self._pending = None
+            self._fail(exc, self.clock)
+
+    def _fail(self, exc: RuntimeError, step: int) -> None:
+        """A failed collective: the watchdog's diagnosis if it has one, else the backend's."""
+        if self.watchdog is not None:
+            self.watchdog.check(exc)
+        raise CollectiveFailed(backend_message(exc), step=step) from exc
+
+    def _unused_allowed(self) -> bool:
+        """DDP completes a backward that leaves parameters without a gradient (it marks them
+        ready itself) under ``find_unused_parameters`` and a static graph."""
+        return bool(self.ddp.find_unused_parameters or getattr(self.ddp, "static_graph", False))
+
+    def _local_flags(self) -> list[bool] | torch.Tensor:
+        """This rank's non-finite flag: a sum over its own gradients, NaN or ±inf iff one is."""
+        if getattr(self.ddp, "gradient_as_bucket_view", False):
+            sums, self.local_sums = self.local_sums, []
+        else:
+            sums = [finite_sum(p.grad) for _, p in self.tracked if p.grad is not None]
+        if not sums:
+            return [False]
+        total = torch.stack(sums)
+        if total.device.type == "cpu":
+            return [not all(math.isfinite(v) for v in total.tolist())]
+        nonfinite = (~torch.isfinite(total)).any().to(torch.float32)
+        return nonfinite.reshape(1)
+
+    def _send_unissued(self, prepared: bool) -> int:
+        """Zeros, in DDP's wire format, for every bucket this rank's DDP did not issue this
+        backward (DDP issues its buckets in index order, each once all its members are ready,
+        so the issued ones are a prefix); returns the first such bucket's index."""
+        first = None
+        issued = prepared
+        for bucket in self.ddp.reducer._get_zeros_like_grad_buckets():
+            issued = issued and all(self.present[self._index[id(p)]]
+                                    for p in bucket.parameters() if id(p) in self._index)
+            if issued:
+                continue
+            first = bucket.index() if first is None else first
+            wire = bucket.buffer()
+            if self.cfg.wire is Wire.FP16:
+                wire = wire.to(torch.float16)
+            dist.all_reduce(wire, group=self.group)
+        return 0 if first is None else first
+
+    def _cause(self, prepared: bool) -> tuple[Cause, list[str]] | None:
+        """Why DDP did not reduce, where this rank can tell, with the parameters concerned: no
+        forward through the wrapper, or parameters replaced after wrapping (another Parameter
+        object, or another gradient accumulator after a dtype/device conversion); None: a
+        genuine missing gradient."""
+        if not prepared:
+            return Cause.BYPASSED, [n for (n, _), seen in zip(self.tracked, self.present)
+                                    if seen] or list(self.names)
+        current = dict(self.ddp.module.named_parameters())
+        replaced = [n for (n, p), node in zip(self.tracked, self.accumulators)
+                    if current.get(n) is not p or _accumulator(p) is not node]
+        return (Cause.REPLACED, replaced) if replaced else None
+
+    def _settle(self) -> None:
+        """Judge the pending step (callback 2, or where a deferred verdict is read)."""
+        if self._pending is None:
+            return
+        record, counted, cause = self._pending
+        self._pending = None
+        t = time.perf_counter()
+        if self.cfg.wire is Wire.FP16 and record.reduced:  # the fp16 wire itself may overflow
+            record.flag = torch.stack([finite_sum(g) for g in record.reduced]).sum()
+        step = self.clock
+        self.clock += 1
+        self.present[:] = bytes(len(self.present))
+        try:
+            self._verdict = self.ledger.settle(step, [record], sync_ms=(t - self.step_t0) * 1e3,
+                                               verify_started=t, counted=counted)
+        except ConsistencyError as exc:
+            if cause is not None and isinstance(exc, MissingGradient):
+                raise GradientsNotAveraged(cause[0].value, step=step, ranks=exc.ranks,
+                                           params=cause[1]) from None
+            raise
+        except RuntimeError as exc:
+            self._fail(exc, step)
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.settled(step)
+
+    def progress(self) -> tuple[int, int]:
+        """(clock, 1 while a step's verdict is pending, else 0)."""
+        return self.clock, int(self._pending is not None)
+
+    @property
+    def last_layout(self) -> list[tuple[int, list[str]]]:
+        """DDP's buckets now, (index, member names): the layout its C++ reduction uses (read
+        from the reducer when asked; the guard itself never needs it)."""
+        names = {id(p): n for n, p in self.tracked}
+        return [(b.index(), [names.get(id(p), "?") for p in b.parameters()])
+                for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
+
+    def _gather(self) -> list[list[int]]:
+        return gather_step_rows(self.group, [self._sent], self._flags, self.replicas)
+
+    def _replica_error(self, rows: list[list[int]], active: list[int]):
+        return self.replicas.divergence(rows, active, step=self.clock - 1)
+
+    def joined_exchange(self) -> None:
+        """A joined rank's part of an active step (``DDP.join()``): after DDP's shadow
+        allreduces, a slot that abstains from every comparison."""
+        write_counts(self.block, self.layout, self.rank, [joined_slot()], None, None)
+        self.shadow_steps += 1
+        dist.all_reduce(self.block, group=self.group)
+
+    # -- the user's entry points -----------------------------------------------------------
+    def _enter(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.check()
+        self._settle()
+
+    def before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """Optimizer step pre-hook: a deferred verdict is read before the step applies."""
+        self._settle()
+        self.ledger.drop_pending()
+
+    def begin_step(self, step: int) -> None:
+        self._enter()
+        self.ledger.drop_overflowed = False
+        self.clock = step
+        self._verdict = None
+        self.step_t0 = time.perf_counter()
+
+    def finish_step(self, step: int | None = None) -> bool:
+        self._enter()
+        verdict, self._verdict = self._verdict, None
+        return True if verdict is None else verdict
+
+    def held_bytes(self) -> int:
+        """Bytes the guard holds between steps: the step's count block."""
+        return self.block.numel() * self.block.element_size()
+
+    def step_metrics(self) -> dict:
+        return dict(self.ledger.last)
+
+    def summary(self) -> dict:
+        return {**self.ledger.summary(), "wire": self.cfg.wire.value,
+                "nonfinite": self.cfg.nonfinite.value, "scale_mode": self.cfg.scale_mode.value,
+                "guard": self.cfg.guard.value, "shadow_steps": self.shadow_steps}
+
+    def close(self) -> None:
+        """Remove what ``harden()`` added and stop the watchdog; idempotent. The wire (DDP's
+        own reduction) is untouched."""
+        self.closed = True
+        self._pending = None
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        if self.watchdog is not None:
+            self.watchdog.close()
+
+
+class Unset:
+    """A removable handle that deletes an instance attribute ``harden()`` set (the class's
+    own attribute shows through again)."""
+
+    def __init__(self, obj: object, name: str) -> None:
+        self.obj, self.name = obj, name
+
+    def remove(self) -> None:
+        self.obj.__dict__.pop(self.name, None)
+
+
+class _JoinedExchange:
+    """DDP's join hook, then the joined rank's slot of each step the others still run."""
+
+    def __init__(self, hook, guard: StepGuard) -> None:
+        self.hook, self.guard = hook, guard
+
+    def main_hook(self) -> None:
+        self.hook.main_hook()
+        if not self.guard.closed:
+            self.guard.joined_exchange()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        self.hook.post_hook(is_last_joiner)
+
+
+def _queue(callback) -> None:
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
