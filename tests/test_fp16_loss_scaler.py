@@ -2,13 +2,14 @@
 
 At its defaults (``scale="loss-scaler"``) the hardened fp16 wire is PyTorch's
 ``fp16_compress_hook`` bit for bit, so ``torch.amp.GradScaler`` skips, backs off and grows
-exactly as under that hook, and the weights end bitwise equal. An opt-in pre-scale (fixed or
-``auto``) under an enabled GradScaler would scale twice: it is refused with ``BadInput`` at the
-first optimizer step the scaler runs, on every rank, before any weight changes. Without a loss
-scaler and without
-``finish_step`` (the README's plain loop), a step that overflows on the wire is skipped on every
-rank — at the defaults and under an opt-in pre-scale alike: the gradients are dropped before the
-optimizer step, the weights stay finite and unchanged.
+exactly as under that hook, and the weights end bitwise equal (the step guard sends it through
+DDP's built-in C++ fp16 hook, the same cast, divide and sum). An opt-in pre-scale (fixed or
+``auto``: the per-bucket guard's) under an enabled GradScaler would scale twice: it is refused
+with ``BadInput`` at the first optimizer step the scaler runs, on every rank, before any weight
+changes. Without a loss scaler and without ``finish_step`` (the README's plain loop), a step
+that overflows on the wire is skipped on every rank — at the defaults and under an opt-in
+pre-scale alike: the gradients are dropped before the optimizer step, the weights stay finite
+and unchanged.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def refused_loop(ctx, scale: str, enabled: bool) -> dict:
     scaler skipped before, and whether any weight had changed by then."""
     ddp = _ddp()
     start = [p.detach().clone() for p in ddp.parameters()]
-    state = harden(ddp, SyncConfig("hardened", wire="fp16", scale=scale), ctx)
+    state = harden(ddp, SyncConfig("hardened", wire="fp16", scale=scale, guard="bucket"), ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=3,
                                   enabled=enabled)
@@ -137,10 +138,12 @@ def test_a_pre_scaled_wire_under_a_disabled_gradscaler_runs_unrefused(pools):
 def plain_overflow_loop(ctx, scale: str | None) -> dict:
     """The README's plain loop (no begin_step/finish_step, no loss scaler) with Adam; at
     OVERFLOW_AT rank 0's loss is multiplied so that the reduced fp16 wire overflows.
-    ``scale``: the hardened fp16 wire's (None: its default)."""
+    ``scale``: the hardened fp16 wire's (None: its default, under the default step guard; a
+    pre-scale is the per-bucket guard's)."""
     ddp = _ddp()
     state = harden(ddp, SyncConfig("hardened", wire="fp16", **({} if scale is None else
-                                                                 {"scale": scale})), ctx)
+                                                                 {"scale": scale,
+                                                                  "guard": "bucket"})), ctx)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     snapshots = []
     try:

@@ -74,6 +74,7 @@ class Parity:
     stall_rank: int | None = None
     watchdog_s: float = 60.0
     watchdog_action: str = "raise"
+    guard: str = "step"  # harden()'s default; "bucket" for the bf16 wire and per-bucket times
 
 
 def parity_task(ctx, case: Parity) -> dict:
@@ -83,7 +84,8 @@ def parity_task(ctx, case: Parity) -> dict:
     net = PlainNet().to(ctx.device)
     oracle, hard = _ddp(net, ctx, case.cap_mb), _ddp(net, ctx, case.cap_mb)
     state = harden(hard, SyncConfig(name="hardened", wire=case.wire, watchdog_s=case.watchdog_s,
-                                    watchdog_action=case.watchdog_action), ctx)
+                                    watchdog_action=case.watchdog_action, guard=case.guard),
+                   ctx)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (oracle, hard)]
     ready = []
     try:
@@ -242,17 +244,24 @@ def test_the_fp16_wire_cast_on_the_gpu_stays_inside_fp16_rounding(nccl1):
 
 @one_gpu
 def test_the_bf16_wire_cast_on_the_gpu_stays_inside_bf16_rounding(nccl1):
-    result = nccl1.run(parity_task, Parity("bf16"))[0]
+    result = nccl1.run(parity_task, Parity("bf16", guard="bucket"))[0]
     assert result["rel"] <= 2.0 ** -6 and result["events"] == []  # CPU gloo: 0.0074
 
 
 @one_gpu
 def test_ready_times_come_from_cuda_events_for_every_bucket(nccl1):
-    result = nccl1.run(parity_task, Parity(cap_mb=SMALL_BUCKETS_MB))[0]
+    result = nccl1.run(parity_task, Parity(cap_mb=SMALL_BUCKETS_MB, guard="bucket"))[0]
     assert result["buckets"] >= 2
     for ready in result["ready"]:
         assert ready is not None and len(ready) == result["buckets"]
         assert all(v >= 0.0 for v in ready.values())
+
+
+@one_gpu
+def test_the_step_guards_ready_time_comes_from_a_cuda_event_every_step(nccl1):
+    result = nccl1.run(parity_task, Parity(cap_mb=SMALL_BUCKETS_MB))[0]
+    for ready in result["ready"]:
+        assert ready is not None and list(ready) == ["step"] and ready["step"] >= 0.0
 
 
 @one_gpu

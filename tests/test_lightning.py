@@ -171,10 +171,10 @@ def test_hardened_strategy_trains_under_lightning_on_cpu_and_runs_its_checks(tmp
 def test_fault_injected_under_lightning_is_caught_by_the_hardened_checks(tmp_path):
     code, result, log = run_trainer(tmp_path, "--devices", "2", "--max-steps", "6",
                                     "--sync", "hardened", "--wire", "fp16",
-                                    "--inject", "scale-mismatch=10@1")
+                                    "--inject", "missing-grad@1")
     assert code == 3, log[-3000:]
-    assert result["error"]["kind"] == "ScaleMismatch"
-    assert 1 in result["error"]["ranks"]
+    assert result["error"]["kind"] == "MissingGradient"
+    assert result["error"]["ranks"] == [1] and result["error"]["step"] == 2
 
 
 def build_through_the_strategy(ctx) -> dict:
@@ -183,6 +183,7 @@ def build_through_the_strategy(ctx) -> dict:
 
     from openclaw_ref.integrations.lightning import SyncDDPStrategy
     from openclaw_ref.sync.base import SyncConfig
+    from openclaw_ref.sync.target import HARDENED_MARK
 
     strategy = SyncDDPStrategy(SyncConfig(name="hardened"), find_unused_parameters=False,
                                static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=1.0,
@@ -193,7 +194,8 @@ def build_through_the_strategy(ctx) -> dict:
         return {"find_unused_parameters": ddp.find_unused_parameters,
                 "static_graph": ddp.static_graph,
                 "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
-                "bucket_bytes_cap": ddp.bucket_bytes_cap, "hooked": len(ddp._comm_hooks)}
+                "bucket_bytes_cap": ddp.bucket_bytes_cap,
+                "hardened": getattr(ddp, HARDENED_MARK, None) is not None}
     finally:
         strategy.sync.close()
 
@@ -202,4 +204,4 @@ def test_the_users_ddp_options_reach_ddp_through_the_strategy(pools):
     for built in pools.get(2).run(build_through_the_strategy):
         assert built == {"find_unused_parameters": False, "static_graph": True,
                          "gradient_as_bucket_view": True, "bucket_bytes_cap": 2**20,
-                         "hooked": 1}
+                         "hardened": True}

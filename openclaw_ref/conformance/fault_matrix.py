@@ -153,8 +153,9 @@ def detected_in_band(ctx: RankContext, exc: ConsistencyError) -> tuple[str, Any]
 def _late_rank_from_metrics(record: dict, step: int,
                             delay_ms: float) -> tuple[list[int], int | None]:
     """The late rank a strategy reported for ``step`` in its per-step metrics: the
-    ``late_rank`` of every bucket (``sync.buckets[*]``) whose arrival skew is at least half the
-    injected delay — smaller skews are scheduler noise, not the fault."""
+    ``late_rank`` of every bucket (``sync.buckets[*]``; under the step guard one entry per
+    step) whose arrival skew is at least half the injected delay — smaller skews are scheduler
+    noise, not the fault."""
     steps = record.get("steps", [])
     if step >= len(steps):
         return [], None
@@ -163,7 +164,8 @@ def _late_rank_from_metrics(record: dict, step: int,
             and b.get("late_rank") is not None]
     if not hits:
         return [], None
-    return sorted({int(b["late_rank"]) for b in hits}), int(hits[0]["index"])
+    index = hits[0]["index"]  # None: the step guard's one ready time per rank and step
+    return sorted({int(b["late_rank"]) for b in hits}), None if index is None else int(index)
 
 
 def classify(strategy: str, spec: FaultSpec, world_size: int, *, reply: tuple | None = None,

@@ -32,6 +32,7 @@ from openclaw_ref.conformance.target import (
 from openclaw_ref.core.callbacks import Callback, CallbackList
 from openclaw_ref.core.faults import FaultInjector, FaultSpec
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.target import HARDENED_MARK, registered_hook
 
 USER_STRATEGY = "user-hook"
 
@@ -86,7 +87,11 @@ class UserHook(SyncStrategy):
         user = load_hook(self.spec.hook)
         if user is not None:
             user(ddp, ddp.process_group)
-        if self.recorder is None:  # stock DDP: record around its own allreduce
+        guard = getattr(ddp, HARDENED_MARK, None)  # harden()'s step guard registers no hook
+        if guard is not None and self.hook_state is None:
+            self.hook_state = guard
+            self.events = guard.events
+        if self.recorder is None and registered_hook(ddp) is None:  # record around DDP's own
             self.recorder = LayoutRecorder(model)
             DDP.register_comm_hook(ddp, ddp.process_group, self.recorder)
         self.ddp = ddp

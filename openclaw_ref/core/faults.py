@@ -22,7 +22,7 @@ The faults (VALUE in brackets, with its default):
 ``scale-mismatch[=10]``    the rank pre-scales FP16 gradients by 2^VALUE while the others use the
                            configured scale (2^12, the seed's M4). Strategies with a pre-scale
                            get it on their scale policy once wrapped (from step 0). Stock DDP
-                           has none, so it is simulated from STEP on: the rank multiplies its local
+                           and harden()'s step guard have none, so it is simulated from STEP on: the rank multiplies its local
                            gradients by 2^(VALUE-12) before the allreduce and divides the averaged
                            result by the same factor after it ("unscaling by its own factor"):
                            what two ranks with different pre-scales compute. Under AdamW the
@@ -216,7 +216,8 @@ class FaultInjector(Callback):
         self.strategy = "?"
         self._handles: list = []  # tensor hooks removed after the step they act on
         self._restore: list[Callable[[], None]] = []
-        self._unscale: float | None = None  # stock-DDP scale-mismatch: divide synced grads
+        self._unscale: float | None = None
+        self._prescaled = False  # the strategy's own pre-scale took the scale fault  # stock-DDP scale-mismatch: divide synced grads
         self._base_exponent = DEFAULT_SCALE_EXPONENT
 
     def _active(self, name: str, step: int | None = None) -> list[FaultSpec]:
@@ -243,6 +244,7 @@ class FaultInjector(Callback):
 
     def on_wrapped(self, strategy: SyncStrategy) -> None:
         policy = strategy.scale_policy() if strategy.name in PRESCALING_STRATEGIES else None
+        self._prescaled = policy is not None
         for s in self._active("scale-mismatch"):
             if policy is not None:
                 policy.override(self.rank, int(s.resolved_value))
@@ -256,7 +258,7 @@ class FaultInjector(Callback):
     def before_backward(self, step: int, model: nn.Module) -> None:
         for s in self._active("nan-grad", step):
             self._handles.append(_named_param(model, s.resolved_value).register_hook(_poison_nan))
-        if self.strategy not in PRESCALING_STRATEGIES:
+        if not self._prescaled:  # no pre-scale to take the fault (stock DDP, the step guard)
             for s in self.mine:
                 if s.name == "scale-mismatch" and step >= s.step:
                     factor = 2.0 ** (int(s.resolved_value) - self._base_exponent)

@@ -200,7 +200,7 @@ def ddp_case_task(ctx, case: DDPCase) -> dict:
     # could raise (K only picks which parameters a step compares) shows here
     sync = SyncConfig(name="hardened", wire=case.wire, nonfinite="skip" if case.scaler
                       else "raise", bucket_cap_mb=case.ddp.get("bucket_cap_mb", 25.0),
-                      replica_slices=1)
+                      replica_slices=1, guard=_guard(case))
     ddp = _build(case, group)
     state = harden(ddp, sync, ctx)
     reply: dict[str, Any] = {"rank": rank, "oracle": oracle, "error": None}
@@ -223,21 +223,37 @@ def ddp_case_task(ctx, case: DDPCase) -> dict:
     return reply
 
 
+def _guard(case: DDPCase) -> str:
+    """harden()'s default guard, but for a bf16 wire, which only the per-bucket guard sends."""
+    return "bucket" if case.wire == "bf16" else "step"
+
+
 def _fault_run(ctx, case: DDPCase, group) -> ConsistencyError | None:
-    """Group rank 1 pre-scales its FP16 wire by 2^10 instead of 2^12 (the seed's M4); the
-    check must name it. Singleton groups have no one to disagree with: not run."""
+    """Group rank 1's own gradient of ``head.weight`` turns NaN at step 1, under
+    ``nonfinite="raise"``: the guard must name that rank, under every DDP option (stock DDP
+    averages the NaN into every replica, silently). Singleton groups have no one to compare
+    with: not run."""
     if group is not None and dist.get_world_size(group) < 2:
         return None
-    sync = SyncConfig(name="hardened", wire="fp16", scale="4096",
+    sync = SyncConfig(name="hardened", nonfinite="raise", guard=_guard(case),
                       bucket_cap_mb=case.ddp.get("bucket_cap_mb", 25.0))
     ddp = _build(dataclasses.replace(case, scaler=False), group)
     state = harden(ddp, sync, ctx)
-    state.policy.override(1, 10)
+    seen = {"backwards": 0}
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        seen["backwards"] += 1
+        return grad * float("nan") if seen["backwards"] == 1 + case.accumulate else grad
+
+    group_rank = dist.get_rank(group) if group is not None else ctx.rank
+    handle = ddp.module.head.weight.register_hook(poison) if group_rank == 1 else None
     try:
         _train(ddp, dataclasses.replace(case, scaler=False, steps=2, join=False), ctx.rank)
     except ConsistencyError as exc:
         return exc
     finally:
+        if handle is not None:
+            handle.remove()
         state.close()
     return None
 

@@ -72,7 +72,7 @@ class Pattern(enum.StrEnum):
     NON_REENTRANT_STATIC = "non-reentrant checkpointing + static_graph"
     RANK0_PAUSE = "rank 0 pauses longer than the watchdog deadline between steps"
     SCALER_FP16 = "GradScaler + fp16 wire (default scale)"
-    SCALER_FP16_AUTO = "GradScaler + fp16 wire pre-scaled (scale auto): refused"
+    SCALER_FP16_AUTO = "GradScaler + fp16 wire pre-scaled (scale auto, per-bucket guard): refused"
     OVERFLOW_PLAIN = "fp16 wire overflow, plain loop (no finish_step, no scaler)"
     TWO_RANKS_DISAGREE = "two ranks disagree: rank 0's step counter runs ahead"
 
@@ -162,13 +162,15 @@ def _build(spec: Spec, arm: Arm) -> DDP:
 
 
 def hardened_config(spec: Spec) -> SyncConfig:
-    """The hardened arm's config: the defaults, but for the pattern's wire and scale and, for
-    the pause, the deadline (never the watchdog's action)."""
+    """The hardened arm's config: the defaults, but for the pattern's wire and scale (a
+    pre-scale is the per-bucket guard's: the only one that sends one) and, for the pause, the
+    deadline (never the watchdog's action)."""
     extra: dict[str, Any] = {}
     if spec.fp16:
         extra["wire"] = "fp16"
     if spec.scale is not None:
         extra["scale"] = spec.scale
+        extra["guard"] = "bucket"
     if spec.pause:
         extra["watchdog_s"] = PAUSE_DEADLINE_S  # the default action: raise, never kill
     return SyncConfig(name="hardened", bucket_cap_mb=BUCKET_MB, **extra)

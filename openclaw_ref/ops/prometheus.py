@@ -179,7 +179,7 @@ class PrometheusExporter(Callback):
         if "sync_ms" in metrics:
             self.allreduce_s.labels(rk, "all").observe(float(metrics["sync_ms"]) / 1e3)
         for b in metrics.get("buckets", ()):
-            idx = str(b["index"])
+            idx = "step" if b["index"] is None else str(b["index"])  # the step guard: per step
             if b.get("allreduce_ms") is not None:
                 self.allreduce_s.labels(rk, idx).observe(float(b["allreduce_ms"]) / 1e3)
             if b.get("skew_ms") is not None:

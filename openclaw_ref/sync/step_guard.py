@@ -134,6 +134,7 @@ class StepGuard:
         self.closed = False
         self.clock = 0
         self.step_t0 = time.perf_counter()
+        self._device_t0 = self._device_ready = None  # CUDA events of the ready time
         self.present = bytearray(len(self.tracked))
         self.local_sums: list[torch.Tensor] = []  # gradient_as_bucket_view: summed on arrival
         self.via_wrapper = False
@@ -179,7 +180,14 @@ class StepGuard:
         self.via_wrapper = True
         if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
             self.prepared = True  # DDP.forward arms its reducer for the next backward
+        self._start_clock()
+
+    def _start_clock(self) -> None:
+        """The ready-time origin: the host clock, and on CUDA an event on the current stream
+        (the host clock there measures kernel launches; the event is read after the step's
+        host sync, as ``device_ready_ms``)."""
         self.step_t0 = time.perf_counter()
+        self._device_t0 = _cuda_mark() if self.on_cuda else None
 
     def _module_forward(self, module, args, output) -> None:
         """Forward hook of ``ddp.module``: arm the exchange for the backward of an output that
@@ -205,14 +213,16 @@ class StepGuard:
         """The end of the backward (callback 1): the step's facts, sent (module docstring).
         Whether DDP reduced: it did iff a forward through the wrapper armed its reducer
         (``prepared``) and every parameter it waits for got a gradient through the very
-        accumulator it hooked (or it tolerates unused ones)."""
+        accumulator it hooked — or it tolerates unused ones, which it marks ready at its first
+        hook of the backward: none ran, none is marked."""
         self._task = -2
-        if self.closed or not (any(self.present) or self._received_elsewhere()):
+        hooked = any(self.present)  # DDP's own hooks ran (else it marked nothing ready)
+        if self.closed or not (hooked or self._received_elsewhere()):
             self.local_sums = []  # reached no parameter DDP averages (``autograd.grad``)
             return
         t = time.perf_counter()
         prepared, self.prepared = self.prepared, False
-        complete = prepared and (self._unused_allowed() or all(self.present))
+        complete = prepared and hooked and (self._unused_allowed() or all(self.present))
         first_unissued = 0 if complete else self._send_unissued(prepared)
         absent = next((i for i in self.required if not self.present[i]), None)
         slot = encode_slot(clock=self.clock, bucket=first_unissued, digest=self.digest,
@@ -226,6 +236,7 @@ class StepGuard:
             self.ledger.replica_checks += 1
         write_counts(self.block, self.layout, self.rank, [slot], flags, replica)
         self._sent, self._flags = slot, flags
+        self._device_ready = _cuda_mark() if self._device_t0 is not None else None
         work = dist.all_reduce(self.block, group=self.group, async_op=True)
         if self.watchdog is not None:
             self.watchdog.issued(self.clock, STEP_UNIT, work)
@@ -325,6 +336,9 @@ class StepGuard:
         try:
             self._verdict = self.ledger.settle(step, [record], sync_ms=(t - self.step_t0) * 1e3,
                                                verify_started=t, counted=counted)
+            if self._device_t0 is not None and self._device_ready is not None:  # synced
+                self.ledger.last["device_ready_ms"] = {
+                    "step": self._device_t0.elapsed_time(self._device_ready)}
         except ConsistencyError as exc:
             if cause is not None and isinstance(exc, MissingGradient):
                 raise GradientsNotAveraged(cause[0].value, step=step, ranks=exc.ranks,
@@ -377,7 +391,7 @@ class StepGuard:
         self.ledger.drop_overflowed = False
         self.clock = step
         self._verdict = None
-        self.step_t0 = time.perf_counter()
+        self._start_clock()
 
     def finish_step(self, step: int | None = None) -> bool:
         self._enter()
@@ -432,6 +446,13 @@ class _JoinedExchange:
 
     def post_hook(self, is_last_joiner: bool) -> None:
         self.hook.post_hook(is_last_joiner)
+
+
+def _cuda_mark():
+    """A timing event recorded now on the current CUDA stream."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def _queue(callback) -> None:

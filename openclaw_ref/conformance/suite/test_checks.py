@@ -79,9 +79,12 @@ def test_stock_ddp_bucket_layout_is_recorded_with_parameter_names(pools):
     assert "layer.5.ffn.w1.weight" in names and len(names) == len(set(names))
 
 
+# the pre-scaled fp16 wire (text 000's F3, and our auto scale) is the per-bucket guard's
 FP16_PATHS = {"ddp-fp16": SyncConfig(name="ddp-fp16"),
-              "hardened": SyncConfig(name="hardened", wire="fp16", scale="4096"),
-              "hardened-auto": SyncConfig(name="hardened", wire="fp16", scale="auto")}
+              "hardened": SyncConfig(name="hardened", wire="fp16", scale="4096",
+                                     guard="bucket"),
+              "hardened-auto": SyncConfig(name="hardened", wire="fp16", scale="auto",
+                                          guard="bucket")}
 
 
 @pytest.fixture(scope="module")

@@ -67,9 +67,12 @@ def _steps(cfg: CompareConfig):
 
 def _rates(cfg: CompareConfig, sizes: list[int], pools: PoolCache,
            progress: Progress) -> list[dict]:
+    # text 000's F3 (one 2^12 on every rank) and our auto scale: the per-bucket guard's wire
     variants = {"ddp-fp16": SyncConfig(name="ddp-fp16"),
-                "hardened-fp16": SyncConfig(name="hardened", wire="fp16", scale="4096"),
-                "hardened-fp16-auto": SyncConfig(name="hardened", wire="fp16", scale="auto")}
+                "hardened-fp16": SyncConfig(name="hardened", wire="fp16", scale="4096",
+                                            guard="bucket"),
+                "hardened-fp16-auto": SyncConfig(name="hardened", wire="fp16", scale="auto",
+                                                 guard="bucket")}
     rates = []
     for w in sizes:
         for workload, spread in OVERFLOW_WORKLOADS.items():
@@ -84,7 +87,8 @@ def _rates(cfg: CompareConfig, sizes: list[int], pools: PoolCache,
 def _vs_scale(cfg: CompareConfig, w0: int, pools: PoolCache, progress: Progress) -> list[dict]:
     vs_scale = []
     for exp in SCALE_EXPONENTS:
-        s = ConformSettings(sync=SyncConfig(name="hardened", wire="fp16", scale=str(2 ** exp)),
+        s = ConformSettings(sync=SyncConfig(name="hardened", wire="fp16", scale=str(2 ** exp),
+                                            guard="bucket"),
                             hdr_spread_decades=OVERFLOW_WORKLOADS["harsh"],
                             train=_steps(cfg))
         fig = pools.get(w0).run(check_overflow_rate, s, None)[0].figures
