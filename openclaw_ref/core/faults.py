@@ -22,9 +22,10 @@ The faults (VALUE in brackets, with its default):
 ``scale-mismatch[=10]``    the rank pre-scales FP16 gradients by 2^VALUE while the others use the
                            configured scale (2^12, the seed's M4). Strategies with a pre-scale
                            get it on their scale policy once wrapped (from step 0). Stock DDP
-                           and harden()'s step guard have none, so it is simulated from STEP on: the rank multiplies its local
-                           gradients by 2^(VALUE-12) before the allreduce and divides the averaged
-                           result by the same factor after it ("unscaling by its own factor"):
+                           and harden()'s step guard have none, so it is simulated from STEP
+                           on: the rank multiplies its local gradients by 2^(VALUE-12) before
+                           the allreduce and divides the averaged result by the same factor
+                           after it ("unscaling by its own factor"):
                            what two ranks with different pre-scales compute. Under AdamW the
                            replicas then differ in the last bits (Adam is nearly scale-free).
 ``missing-grad[=layer.3.attn.v_proj.weight]``  at STEP the parameter takes no part in autograd on
@@ -216,8 +217,8 @@ class FaultInjector(Callback):
         self.strategy = "?"
         self._handles: list = []  # tensor hooks removed after the step they act on
         self._restore: list[Callable[[], None]] = []
-        self._unscale: float | None = None
-        self._prescaled = False  # the strategy's own pre-scale took the scale fault  # stock-DDP scale-mismatch: divide synced grads
+        self._unscale: float | None = None  # stock-DDP scale-mismatch: divide synced grads
+        self._prescaled = False  # the strategy's own pre-scale took the scale fault
         self._base_exponent = DEFAULT_SCALE_EXPONENT
 
     def _active(self, name: str, step: int | None = None) -> list[FaultSpec]:

@@ -209,11 +209,14 @@ def hook_cost_table(model: str, job: Figures) -> Table:
                      _interval(s["ratio"], s["ratio_low"], s["ratio_high"]), per_bucket, vs])
     buckets = next(iter(summary.values()))["buckets"]
     return Table(
-        f"Per-step cost of each comm hook, model {model} ({buckets} buckets), "
-        f"{hcfg['world_size']} gloo ranks × 1 thread, {hcfg['steps']} steps per arm, arms "
-        "interleaved step by step in one job (order rotating). Ratio = median of the per-step "
-        "ratios to ddp's step with a 95 % bootstrap interval; µs/bucket = the extra over ddp "
-        "spread over the buckets.",
+        f"Per-step cost of harden() and of PyTorch's comm hooks, model {model} ({buckets} "
+        f"buckets), {hcfg['world_size']} gloo ranks × 1 thread, {hcfg['steps']} steps per arm, "
+        "arms interleaved step by step in one job (order rotating). hardened = harden()'s "
+        "defaults, the step guard (DDP's own C++ reduction, one small exchange per step); "
+        "-fp16: on DDP's built-in fp16 wire; -noreplica: without the replica digest; "
+        "hardened-bucket-fp32: the per-bucket guard (a Python comm hook checking every "
+        "bucket, the forensic mode). Ratio = median of the per-step ratios to ddp's step with "
+        "a 95 % bootstrap interval; µs/bucket = the extra over ddp spread over the buckets.",
         ["arm", "median step ms", "÷ ddp [95 %]", "extra µs/bucket [95 %]",
          "÷ PyTorch's Python hook [95 %]"],
         rows)
@@ -229,11 +232,11 @@ def _memory_table(rows: list[Figures]) -> Table:
                     fixed(r['step_peak_growth_mb'] - base, 1, sign=True)])
     return Table(
         f"Memory of one rank, the MLP ({fixed(rows[0]['gradient_mb'], 1)} MiB of fp32 gradients), "
-        "one arm at a time: what the hook holds between steps (counted from its live "
+        "one arm at a time: what the guard or hook holds between steps (counted from its live "
         "buffers), and the peak growth within steady-state steps after DDP's bucket rebuild "
         f"(scope: {rows[0]['scope']}; ranks run with MALLOC_MMAP_THRESHOLD_=65536 so the "
         "resident peak counts live tensors).",
-        ["arm", "gradient_as_bucket_view", "held by the hook MiB", "step peak growth MiB",
+        ["arm", "gradient_as_bucket_view", "held by the guard MiB", "step peak growth MiB",
          "vs ddp MiB"],
         out)
 
@@ -278,6 +281,6 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "ablations": ("Controls the source texts did not run", ablation_tables),
     "lightning": ("Text 004: a Lightning run", lightning_tables),
     "quantization": ("Text 004: int8 quantization", quantization_tables),
-    "hook_cost": ("What the hardened hook costs, and its verification at scale",
+    "hook_cost": ("What harden() costs, and its verification at scale",
                   hook_cost_tables),
 }

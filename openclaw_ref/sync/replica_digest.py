@@ -19,25 +19,34 @@ than their arithmetic). The tests hold both to the definition below.
 The digest of a tensor (``ReplicaDigest.digests``), exactly — the single-process tests
 re-derive it with Python integers:
   x_i   the i-th 64-bit word of the tensor's bytes, elements in row-major order (native byte
-        order; the last word zero-padded), as int64; hi_i = x_i >> 32 (arithmetic shift)
-  u_r   = Σ_{j<W} A_j·x_{rW+j} + B_j·hi_{rW+j}  (mod 2^64), per row r of W = ROW_WORDS words
+        order; the last word zero-padded), as int64
+  y_i   = x_i XOR (x_i >>> 33)                  (high bits folded into low ones: a bijection)
+  u_r   = Σ_{j<W} A_j·y_{rW+j}                  (mod 2^64), per row r of W = ROW_WORDS words
   S     = Σ_r mix(u_r + (r+1)·φ)                (mod 2^64)
   d     = mix(S + (nbytes+1)·ψ)
-with mix the (bijective) splitmix64 finalizer, A_j = mix((j+1)·φ) | 1 and
-B_j = mix((ROW_WORDS+j+1)·φ) | 1 fixed odd multipliers. Writing x_i = 2^32·hi_i + lo_i, the row
-sum is Σ A_j·lo_i + (2^32·A_j + B_j)·hi_i: a linear form over the 32-bit halves with odd
-coefficients. All of it is integer arithmetic wrapping mod 2^64 — exact and independent of the
-order of the sums (no float reduction; integer atomics on a GPU give the same bits).
+with >>> a logical shift, mix the (bijective) splitmix64 finalizer and A_j = mix((j+1)·φ) | 1
+fixed odd multipliers. All of it is integer arithmetic wrapping mod 2^64 — exact and
+independent of the order of the sums (no float reduction; integer atomics on a GPU give the
+same bits). Cost on one CPU core here, per 512 KB: ~0.2 ms (the fold, then one integer
+matrix-vector product per row block), where the form with a second product over each word's
+high half took ~0.4 ms. ``torch.hash_tensor`` (torch ≥ 2.9; ~0.15 ms) is not used: it XORs
+the elements' bits, so it sees no permutation inside a tensor and misses any change that flips
+the same bit an even number of times — a negated tensor of even length among them.
 
-Collision argument. A change confined to one aligned 32-bit half-word (one fp32 element, one
-or two fp16/bf16 elements, any single flipped bit — a sign, -0.0 vs 0.0 — of any dtype) moves
-u_r by δ·c with 0 < |δ| < 2^32 and c odd, never 0 mod 2^64; mix is a bijection, so d changes:
-detected with certainty. Any other change (a swap, many elements, an fp64 element changed in
-both halves) escapes the row sum only if Σ δ·c ≡ 0 mod 2^64 — probability ≤ 2^-32 if the
-multipliers were drawn at random (the linear universal-hash bound: some |δ| < 2^32 meets an
-odd coefficient with 63 random bits) — and a cancellation between rows or parameters needs a
-collision of sums of mix values (~2^-64, heuristic). The multipliers are fixed, though: this is
-a checksum against accidental divergence, not SHA-256 — whoever chooses the change can forge it.
+Collision argument. A change of one word (one or two fp32 elements, up to four fp16/bf16
+elements, one fp64 element, any single flipped bit — a sign, -0.0 vs 0.0 — of any dtype) moves
+y by δ ≠ 0 (the fold is a bijection) and u_r by A_j·δ with A_j odd, never 0 mod 2^64; mix is a
+bijection, so d changes: detected with certainty. The fold is why sign flips do not pair off:
+without it, the top bit of a word (the sign of every other fp32 element, of every fp64 one)
+moves u_r by 2^63 whatever A_j is, so two such flips cancel (a negated tensor would not be
+seen); folded by 33, a flip of bit 63 also flips bit 30 and one of bit 47 also bit 14 — bits no
+sign of a 2-, 4- or 8-byte element sits at — and two flips cancel only if ±A_j ± A_k ≡ 0 mod
+2^34. Any other change (a swap, many elements)
+escapes the row sum only if Σ A_j·δ_j ≡ 0 mod 2^64 — probability about 2^-32 if the
+multipliers were drawn at random (the linear universal-hash bound) — and a cancellation
+between rows or parameters needs a collision of sums of mix values (~2^-64, heuristic). The
+multipliers are fixed, though: this is a checksum against accidental divergence, not SHA-256 —
+whoever chooses the change can forge it.
 """
 
 from __future__ import annotations
@@ -48,13 +57,15 @@ import torch
 
 from openclaw_ref.sync.errors import BadInput
 
-ROW_WORDS = 4096  # 64-bit words per row: one multiplier table of 2 × 32 KiB per device
+ROW_WORDS = 4096  # 64-bit words per row: one multiplier table of 32 KiB per device
+FOLD_SHIFT = 33
+_LOW31 = (1 << (64 - FOLD_SHIFT)) - 1
 _MASK64 = (1 << 64) - 1
 _PHI = 0x9E3779B97F4A7C15  # splitmix64's increment (odd)
 _PSI = 0xD6E8FEB86659FD93  # an odd constant for the length term
 _MIX = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None))
-CPU_BLOCK_WORDS = 1 << 18  # words per block on a CPU: 2 × 2 MiB of scratch, in cache
-DEVICE_BLOCK_WORDS = 1 << 22  # accelerators: 2 × 32 MiB of scratch, few kernel launches
+CPU_BLOCK_WORDS = 1 << 18  # words per block on a CPU: 2 MiB of scratch, in cache
+DEVICE_BLOCK_WORDS = 1 << 22  # accelerators: 32 MiB of scratch, few kernel launches
 MAX_PLANS = 16  # plans kept per instance; more distinct layouts than this start afresh
 
 
@@ -81,6 +92,13 @@ def mix_int(v: int) -> int:
         if mult is not None:
             v = (v * mult) & _MASK64
     return v
+
+
+def _fold_(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` ← x XOR (x >>> 33), elementwise on int64 words (a logical shift: the arithmetic
+    shift's sign fill is masked off, or the map would not be a bijection)."""
+    torch.bitwise_right_shift(x, FOLD_SHIFT, out=out)
+    return out.bitwise_and_(_LOW31).bitwise_xor_(x)
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -112,7 +130,7 @@ class _Plan:
     than one row are batched: their words are concatenated and reduced together."""
 
     def __init__(self, device: torch.device, nbytes: tuple[int, ...], batch: bool,
-                 tables: Callable[[torch.device], tuple[torch.Tensor, torch.Tensor]]) -> None:
+                 tables: Callable[[torch.device], torch.Tensor]) -> None:
         words = [(n + 7) // 8 for n in nbytes]
         self.small = [i for i, n in enumerate(words) if batch and 0 < n < ROW_WORDS]
         small = set(self.small)
@@ -131,8 +149,7 @@ class _Plan:
             sizes = torch.tensor([words[i] for i in self.small], dtype=torch.int64)
             starts = torch.cumsum(sizes, 0) - sizes
             idx = torch.arange(int(sizes.sum())) - starts.repeat_interleave(sizes)
-            a, b = tables(torch.device("cpu"))
-            self.small_a, self.small_b = a[idx].to(device), b[idx].to(device)
+            self.small_a = tables(torch.device("cpu"))[idx].to(device)
             self.small_seg = torch.arange(len(self.small)).repeat_interleave(sizes).to(device)
 
 
@@ -140,7 +157,7 @@ class ReplicaDigest:
     """Digests tensors as the module docstring defines, reusing its tables, scratch and plans
     across calls (hold one per engine; see the module docstring for why not globals).
 
-    ``block_words`` bounds the words reduced per block (and so the scratch: 2 × 8 bytes per
+    ``block_words`` bounds the words reduced per block (and so the scratch: 8 bytes per
     word); by default ``CPU_BLOCK_WORDS`` on a CPU, ``DEVICE_BLOCK_WORDS`` elsewhere. It is
     rounded down to whole rows (at least one) and never changes a digest. ``max_plans`` bounds
     the plans kept (more distinct layouts than this start afresh)."""
@@ -148,7 +165,7 @@ class ReplicaDigest:
     def __init__(self, *, block_words: int | None = None, max_plans: int = MAX_PLANS) -> None:
         self.block_words = block_words
         self.max_plans = max_plans
-        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tables: dict[torch.device, torch.Tensor] = {}
         self._scratch: dict[torch.device, torch.Tensor] = {}
         self._plans: dict[tuple, _Plan] = {}
 
@@ -195,15 +212,14 @@ class ReplicaDigest:
         parts: list[torch.Tensor] = []
         if plan.small:
             x = torch.cat([_words(tensors[i]) for i in plan.small])
-            hi = torch.bitwise_right_shift(x, 32).mul_(plan.small_b)
-            terms = x.mul_(plan.small_a).add_(hi)
+            terms = _fold_(x, torch.empty_like(x)).mul_(plan.small_a)
             parts.append(torch.zeros(len(plan.small), dtype=torch.int64, device=device)
                          .index_add_(0, plan.small_seg, terms))
         for i in plan.large:
             t = tensors[i]
-            a, b = self._multipliers(t.device)
+            a = self._multipliers(t.device)
             use_mv = t.device.type == "cpu" if fused is None else fused
-            sums = self._row_sums(_words(t), a, b, use_mv)
+            sums = self._row_sums(_words(t), a, use_mv)
             parts.extend(sums if t.device == device else [s.to(device) for s in sums])
         if not parts:
             return plan, device, None
@@ -237,13 +253,11 @@ class ReplicaDigest:
         return _s64(sum(mix_int(d + (p + 1) * _PHI) for p, d in enumerate(digests)))
 
     # the reused state --------------------------------------------------------------------
-    def _multipliers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _multipliers(self, device: torch.device) -> torch.Tensor:
         got = self._tables.get(device)
         if got is None:
-            j = torch.arange(1, 2 * ROW_WORDS + 1, dtype=torch.int64).mul_(_s64(_PHI))
-            t = _mix_(j).bitwise_or_(1).to(device)
-            got = self._tables[device] = (t[:ROW_WORDS].contiguous(),
-                                          t[ROW_WORDS:].contiguous())
+            j = torch.arange(1, ROW_WORDS + 1, dtype=torch.int64).mul_(_s64(_PHI))
+            got = self._tables[device] = _mix_(j).bitwise_or_(1).to(device)
         return got
 
     def _scratch_for(self, device: torch.device, words: int) -> torch.Tensor:
@@ -261,15 +275,14 @@ class ReplicaDigest:
             got = self._plans[key] = _Plan(device, nbytes, batch, self._multipliers)
         return got
 
-    def _row_sums(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                  fused: bool) -> list[torch.Tensor]:
+    def _row_sums(self, x: torch.Tensor, a: torch.Tensor, fused: bool) -> list[torch.Tensor]:
         """u_r for every row of ``x`` (the last one may be short), in blocks of bounded
         scratch."""
         n = x.numel()
         words = self.block_words or (CPU_BLOCK_WORDS if x.device.type == "cpu"
                                      else DEVICE_BLOCK_WORDS)
         block = max(1, words // ROW_WORDS) * ROW_WORDS
-        scratch = self._scratch_for(x.device, 2 * min(n, block))
+        scratch = self._scratch_for(x.device, min(n, block))
         out = []
         for start in range(0, n, block):
             stop = min(n, start + block)
@@ -277,15 +290,13 @@ class ReplicaDigest:
             pieces = []
             if rows:
                 xs = x if rows * ROW_WORDS == n else x[start:start + rows * ROW_WORDS]
-                pieces.append((xs.view(rows, ROW_WORDS), a, b))
+                pieces.append((xs.view(rows, ROW_WORDS), a))
             if tail:
-                pieces.append((x[stop - tail:stop].view(1, tail), a[:tail], b[:tail]))
-            for xs, aa, bb in pieces:
-                k = xs.numel()
-                hi = torch.bitwise_right_shift(xs, 32, out=scratch[:k].view(xs.shape))
-                if fused:  # integer matrix-vector products, no product temporaries
-                    out.append(torch.mv(xs, aa).add_(torch.mv(hi, bb)))
+                pieces.append((x[stop - tail:stop].view(1, tail), a[:tail]))
+            for xs, aa in pieces:
+                y = _fold_(xs, scratch[:xs.numel()].view(xs.shape))
+                if fused:  # an integer matrix-vector product, no product temporary
+                    out.append(torch.mv(y, aa))
                 else:
-                    lo = torch.mul(xs, aa, out=scratch[k:2 * k].view(xs.shape))
-                    out.append(hi.mul_(bb).add_(lo).sum(1))
+                    out.append(y.mul_(aa).sum(1))
         return out

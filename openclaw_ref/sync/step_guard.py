@@ -70,9 +70,7 @@ from openclaw_ref.sync.errors import (
 from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.precision import ScalePolicy, finite_sum
 from openclaw_ref.sync.replica_slices import ReplicaSlices
-from openclaw_ref.sync.watchdog import Watchdog
-
-STEP_UNIT = 0  # the watchdog's "bucket" index of the step's exchange
+from openclaw_ref.sync.watchdog import STEP_EXCHANGE, Watchdog
 
 
 def refuse_unsupported(cfg: SyncConfig) -> None:
@@ -136,7 +134,8 @@ class StepGuard:
         self.step_t0 = time.perf_counter()
         self._device_t0 = self._device_ready = None  # CUDA events of the ready time
         self.present = bytearray(len(self.tracked))
-        self.local_sums: list[torch.Tensor] = []  # gradient_as_bucket_view: summed on arrival
+        # this backward's sums of each rank's own gradients, taken as each is accumulated
+        self.local_sums: list[torch.Tensor] = []
         self.via_wrapper = False
         self.prepared = False  # a forward through the wrapper armed DDP's reducer
         self._task = -2  # graph task whose end runs the exchange (one per backward)
@@ -154,8 +153,8 @@ class StepGuard:
         self.required = [i for i, n in enumerate(self.names) if required and n in required]
         as_view = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
         for i, (node, (_, p)) in enumerate(zip(self.accumulators, self.tracked)):
-            self.handles.append(node.register_hook(self._presence(i)))
-            if as_view:
+            self.handles.append(node.register_hook(self._arrived(i, p, not as_view)))
+            if as_view:  # the gradient is DDP's bucket, which it may reduce once its hook ran
                 self.handles.append(p.register_post_accumulate_grad_hook(self._summed))
         self.handles.append(self.ddp.register_forward_pre_hook(self._wrapper_forward))
         self.handles.append(self.ddp.module.register_forward_hook(self._module_forward))
@@ -163,12 +162,19 @@ class StepGuard:
         self.ddp.join_hook = lambda **kwargs: _JoinedExchange(original(**kwargs), self)
         self.handles.append(Unset(self.ddp, "join_hook"))
 
-    def _presence(self, i: int):
-        present = self.present
+    def _arrived(self, i: int, p: nn.Parameter, sums: bool):
+        """The post-hook on the accumulator DDP hooked (it runs after DDP's own): the parameter
+        got a gradient through it; with ``sums``, this rank's gradient is summed now, while it
+        is still in cache (about a third of the cost of a pass over cold gradients at the end
+        of the backward, measured on the MLP here) and still local — DDP copied it into its
+        bucket, and writes the average back only at its finalize."""
+        present, local_sums = self.present, self.local_sums
 
-        def mark(grad_inputs, grad_outputs) -> None:
+        def arrived(grad_inputs, grad_outputs) -> None:
             present[i] = 1
-        return mark
+            if sums and p.grad is not None:
+                local_sums.append(finite_sum(p.grad))
+        return arrived
 
     def _summed(self, p: torch.Tensor) -> None:
         if p.grad is not None:
@@ -195,12 +201,17 @@ class StepGuard:
         via, self.via_wrapper = self.via_wrapper, False
         if self.closed or not torch.is_grad_enabled():
             return
+        self._forget_arrivals()  # a no_sync backward's, not this step's
         if via and not self.ddp.require_backward_grad_sync:
             return
         out = next((t for t in tree_leaves(output)
                     if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
         if out is not None:
             out.grad_fn.register_prehook(lambda grads: self._arm())
+
+    def _forget_arrivals(self) -> None:
+        self.present[:] = bytes(len(self.present))
+        self.local_sums.clear()
 
     def _arm(self) -> None:
         task = torch._C._current_graph_task_id()
@@ -218,18 +229,20 @@ class StepGuard:
         self._task = -2
         hooked = any(self.present)  # DDP's own hooks ran (else it marked nothing ready)
         if self.closed or not (hooked or self._received_elsewhere()):
-            self.local_sums = []  # reached no parameter DDP averages (``autograd.grad``)
+            self._forget_arrivals()  # reached no parameter DDP averages (``autograd.grad``)
             return
         t = time.perf_counter()
         prepared, self.prepared = self.prepared, False
         complete = prepared and hooked and (self._unused_allowed() or all(self.present))
         first_unissued = 0 if complete else self._send_unissued(prepared)
+        cause = None if complete else self._cause(prepared)
         absent = next((i for i in self.required if not self.present[i]), None)
+        flags = self._local_flags()
+        self._forget_arrivals()
         slot = encode_slot(clock=self.clock, bucket=first_unissued, digest=self.digest,
                            scale_exp=0, ready_s=t - self.step_t0, absent=absent)
         if not complete:
             slot = [MAGIC_UNISSUED] + slot[1:]
-        flags = self._local_flags()
         replica = None
         if self.replicas.enabled:
             replica = self.replicas.digest_slice(self.clock)
@@ -239,12 +252,12 @@ class StepGuard:
         self._device_ready = _cuda_mark() if self._device_t0 is not None else None
         work = dist.all_reduce(self.block, group=self.group, async_op=True)
         if self.watchdog is not None:
-            self.watchdog.issued(self.clock, STEP_UNIT, work)
+            self.watchdog.issued(self.clock, STEP_EXCHANGE, work)
         grads = [p.grad for _, p in self.tracked if p.grad is not None]
         record = BucketRecord(None, self.names, sum(g.numel() for g in grads), None, grads,
                               done=work.get_future())
         counted = CountedStep(self.block, self.layout, self._gather, self._replica_error)
-        self._pending = (record, counted, None if complete else self._cause(prepared))
+        self._pending = (record, counted, cause)
         if not self.deferred:
             # Waited on here, before DDP's finalize: a peer that died makes this wait fail,
             # and it is raised as the failed collective it is (DDP's own wait would raise a
@@ -278,10 +291,7 @@ class StepGuard:
 
     def _local_flags(self) -> list[bool] | torch.Tensor:
         """This rank's non-finite flag: a sum over its own gradients, NaN or ±inf iff one is."""
-        if getattr(self.ddp, "gradient_as_bucket_view", False):
-            sums, self.local_sums = self.local_sums, []
-        else:
-            sums = [finite_sum(p.grad) for _, p in self.tracked if p.grad is not None]
+        sums = self.local_sums
         if not sums:
             return [False]
         total = torch.stack(sums)
@@ -332,7 +342,6 @@ class StepGuard:
             record.flag = torch.stack([finite_sum(g) for g in record.reduced]).sum()
         step = self.clock
         self.clock += 1
-        self.present[:] = bytes(len(self.present))
         try:
             self._verdict = self.ledger.settle(step, [record], sync_ms=(t - self.step_t0) * 1e3,
                                                verify_started=t, counted=counted)

@@ -38,7 +38,8 @@ that the watchdog cannot see its peers (and, once, that it can again). Deadlines
 own collectives are still noticed meanwhile, with the late ranks unknown.
 
 Progress is compared as (step, bucket) tuples because every rank issues buckets in increasing
-index order within a step; a rank that arrives within a tick of the deadline completes the
+index order within a step (the step guard watches one collective per step, its exchange, as
+bucket ``STEP_EXCHANGE``); a rank that arrives within a tick of the deadline completes the
 collective and is never named. Not watched: DDP's own collectives (the bucket-rebuild and buffer
 broadcasts in the forward, the unused-parameter map) and ``join()``'s shadow allreduces — a rank
 waiting there is seen only at its next bucket.
@@ -61,6 +62,7 @@ from openclaw_ref.sync.errors import Event, SyncTimeout
 
 Progress = tuple[int, int]  # (step, bucket)
 NOT_STARTED: Progress = (-1, -1)
+STEP_EXCHANGE = -1  # the "bucket" of harden()'s step guard: its one exchange per step
 MAX_BACKOFF_S = 10.0
 BLIND = "WatchdogBlind"  # Event kind: the store cannot be read or written
 SIGHTED = "WatchdogSighted"  # Event kind: it can again
@@ -129,10 +131,15 @@ class Beat:
         if self.progress == NOT_STARTED:
             return "before its first collective"
         if self.busy:
-            return f"waiting in step {self.progress[0]}'s allreduce (bucket {self.progress[1]})"
+            return f"waiting in step {self.progress[0]}'s allreduce ({_what(self.progress[1])})"
         if self.settled >= self.progress[0]:
             return f"after step {self.settled} (no collective in flight)"
-        return f"in step {self.progress[0]}, after its bucket {self.progress[1]}"
+        return f"in step {self.progress[0]}, after {_what(self.progress[1], 'its ')}"
+
+
+def _what(bucket: int, its: str = "") -> str:
+    """A watched collective in words: a bucket's allreduce, or the step guard's exchange."""
+    return "the step's exchange" if bucket == STEP_EXCHANGE else f"{its}bucket {bucket}"
 
 
 @dataclass
@@ -329,9 +336,10 @@ class Watchdog:
         return False
 
     def _diagnosis(self, key: Progress, waited_s: float, now: float) -> SyncTimeout:
-        step, bucket = key
+        step, index = key
+        bucket = None if index == STEP_EXCHANGE else index
         me = self.global_ranks[self.rank]
-        head = (f"rank {me}: allreduce of bucket {bucket} at step {step} still waiting after "
+        head = (f"rank {me}: allreduce of {_what(index)} at step {step} still waiting after "
                 f"{waited_s:.1f} s (deadline {self.deadline_s:g} s)")
         if self.blind and not self._late:
             return SyncTimeout(f"{head}; the late ranks are unknown: the store cannot be read",
@@ -339,7 +347,7 @@ class Watchdog:
         parts = []
         for r, late in sorted(self._late.items()):
             who = f"rank {self.global_ranks[r]} has not reached step {step}'s allreduce " \
-                  f"(bucket {bucket})"
+                  f"({_what(index)})"
             if late.beat is None:
                 parts.append(f"{who}: it never published a heartbeat")
             elif late.silent(now, self.deadline_s):
