@@ -1,4 +1,4 @@
-"""Section ``hook_cost`` (issue 12's figures): each hook's per-step cost beside stock DDP and
+"""Section ``hook_cost``: each hook's per-step cost beside stock DDP and
 PyTorch's Python hooks, arms interleaved in one 2-rank job per model
 (``experiments.hook_cost``), the memory each hook holds, and the cost of verifying a step's
 control blocks at 8 to 8,192 ranks, per-rank and counted (``experiments.verify_scale``)."""
