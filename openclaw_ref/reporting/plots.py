@@ -35,7 +35,13 @@ def _figure():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, quick: bool = False) -> Path:
+    """Write ``fig`` as a PNG; a quick run's plot says so above its panels."""
+    if quick:
+        from openclaw_ref.reporting.comparison import QUICK_TITLE
+
+        fig.suptitle(f"{QUICK_TITLE} (openclaw-bench compare --quick)", color="firebrick",
+                     fontweight="bold", y=1.04)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, metadata={"Software": None}, bbox_inches="tight")
     _figure().close(fig)
@@ -51,7 +57,7 @@ def distinct_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
     return [(tuple(c), MARKERS[i % len(MARKERS)]) for i, c in enumerate(colours)]
 
 
-def plot_loss_curves(raw: dict, path: Path) -> Path | None:
+def plot_loss_curves(raw: dict, path: Path, quick: bool = False) -> Path | None:
     curves = raw.get("curves") or {}
     if not curves:
         return None
@@ -85,10 +91,10 @@ def plot_loss_curves(raw: dict, path: Path) -> Path | None:
     for ax in (ax_train, ax_val, ax_diff):
         ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    return _save(fig, path)
+    return _save(fig, path, quick)
 
 
-def plot_bucket_timeline(raw: dict, path: Path) -> Path | None:
+def plot_bucket_timeline(raw: dict, path: Path, quick: bool = False) -> Path | None:
     """One step's per-rank bucket-ready times: the picture text 000's NCCL trace describes."""
     curve = (raw.get("curves") or {}).get("hardened fp32")
     buckets = (curve or {}).get("sync_last", {}).get("buckets") or []
@@ -107,7 +113,7 @@ def plot_bucket_timeline(raw: dict, path: Path) -> Path | None:
     ax.legend(fontsize=7, ncol=1 + len(buckets) // 8, loc="center left",
               bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _save(fig, path, quick)
 
 
 def scaling_points(raw: dict) -> dict[str, list[tuple[int, float, float, float]]]:
@@ -124,7 +130,7 @@ def scaling_points(raw: dict) -> dict[str, list[tuple[int, float, float, float]]
     return out
 
 
-def plot_step_times(rec: RunRecord, path: Path) -> Path | None:
+def plot_step_times(rec: RunRecord, path: Path, quick: bool = False) -> Path | None:
     points = scaling_points(rec.doc)
     if not points:
         return None
@@ -154,10 +160,10 @@ def plot_step_times(rec: RunRecord, path: Path) -> Path | None:
            ylabel="step ms (slowest rank)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return _save(fig, path, quick)
 
 
-def plot_overflow_vs_scale(raw: dict, path: Path) -> Path | None:
+def plot_overflow_vs_scale(raw: dict, path: Path, quick: bool = False) -> Path | None:
     points = (raw.get("overflow") or {}).get("vs_scale") or []
     if not points:
         return None
@@ -185,14 +191,14 @@ def plot_overflow_vs_scale(raw: dict, path: Path) -> Path | None:
            xlabel="pre-scale (scale = 2^e)", ylabel="overflowed elements")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _save(fig, path, quick)
 
 
 def render_plots(rec: RunRecord, out_dir: Path) -> list[Path]:
     """Every plot the record has data for (a plot without data is skipped, not drawn empty)."""
-    raw = rec.doc
-    made = [plot_loss_curves(raw, out_dir / "loss_curves.png"),
-            plot_bucket_timeline(raw, out_dir / "bucket_timeline.png"),
-            plot_step_times(rec, out_dir / "step_times.png"),
-            plot_overflow_vs_scale(raw, out_dir / "overflow_vs_scale.png")]
+    raw, quick = rec.doc, rec.quick
+    made = [plot_loss_curves(raw, out_dir / "loss_curves.png", quick),
+            plot_bucket_timeline(raw, out_dir / "bucket_timeline.png", quick),
+            plot_step_times(rec, out_dir / "step_times.png", quick),
+            plot_overflow_vs_scale(raw, out_dir / "overflow_vs_scale.png", quick)]
     return [p for p in made if p is not None]
