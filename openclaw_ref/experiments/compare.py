@@ -222,14 +222,18 @@ def _new_record(cfg: CompareConfig) -> dict[str, Any]:
     }
 
 
-def _announce(jobs: dict[str, int], finished: dict[str, Finished]) -> None:
+def _announce(jobs: dict[str, int], finished: dict[str, Finished], quick: bool) -> None:
     """Before the first job: what was resumed, how many jobs are left and how long they took on
-    the reference machine."""
+    the reference machine (for a quick run, whose jobs are shorter, an upper bound)."""
     if finished:
         sys.stderr.write(f"compare: resuming; finished before: {', '.join(finished)}\n")
     minutes = expected_seconds(jobs) / 60
-    sys.stderr.write(f"compare: {sum(jobs.values())} jobs in {len(jobs)} sections, expected "
-                     f"~{minutes:.0f} min (as on 2 CPU cores with gloo at the default settings)\n")
+    expected = (f"a quick run, at most ~{minutes:.0f} min (its jobs are shorter than the full "
+                "run's, whose times on 2 CPU cores with gloo give this bound)" if quick else
+                f"expected ~{minutes:.0f} min (as on 2 CPU cores with gloo at the default "
+                "settings)")
+    sys.stderr.write(f"compare: {sum(jobs.values())} jobs in {len(jobs)} sections, "
+                     f"{expected}\n")
 
 
 def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None, *,
@@ -244,7 +248,7 @@ def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None,
     finished = {k: v for k, v in checkpoints.load().items() if k in cfg.sections}
     jobs = {name: SECTIONS[name].jobs(cfg, variants) for name in cfg.sections
             if name not in finished}
-    _announce(jobs, finished)
+    _announce(jobs, finished, cfg.quick)
     progress = Progress(sum(jobs.values()))
     raw = _new_record(cfg)
     done = raw["meta"]["sections_run"]
