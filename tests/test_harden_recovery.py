@@ -1,4 +1,4 @@
-"""What a user may do after a ``ConsistencyError`` (README "After an error"): the DDP model it
+"""What a user may do after a ``ConsistencyError`` (docs/errors.md, "After a check fired"): the DDP model it
 was raised from cannot run another backward — DDP's reducer was left mid-iteration — but the
 module can be wrapped again and hardened once the failed model is closed and dropped (its
 reducer's hooks on the parameters go with it: ``close()`` keeps no reference to it), and
@@ -55,7 +55,7 @@ def reuse_task(ctx) -> dict:
 
 
 def rewrap_task(ctx) -> dict:
-    """The README's recipe: close (done by ``_clock_fault``), drop the failed DDP model, wrap
+    """The docs' recipe: close (done by ``_clock_fault``), drop the failed DDP model, wrap
     the same module again and harden it."""
     torch.manual_seed(0)
     module = nn.Linear(4, 2)
