@@ -228,8 +228,8 @@ def _announce(jobs: dict[str, int], finished: dict[str, Finished], quick: bool) 
     if finished:
         sys.stderr.write(f"compare: resuming; finished before: {', '.join(finished)}\n")
     minutes = expected_seconds(jobs) / 60
-    expected = (f"a quick run, at most ~{minutes:.0f} min (its jobs are shorter than the full "
-                "run's, whose times on 2 CPU cores with gloo give this bound)" if quick else
+    expected = (f"a quick run: less than the ~{minutes:.0f} min these jobs take at the full "
+                "run's settings on 2 idle CPU cores with gloo" if quick else
                 f"expected ~{minutes:.0f} min (as on 2 CPU cores with gloo at the default "
                 "settings)")
     sys.stderr.write(f"compare: {sum(jobs.values())} jobs in {len(jobs)} sections, "
