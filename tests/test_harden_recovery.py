@@ -1,6 +1,6 @@
-"""What a user may do after a ``ConsistencyError`` (docs/errors.md, "After a check fired"): the DDP model it
-was raised from cannot run another backward — DDP's reducer was left mid-iteration — but the
-module can be wrapped again and hardened once the failed model is closed and dropped (its
+"""What a user may do after a ``ConsistencyError`` (docs/errors.md, "After a check fired"): the
+DDP model it was raised from cannot run another backward — DDP's reducer was left mid-iteration —
+but the module can be wrapped again and hardened once the failed model is closed and dropped (its
 reducer's hooks on the parameters go with it: ``close()`` keeps no reference to it), and
 training goes on with equal replicas."""
 
