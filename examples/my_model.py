@@ -1,5 +1,5 @@
-"""A model and comm hooks to point the conformance suite at (README: "Run the conformance suite
-on your own model").
+"""A model and comm hooks to point the conformance suite at (docs/conformance.md: "Run it on
+your own model and hook").
 
   make_target      FACTORY(): a small MLP, a deterministic batch per (step, rank, world size)
                    and a mean loss, as ``openclaw_ref.conformance.target.Target``;

@@ -8,6 +8,8 @@ module every worker can import, so ``RankPool.run`` can ship them.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import dataclasses
 import os
 import subprocess
@@ -45,3 +47,22 @@ def run_cli(*args: str, timeout: float = 180, launcher: tuple[str, ...] | None =
     full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env=full_env)
+
+
+def exception_classes_of(path: Path) -> set[str]:
+    """Every class defined in the module at ``path`` that derives, directly or through
+    another class of the module, from a built-in exception (read from the source: nothing
+    imported)."""
+    bases = {node.name: [b.id for b in node.bases if isinstance(b, ast.Name)]
+             for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)}
+
+    def is_exception(name: str) -> bool:
+        return any(_builtin_exception(b) or (b in bases and is_exception(b))
+                   for b in bases.get(name, []))
+
+    return {name for name in bases if is_exception(name)}
+
+
+def _builtin_exception(name: str) -> bool:
+    value = getattr(builtins, name, None)
+    return isinstance(value, type) and issubclass(value, BaseException)

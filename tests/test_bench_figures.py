@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from openclaw_ref.bench.figures import algbw_gbps, busbw_gbps, parameter_bytes, sync_figures
-from openclaw_ref.bench.targets import targets
+from openclaw_ref.bench.targets import STEP_RATIO_TARGET, targets
 from openclaw_ref.core.metrics import percentile
 
 
@@ -80,6 +80,14 @@ def test_targets_compare_strategies_within_one_world_size():
     fp16 = rows[("hardened-fp16 sync / hardened-fp32 sync", 2)]
     assert fp16.value == pytest.approx(5 / 12) and fp16.met is True
     assert rows[("hardened fp32 step / ddp step", 4)].met is None  # hardened missing at 4 ranks
+
+
+def test_the_step_ratio_is_judged_against_the_one_speed_target():
+    cases = [_case("ddp", 2, 100.0, 10.0, 8.0), _case("hardened-fp32", 2, 104.0, 14.0, 8.0),
+             _case("ddp", 4, 100.0, 10.0, 8.0), _case("hardened-fp32", 4, 106.0, 16.0, 8.0)]
+    rows = {r.world_size: r for r in targets(cases) if r.target == "hardened fp32 step / ddp step"}
+    assert STEP_RATIO_TARGET == 1.05
+    assert {w: (r.threshold, r.met) for w, r in rows.items()} == {2: (1.05, True), 4: (1.05, False)}
 
 
 def test_fp16_target_is_not_judged_where_half_the_bytes_are_not_faster():

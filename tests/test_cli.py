@@ -129,6 +129,30 @@ def test_compare_rejects_bad_input_in_one_line_before_any_rank(args, message, a_
     assert message in _rejected(["compare", "--world-sizes", "1,2", *args], capsys)
 
 
+@pytest.mark.parametrize("out_root", ["results", "results/scratch", "CHECKOUT",
+                                      "CHECKOUT/cpu2-gloo"])
+def test_a_quick_compare_refuses_to_write_under_results_before_any_rank(out_root, tmp_path,
+                                                                       monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # "results" is the working directory's; CHECKOUT the repo's
+    out_root = out_root.replace("CHECKOUT", str(ROOT / "results"))
+    line = _rejected(["compare", "--quick", "--out-root", out_root], capsys)
+    assert "--quick never writes under results/" in line
+
+
+def test_a_quick_compare_resumes_only_a_run_it_can_find(capsys):
+    assert "needs the --out-root" in _rejected(["compare", "--quick", "--resume"], capsys)
+
+
+def test_compares_help_states_the_full_and_the_quick_defaults_of_the_code():
+    from openclaw_ref.cli.results import SIZING
+    from openclaw_ref.experiments.compare import QUICK_SETTINGS, CompareConfig
+
+    full = CompareConfig()
+    for dest, _, _, full_default, quick_default in SIZING:
+        assert str(getattr(full, dest)) == full_default, dest
+        assert str(QUICK_SETTINGS[dest]) == quick_default, dest
+
+
 def test_compare_config_rejects_an_unknown_preset_for_library_callers_too(tmp_path):
     from openclaw_ref.experiments.compare import CompareConfig
     from openclaw_ref.sync.errors import BadInput

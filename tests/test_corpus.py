@@ -3,7 +3,7 @@ catches it (``harden()`` defaults: gradients never averaged, a registration orde
 differs, and replicas drifting outside the allreduce within the default replica window; the
 every-step window K = 1 catches the drift on the next step), on the plain
 user script and on the openclaw model, naming the rank and cause; the clean runs stay silent.
-``data-not-sharded`` is caught by no column (README, "The real-world corpus")."""
+``data-not-sharded`` is caught by no column (docs/hardening.md, "What it does not catch")."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ exactly as under that hook, and the weights end bitwise equal (the step guard se
 DDP's built-in C++ fp16 hook, the same cast, divide and sum). An opt-in pre-scale (fixed or
 ``auto``: the per-bucket guard's) under an enabled GradScaler would scale twice: it is refused
 with ``BadInput`` at the first optimizer step the scaler runs, on every rank, before any weight
-changes. Without a loss scaler and without ``finish_step`` (the README's plain loop), a step
+changes. Without a loss scaler and without ``finish_step`` (the README's loop), a step
 that overflows on the wire is skipped on every rank — at the defaults and under an opt-in
 pre-scale alike: the gradients are dropped before the optimizer step, the weights stay finite
 and unchanged.
@@ -136,7 +136,7 @@ def test_a_pre_scaled_wire_under_a_disabled_gradscaler_runs_unrefused(pools):
 
 
 def plain_overflow_loop(ctx, scale: str | None) -> dict:
-    """The README's plain loop (no begin_step/finish_step, no loss scaler) with Adam; at
+    """The README's loop (no begin_step/finish_step, no loss scaler) with Adam; at
     OVERFLOW_AT rank 0's loss is multiplied so that the reduced fp16 wire overflows.
     ``scale``: the hardened fp16 wire's (None: its default, under the default step guard; a
     pre-scale is the per-bucket guard's)."""

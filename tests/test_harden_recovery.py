@@ -1,9 +1,9 @@
-"""What a user may do after a ``ConsistencyError`` (docs "After an error"): under the per-bucket
-guard the DDP model it was raised from cannot run another backward — DDP's reducer was left
-mid-iteration — while under the step guard a verdict read after DDP's finalize leaves DDP
-whole; either way the module can be wrapped again and hardened once the failed model is closed
-and dropped (its reducer's hooks on the parameters go with it: ``close()`` keeps no reference to
-it), and training goes on with equal replicas — the one recipe the docs give."""
+"""What a user may do after a ``ConsistencyError`` (docs/errors.md, "After a check fired"):
+under the per-bucket guard the DDP model it was raised from cannot run another backward — DDP's
+reducer was left mid-iteration — while under the step guard a verdict read after DDP's finalize
+leaves DDP whole; either way the module can be wrapped again and hardened once the failed model
+is closed and dropped (its reducer's hooks on the parameters go with it: ``close()`` keeps no
+reference to it), and training goes on with equal replicas — the one recipe the docs give."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def reuse_task(ctx, guard: str) -> dict:
 
 
 def rewrap_task(ctx) -> dict:
-    """The README's recipe: close (done by ``_clock_fault``), drop the failed DDP model, wrap
+    """The docs' recipe: close (done by ``_clock_fault``), drop the failed DDP model, wrap
     the same module again and harden it."""
     torch.manual_seed(0)
     module = nn.Linear(4, 2)

@@ -10,8 +10,10 @@ pytest.importorskip("matplotlib")
 
 from openclaw_ref.reporting.plots import (  # noqa: E402
     distinct_styles,
+    qualitative_styles,
     render_plots,
     scaling_points,
+    stopped_sizes,
 )
 from openclaw_ref.reporting.record import load_record  # noqa: E402
 
@@ -22,6 +24,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_bucket_gets_its_own_colour(n):
     colours = [c for c, _marker in distinct_styles(n)]
     assert len(set(colours)) == n
+
+
+@pytest.mark.parametrize("n", [1, 7, 10, 12])
+def test_every_strategy_gets_its_own_colour_and_up_to_ten_a_palette_of_distinct_hues(n):
+    styles = qualitative_styles(n)
+    assert len({c for c, _ in styles}) == n and len({m for _, m in styles}) == min(n, 10)
+
+
+def test_a_strategy_stopped_at_a_size_is_named_with_what_stopped_it():
+    def run(w, repeat, **kw):
+        return {"variant": "norm-ema", "world_size": w, "repeat": repeat, **kw}
+
+    stop = {"kind": "BucketMisalignment", "step": 0, "ranks": [1]}
+    raw = {"strategies": {"runs": [
+        run(1, 0, step_ms=[1.0] * 5), run(2, 0, error="x", stopped_by=stop),
+        run(2, 1, error="x", stopped_by=stop), run(4, 0, error="RankFailed: rank 3 died"),
+        run(4, 1, step_ms=[1.0] * 5)]}}  # one repeat finished at 4 ranks: not stopped there
+    assert stopped_sizes(raw) == {"norm-ema": [(2, "BucketMisalignment")]}
 
 
 def test_scaling_points_are_the_median_and_range_over_repeats_per_world_size():

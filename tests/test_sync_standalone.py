@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import exception_classes_of
+
 ROOT = Path(__file__).resolve().parents[1]
 SYNC = ROOT / "openclaw_ref" / "sync"
 
@@ -93,3 +95,26 @@ def test_the_scan_sees_every_form_of_import_outside_the_library():
     assert {n for n in names if not inside_sync(n)} == {
         "openclaw_ref.core.launch", "openclaw_ref.core.train", "openclaw_ref.cli",
         "openclaw_ref.core", "openclaw_ref.ops.doctor.diagnose", "openclaw_ref.reporting.render"}
+
+
+def test_every_error_class_is_exported_by_the_hook_library():
+    import openclaw_ref.sync as sync
+
+    errors = exception_classes_of(SYNC / "errors.py")
+    assert {"ConsistencyError", "ReplicaDivergence", "SyncTimeout", "CollectiveFailed",
+            "BadInput"} <= errors
+    assert errors <= set(sync.__all__)
+    assert set(sync.__all__) == set(sync._HOME)
+    assert all(isinstance(getattr(sync, name), type) for name in errors)
+
+
+def test_catching_an_error_from_the_hook_library_does_not_import_torch():
+    code = ("import json, sys\n"
+            "from openclaw_ref.sync import ReplicaDivergence, ConsistencyError, SyncTimeout\n"
+            "assert issubclass(ReplicaDivergence, ConsistencyError)\n"
+            "print(json.dumps('torch' in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) is False

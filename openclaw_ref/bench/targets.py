@@ -1,9 +1,17 @@
-"""Issue 4's speed targets, computed from the figures of one run: reported, never asserted."""
+"""The asv suite's ``Targets`` rows, computed from the figures of one run: reported, never
+asserted. The step ratio is judged against the project's one speed target
+(``STEP_RATIO_TARGET``: ``harden()`` ÷ stock DDP step ≤ 1.05×), which is measured with the arms
+interleaved in one job (``experiments.hook_cost``); here the two steps come from separate jobs,
+so the row only shows where a run stands. The other rows are reading aids with their own
+thresholds (the check's overhead beside DETAIL's, sync beside the raw allreduce, fp16 beside
+fp32), not speed targets."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+STEP_RATIO_TARGET = 1.05  # harden() ÷ stock DDP step: the project's one speed target
 
 
 @dataclass
@@ -17,7 +25,7 @@ class TargetRow:
 
 
 def targets(cases: Iterable[dict]) -> list[TargetRow]:
-    """Issue 4's targets from the figures of one run, per world size 2–8.
+    """The rows of the figures of one run, per world size 2–8.
 
     Comparisons across jobs use *exposed* sync where they can: each is already corrected by
     the no-sync floor of its own job, so load drifting between jobs cancels. The step ratio is
@@ -55,11 +63,11 @@ def targets(cases: Iterable[dict]) -> list[TargetRow]:
 def _step_ratio_row(w: int, hard: dict | None, ddp: dict | None) -> TargetRow:
     name = "hardened fp32 step / ddp step"
     if not (hard and ddp):
-        return TargetRow(name, w, None, 1.03, None, "a strategy has no result")
+        return TargetRow(name, w, None, STEP_RATIO_TARGET, None, "a strategy has no result")
     value = hard["median_step_ms"] / ddp["median_step_ms"]
     floor = ddp["local_median_step_ms"]
     corrected = (floor + hard["exposed_sync_ms"]) / (floor + ddp["exposed_sync_ms"])
-    return TargetRow(name, w, value, 1.03, value <= 1.03,
+    return TargetRow(name, w, value, STEP_RATIO_TARGET, value <= STEP_RATIO_TARGET,
                      f"floor-corrected (ddp's floor + each exposed sync): {corrected:.3f}")
 
 

@@ -15,6 +15,12 @@ interrupted run leaves the previous results intact and says which sections it di
 Each finished section is checkpointed in ``results/<machine>/.partial/`` (``checkpoint.py``);
 ``resume=True`` (``compare --resume``) reuses those and runs only the rest, and the write
 removes them.
+
+``quick_config()`` (``compare --quick``) is the same comparison at a newcomer's scale: every
+section on a representative subset (each section names its own: ``QUICK_*``) at the smallest
+settings that still fill every table and plot, a few minutes on 2 CPU cores. Its figures are
+not results: it never writes under the published ``results/`` directory (``validate``), and
+its record says ``quick``, which every file rendered from it states.
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.progress import progress_bar
 from openclaw_ref.experiments.checkpoint import Checkpoints, Finished, discard, fingerprint
 from openclaw_ref.experiments.registry import SECTIONS, expected_seconds
-from openclaw_ref.experiments.sections.strategies import Variant, default_variants
+from openclaw_ref.experiments.sections.strategies import Variant, variants_of
 from openclaw_ref.reporting.record import RAW_NAME, SCHEMA_VERSION
 from openclaw_ref.sync.errors import BadInput
+
+PUBLISHED_ROOT = "results"  # where ``compare`` writes the published comparison
 
 
 def default_world_sizes() -> tuple[int, ...]:
@@ -75,8 +83,9 @@ class CompareConfig:
     lightning_devices: int = 2
     hook_steps: int = 150  # timed steps per arm of each interleaved hook-cost job
     sections: tuple[str, ...] = tuple(SECTIONS)
-    out_root: str = "results"
+    out_root: str = PUBLISHED_ROOT
     tag: str | None = None
+    quick: bool = False  # a representative subset of every section (``quick_config``)
 
     def validate(self) -> None:
         if not self.world_sizes or min(self.world_sizes) < 1:
@@ -98,10 +107,41 @@ class CompareConfig:
         if unknown:
             raise BadInput(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
         resolve_backend(self.backend, max(self.world_sizes))
+        if self.quick and under_published_root(self.out_dir()):
+            raise BadInput(f"--quick never writes under {PUBLISHED_ROOT}/ (the published "
+                           f"comparison); got {self.out_dir()}: give --out-root a scratch "
+                           "directory, or none for a new temporary one")
         check_output_dir(self.out_dir(), "--out-root/--tag")
 
     def out_dir(self) -> Path:
         return Path(self.out_root) / (self.tag or machine_tag(self.backend, max(self.world_sizes)))
+
+
+# ``compare --quick``: the smallest settings that still fill every table and plot (2 repeats
+# give the paired ratio columns an interval; 1 and 2 ranks stay within 2 cores)
+QUICK_SETTINGS: dict[str, Any] = {
+    "world_sizes": (1, 2), "steps": 8, "repeats": 2, "p2_repeats": 2, "curve_steps": 30,
+    "overflow_extra_sizes": (), "overflow_steps": 3, "mismatch_steps": 3, "lightning_steps": 3,
+    "hook_steps": 20,
+}
+
+
+def quick_config(**overrides: Any) -> CompareConfig:
+    """The quick comparison: ``QUICK_SETTINGS`` and each section's quick subset; ``overrides``
+    (e.g. ``out_root``, ``sections``) replace any field but ``quick``."""
+    return CompareConfig(**{**QUICK_SETTINGS, **overrides, "quick": True})
+
+
+def published_roots() -> list[Path]:
+    """The directories a quick run must stay out of: ``results/`` under the working directory
+    and the checkout's own ``results/`` (where this package runs from a checkout)."""
+    checkout = Path(__file__).resolve().parents[2] / PUBLISHED_ROOT
+    return [Path(PUBLISHED_ROOT).resolve(), checkout]
+
+
+def under_published_root(path: Path) -> bool:
+    resolved = path.resolve()
+    return any(resolved == root or resolved.is_relative_to(root) for root in published_roots())
 
 
 def machine_tag(backend: str, world_size: int) -> str:
@@ -182,14 +222,18 @@ def _new_record(cfg: CompareConfig) -> dict[str, Any]:
     }
 
 
-def _announce(jobs: dict[str, int], finished: dict[str, Finished]) -> None:
+def _announce(jobs: dict[str, int], finished: dict[str, Finished], quick: bool) -> None:
     """Before the first job: what was resumed, how many jobs are left and how long they took on
-    the reference machine."""
+    the reference machine (for a quick run, whose jobs are shorter, an upper bound)."""
     if finished:
         sys.stderr.write(f"compare: resuming; finished before: {', '.join(finished)}\n")
     minutes = expected_seconds(jobs) / 60
-    sys.stderr.write(f"compare: {sum(jobs.values())} jobs in {len(jobs)} sections, expected "
-                     f"~{minutes:.0f} min (as on 2 CPU cores with gloo at the default settings)\n")
+    expected = (f"a quick run: less than the ~{minutes:.0f} min these jobs take at the full "
+                "run's settings on 2 idle CPU cores with gloo" if quick else
+                f"expected ~{minutes:.0f} min (as on 2 CPU cores with gloo at the default "
+                "settings)")
+    sys.stderr.write(f"compare: {sum(jobs.values())} jobs in {len(jobs)} sections, "
+                     f"{expected}\n")
 
 
 def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None, *,
@@ -197,14 +241,14 @@ def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None,
     """Run every requested section (with ``resume``, only those not checkpointed by an earlier
     run of the same configuration); returns the raw document (not yet written)."""
     cfg.validate()
-    variants = variants or default_variants(cfg.bucket_cap_mb)
+    variants = variants or variants_of(cfg)
     checkpoints = Checkpoints(cfg.out_dir(), fingerprint(cfg, variants))
     if not resume:
         discard(cfg.out_dir())
     finished = {k: v for k, v in checkpoints.load().items() if k in cfg.sections}
     jobs = {name: SECTIONS[name].jobs(cfg, variants) for name in cfg.sections
             if name not in finished}
-    _announce(jobs, finished)
+    _announce(jobs, finished, cfg.quick)
     progress = Progress(sum(jobs.values()))
     raw = _new_record(cfg)
     done = raw["meta"]["sections_run"]

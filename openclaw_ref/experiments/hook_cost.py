@@ -240,11 +240,12 @@ def hook_memory_rank(ctx: RankContext, seed: int = 0, warmup: int = 2,
 MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
-def run_memory(world_size: int = 2) -> list[dict]:
-    """``hook_memory_rank`` on fresh ranks whose glibc maps every block ≥ 64 KiB on its own
-    (a fixed ``MALLOC_MMAP_THRESHOLD_``), so a freed tensor leaves the resident set at once and
-    the high-water mark counts live tensor bytes, not heap fragmentation: repeat runs agree to
-    ±0.3 MiB, where the default allocator's moved by ±10 MiB with the arm order."""
+def run_memory(world_size: int = 2, steps: int = 3) -> list[dict]:
+    """``hook_memory_rank`` (``steps`` steady-state steps per arm) on fresh ranks whose glibc
+    maps every block ≥ 64 KiB on its own (a fixed ``MALLOC_MMAP_THRESHOLD_``), so a freed
+    tensor leaves the resident set at once and the high-water mark counts live tensor bytes,
+    not heap fragmentation: repeat runs agree to ±0.3 MiB, where the default allocator's moved
+    by ±10 MiB with the arm order."""
     launch = LaunchConfig(world_size=world_size, backend="gloo", threads_per_rank=1)
     previous = os.environ.get(MMAP_THRESHOLD_ENV)
     os.environ[MMAP_THRESHOLD_ENV] = "65536"  # read by each rank's libc at start
@@ -256,7 +257,7 @@ def run_memory(world_size: int = 2) -> list[dict]:
         else:
             os.environ[MMAP_THRESHOLD_ENV] = previous
     with pool:
-        return pool.run(hook_memory_rank)[0]
+        return pool.run(hook_memory_rank, 0, 2, steps)[0]
 
 
 def summarize(raw: dict) -> dict:

@@ -3,13 +3,19 @@ byte-stable). Every plot is a pure function of the record.
 
 What each plot must let a reader judge, and how it does so:
   * ``step_times.png``: scaling across the recorded world sizes — the median over repeats of
-    each run's median step, with the range over repeats as an error bar; world sizes above the
-    host's capacity (ranks > cores, or GPUs under NCCL) are shaded "oversubscribed".
-  * ``loss_curves.png``: log-scale loss, the two curves told apart by line style and marker
-    (they can coincide exactly), and their difference on its own panel.
+    each run's median step, with the range over repeats as an error bar; one qualitative colour
+    and marker per strategy (up to ten are told apart at a glance); a strategy whose runs
+    stopped at some size says so in the legend instead of silently ending its line; world
+    sizes above the host's capacity (ranks > cores, or GPUs under NCCL) are shaded and labelled
+    "oversubscribed" on the plot itself.
+  * ``loss_curves.png``: log-scale loss with plain tick labels, the two curves told apart by
+    line style and marker (they can coincide exactly), and their difference on its own panel,
+    which says "identical" in words when it is zero at every step.
   * ``bucket_timeline.png``: one colour *and* marker per bucket, drawn from a continuous
-    colormap, so any number of buckets stays distinguishable.
-  * ``overflow_vs_scale.png``: symlog axis with labelled decades, every point inside the axes.
+    colormap, so any number of buckets stays distinguishable; a grey line joins one bucket's
+    points across ranks, so its skew is the line's horizontal length.
+  * ``overflow_vs_scale.png``: symlog axis with labelled decades, every point inside the axes;
+    the workload and the ranks are named.
 """
 
 from __future__ import annotations
@@ -35,11 +41,40 @@ def _figure():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, quick: bool = False) -> Path:
+    """Write ``fig`` as a PNG; a quick run's plot says so above its panels."""
+    if quick:
+        from openclaw_ref.reporting.comparison import QUICK_TITLE
+
+        fig.suptitle(f"{QUICK_TITLE} (openclaw-bench compare --quick)", color="firebrick",
+                     fontweight="bold", y=1.02)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, metadata={"Software": None}, bbox_inches="tight")
     _figure().close(fig)
     return write_bytes_atomic(path, buf.getvalue())
+
+
+def _plain_log_ticks(ax) -> None:
+    """Tick labels of a log y axis as plain numbers (0.01, 0.6, 2), not 6×10^-1; minor ticks
+    are labelled only where the axis spans too few decades to show a major one (matplotlib's
+    own rule), so they never crowd."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):  # which ticks get a label stays LogFormatter's
+            return f"{x:g}"
+
+    ax.yaxis.set_major_formatter(Plain(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
+def qualitative_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
+    """``n`` (colour, marker) pairs for a legend read at a glance: a qualitative palette
+    (``tab10``: ten hues that differ in kind, not in shade), then ``distinct_styles`` beyond."""
+    if n > 10:
+        return distinct_styles(n)
+    colours = _figure().get_cmap("tab10").colors
+    return [(tuple(colours[i]), MARKERS[i]) for i in range(n)]
 
 
 def distinct_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
@@ -51,7 +86,7 @@ def distinct_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
     return [(tuple(c), MARKERS[i % len(MARKERS)]) for i, c in enumerate(colours)]
 
 
-def plot_loss_curves(raw: dict, path: Path) -> Path | None:
+def plot_loss_curves(raw: dict, path: Path, quick: bool = False) -> Path | None:
     curves = raw.get("curves") or {}
     if not curves:
         return None
@@ -64,20 +99,15 @@ def plot_loss_curves(raw: dict, path: Path) -> Path | None:
         val = c.get("validation", [])
         ax_val.plot([v["step"] for v in val], [v["loss"] for v in val], label=label, lw=1,
                     ls=ls, marker=marker or ".", ms=3, markevery=5)
-    ax_train.set(title="training loss (mean over ranks)", xlabel="step", ylabel="loss (log)",
+    ax_train.set(title="training loss (mean over ranks)", xlabel="step", ylabel="loss (log scale)",
                  yscale="log")
-    ax_val.set(title="validation loss — text 000's C1: spikes every 37–42 steps?", xlabel="step",
-               ylabel="loss (log)", yscale="log")
+    ax_val.set(title="validation loss (text 000's C1: a spike every 37–42 steps?)",
+               xlabel="step", ylabel="loss (log scale)", yscale="log")
+    for ax in (ax_train, ax_val):
+        _plain_log_ticks(ax)
     labels = list(curves)
     if len(labels) >= 2:
-        a, b = curves[labels[0]]["loss"], curves[labels[1]]["loss"]
-        n = min(len(a), len(b))
-        diff = np.asarray(b[:n]) - np.asarray(a[:n])
-        ax_diff.plot(range(n), diff, lw=1, color="black")
-        ax_diff.axhline(0, color="grey", lw=0.8)
-        ax_diff.set(title=f"training loss: {labels[1]} − {labels[0]} "
-                          f"(max |Δ| = {np.abs(diff).max():.2g})", xlabel="step",
-                    ylabel="difference")
+        _plot_difference(ax_diff, curves[labels[0]]["loss"], curves[labels[1]]["loss"], labels)
     else:
         ax_diff.set_axis_off()
     for ax in (ax_train, ax_val):
@@ -85,10 +115,28 @@ def plot_loss_curves(raw: dict, path: Path) -> Path | None:
     for ax in (ax_train, ax_val, ax_diff):
         ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    return _save(fig, path)
+    return _save(fig, path, quick)
 
 
-def plot_bucket_timeline(raw: dict, path: Path) -> Path | None:
+def _plot_difference(ax, a: list[float], b: list[float], labels: list[str]) -> None:
+    """``b − a`` step by step; at zero everywhere, a flat line and the word "identical"."""
+    n = min(len(a), len(b))
+    diff = np.asarray(b[:n]) - np.asarray(a[:n])
+    ax.plot(range(n), diff, lw=1, color="black")
+    ax.axhline(0, color="grey", lw=0.8)
+    biggest = float(np.abs(diff).max()) if n else 0.0
+    ax.set(title=f"training loss: {labels[1]} − {labels[0]}", xlabel="step",
+           ylabel="difference in loss")
+    if biggest == 0.0:
+        ax.set_ylim(-1, 1)
+        ax.set_yticks([0])
+        ax.text(0.5, 0.62, f"identical at all {n} steps\n(difference 0, bit for bit)",
+                transform=ax.transAxes, ha="center", va="center", fontsize=11)
+    else:
+        ax.text(0.02, 0.95, f"max |Δ| = {biggest:.2g}", transform=ax.transAxes, va="top")
+
+
+def plot_bucket_timeline(raw: dict, path: Path, quick: bool = False) -> Path | None:
     """One step's per-rank bucket-ready times: the picture text 000's NCCL trace describes."""
     curve = (raw.get("curves") or {}).get("hardened fp32")
     buckets = (curve or {}).get("sync_last", {}).get("buckets") or []
@@ -98,16 +146,18 @@ def plot_bucket_timeline(raw: dict, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(9, 3.8))
     n_ranks = len(buckets[0]["ready_ms"])
     for b, (colour, marker) in zip(buckets, distinct_styles(len(buckets)), strict=True):
+        ax.plot(b["ready_ms"], range(n_ranks), color="grey", lw=0.6, alpha=0.6, zorder=1)
         ax.scatter(b["ready_ms"], range(n_ranks), s=30, color=colour, marker=marker,
-                   edgecolors="black", linewidths=0.3, label=f"bucket {b['index']}")
-    ax.set(title=f"bucket-ready time per rank, last step of the hardened run "
-                 f"(×{curve['world_size']} ranks, {len(buckets)} buckets)",
-           xlabel="ms since the rank's step start", ylabel="rank",
+                   edgecolors="black", linewidths=0.3, label=f"bucket {b['index']}", zorder=2)
+    ax.set(title=f"when each bucket's gradients were ready, per rank: the last step of the "
+                 f"hardened run ({curve['world_size']} ranks, {len(buckets)} buckets)\n"
+                 "a grey line joins one bucket across ranks: its length is that bucket's skew",
+           xlabel="ms since that rank's own step start", ylabel="rank",
            yticks=list(range(n_ranks)), ylim=(-0.5, n_ranks - 0.5))
     ax.legend(fontsize=7, ncol=1 + len(buckets) // 8, loc="center left",
               bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _save(fig, path, quick)
 
 
 def scaling_points(raw: dict) -> dict[str, list[tuple[int, float, float, float]]]:
@@ -124,7 +174,22 @@ def scaling_points(raw: dict) -> dict[str, list[tuple[int, float, float, float]]
     return out
 
 
-def plot_step_times(rec: RunRecord, path: Path) -> Path | None:
+def stopped_sizes(raw: dict) -> dict[str, list[tuple[int, str]]]:
+    """variant → [(world size, what stopped it)] for the sizes at which no run of the variant
+    finished (the check that fired, else the error's first word)."""
+    runs = (raw.get("strategies") or {}).get("runs", [])
+    out: dict[str, list[tuple[int, str]]] = {}
+    for v in dict.fromkeys(r["variant"] for r in runs):
+        for w in sorted({r["world_size"] for r in runs if r["variant"] == v}):
+            group = [r for r in runs if r["variant"] == v and r["world_size"] == w]
+            if all("error" in r for r in group):
+                stop = group[0].get("stopped_by")
+                why = stop["kind"] if stop else group[0]["error"].split(":")[0][:40]
+                out.setdefault(v, []).append((w, why))
+    return out
+
+
+def plot_step_times(rec: RunRecord, path: Path, quick: bool = False) -> Path | None:
     points = scaling_points(rec.doc)
     if not points:
         return None
@@ -133,31 +198,38 @@ def plot_step_times(rec: RunRecord, path: Path) -> Path | None:
     sizes = sorted({w for pts in points.values() for w, *_ in pts})
     capacity = rec.environment.capacity
     over = [w for w in sizes if w > capacity]
+    device = "GPUs" if rec.environment.backend == "nccl" else "cores"
     if over:
-        device = "GPUs" if rec.environment.backend == "nccl" else "cores"
         ax.axvspan(capacity * 1.2, max(sizes) * 1.3, color="grey", alpha=0.15,
                    label=f"oversubscribed: ranks > {capacity} {device}")
+    stopped = stopped_sizes(rec.doc)
     for i, ((variant, pts), (colour, marker)) in enumerate(
-            zip(points.items(), distinct_styles(len(points)), strict=True)):
+            zip(points.items(), qualitative_styles(len(points)), strict=True)):
         offset = 1 + 0.025 * (i - len(points) / 2)  # spread the error bars apart
         w = np.array([p[0] for p in pts], dtype=float) * offset
         med = np.array([p[1] for p in pts])
         err = np.array([[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]])
+        label = variant + "".join(f"\n  (stopped at {w_} ranks: {why})"
+                                  for w_, why in stopped.get(variant, []))
         ax.errorbar(w, med, yerr=err, color=colour, marker=marker, ms=5, capsize=3, lw=1,
-                    label=variant)
+                    label=label)
+    if over:
+        ax.text(capacity * 1.25, 0.97, f"oversubscribed:\nmore ranks than {device}\n(times "
+                "measure the host)", transform=ax.get_xaxis_transform(), va="top", fontsize=8,
+                color="dimgrey")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set_xlim(min(sizes) / 1.3, max(sizes) * 1.3)
-    ax.set(title="step time vs ranks: median over repeats, bars = range over repeats "
-                 f"(warm-up excluded; {rec.config.get('repeats')} repeats)",
+    ax.set(title=f"step time vs ranks: median of {rec.config.get('repeats')} repeats, bars = "
+                 "range over repeats (2 warm-up steps excluded)",
            xlabel="ranks (gloo processes)" if rec.environment.backend != "nccl" else "ranks",
            ylabel="step ms (slowest rank)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return _save(fig, path, quick)
 
 
-def plot_overflow_vs_scale(raw: dict, path: Path) -> Path | None:
+def plot_overflow_vs_scale(raw: dict, path: Path, quick: bool = False) -> Path | None:
     points = (raw.get("overflow") or {}).get("vs_scale") or []
     if not points:
         return None
@@ -166,11 +238,14 @@ def plot_overflow_vs_scale(raw: dict, path: Path) -> Path | None:
     plt = _figure()
     fig, ax = plt.subplots(figsize=(7, 4))
     seed_pct = 0.017
+    ranks = sorted({p["world_size"] for p in points})
     for label in sorted({p["strategy"] for p in points}):
         ps = sorted((p for p in points if p["strategy"] == label), key=lambda p: p["scale_exp"])
         ax.plot([p["scale_exp"] for p in ps], [100 * p["overflow_rate"] for p in ps],
-                marker="o", label=label)
-    ax.axhline(seed_pct, color="grey", ls="--", lw=1, label=f"text 000's F3: {seed_pct}%")
+                marker="o", label=label.replace("(harsh workload)",
+                                                "(harsh workload: each gradient × 10^U(−2, 2))"))
+    ax.axhline(seed_pct, color="grey", ls="--", lw=1,
+               label=f"text 000's F3 claim: {seed_pct}% at 2^12")
     top = max([100 * p["overflow_rate"] for p in points] + [seed_pct])
     linthresh = 1e-4
     decades = [10.0 ** k for k in range(-4, int(np.ceil(np.log10(top))) + 1)]
@@ -181,18 +256,20 @@ def plot_overflow_vs_scale(raw: dict, path: Path) -> Path | None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: "0" if y == 0 else f"{y:g}%"))
     ax.set_xticks(exps, [f"2^{e}" for e in exps])
     ax.set_xlim(min(exps) - 1, max(exps) + 1)
-    ax.set(title="FP16 overflowed elements vs pre-scale (high-dynamic-range gradients)",
-           xlabel="pre-scale (scale = 2^e)", ylabel="overflowed elements")
+    ax.set(title=f"FP16 overflowed gradient elements vs the pre-scale "
+                 f"({', '.join(map(str, ranks))} ranks)",
+           xlabel="pre-scale before the fp16 cast (scale = 2^e)",
+           ylabel="overflowed elements (symlog scale)")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _save(fig, path, quick)
 
 
 def render_plots(rec: RunRecord, out_dir: Path) -> list[Path]:
     """Every plot the record has data for (a plot without data is skipped, not drawn empty)."""
-    raw = rec.doc
-    made = [plot_loss_curves(raw, out_dir / "loss_curves.png"),
-            plot_bucket_timeline(raw, out_dir / "bucket_timeline.png"),
-            plot_step_times(rec, out_dir / "step_times.png"),
-            plot_overflow_vs_scale(raw, out_dir / "overflow_vs_scale.png")]
+    raw, quick = rec.doc, rec.quick
+    made = [plot_loss_curves(raw, out_dir / "loss_curves.png", quick),
+            plot_bucket_timeline(raw, out_dir / "bucket_timeline.png", quick),
+            plot_step_times(rec, out_dir / "step_times.png", quick),
+            plot_overflow_vs_scale(raw, out_dir / "overflow_vs_scale.png", quick)]
     return [p for p in made if p is not None]

@@ -27,7 +27,8 @@ Versions:
   ``ablations.sparsity_arms`` (the arms' run order; the record's keys are sorted), the
   figures that only the old tables held. Versions 1 to 3 are upgraded on load by
   :func:`upgrade`, which drops the tables and recovers those figures from them; no figure
-  changes.
+  changes. ``meta.compare_config.quick`` (optional; absent = false) marks a ``compare --quick``
+  record, which every rendered file labels as a quick run.
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ class RunRecord:
     @property
     def config(self) -> Mapping[str, Any]:
         return self.doc["meta"]["compare_config"]
+
+    @property
+    def quick(self) -> bool:
+        """A ``compare --quick`` record: a subset of every section at small settings, which
+        shows what the comparison produces but whose figures are not results."""
+        return bool(self.config.get("quick", False))
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """The named section, or None when it did not run (empty counts as not run)."""

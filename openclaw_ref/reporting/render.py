@@ -52,6 +52,7 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
     """The ledger of one machine directory: header naming where it was rendered from, verdict
     counts, one row per claim (with its source), then the source texts."""
     from openclaw_ref.reporting.claims import MIN_REPEATS, SOURCES, Verdict, assess_all
+    from openclaw_ref.reporting.comparison import QUICK_BANNER
 
     env = rec.environment
     found = assess_all(rec)
@@ -71,7 +72,8 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
                   "with one repeat (rerun with a larger `--repeats`). \"regenerate with\" names "
                   "the compare run that writes the figures a verdict reads; \"nothing to "
                   "regenerate\" where no run here can move it.")
-    head = ["# Claims ledger of the source texts", "", where, "",
+    head = ["# Claims ledger of the source texts", "", *([QUICK_BANNER, ""] if rec.quick else []),
+            where, "",
             f"Measured on: {env.describe()}, git {env.git_sha}, {env.date}.", "",
             "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items() if v), "",
             vocabulary, "", ""]

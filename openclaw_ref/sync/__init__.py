@@ -1,5 +1,7 @@
-"""The hook library: ``harden()`` for anyone's DDP model, and the gradient-synchronization
-strategies by the name the CLI uses (``STRATEGIES``, ``make_strategy``).
+"""The hook library: ``harden()`` for anyone's DDP model, the errors it raises (every exception
+class of ``errors``: ``ConsistencyError`` and its checks, ``CollectiveFailed``, ``SyncTimeout``,
+``BadInput``), and the gradient-synchronization strategies by the name the CLI uses
+(``STRATEGIES``, ``make_strategy``).
 
 Invariant: ``openclaw_ref.sync`` imports only torch and its own modules (never the launcher,
 the training loop or anything else of ``openclaw_ref``), so it can be lifted out whole;
@@ -14,6 +16,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+    from openclaw_ref.sync.errors import (
+        BadInput,
+        BucketMisalignment,
+        ClockMismatch,
+        CollectiveFailed,
+        ConsistencyError,
+        GradientsNotAveraged,
+        MissingGradient,
+        NonFiniteGradient,
+        OpenClawError,
+        ParameterMismatch,
+        ReplicaDivergence,
+        ScaleMismatch,
+        ShapeMismatch,
+        SyncTimeout,
+    )
     from openclaw_ref.sync.harden_state import HardenState
     from openclaw_ref.sync.hardened import harden
     from openclaw_ref.sync.strategies import STRATEGIES, make_strategy
@@ -25,6 +43,12 @@ _HOME = {
     "SyncStrategy": "base",
     "harden": "hardened",
     "make_strategy": "strategies",
+    # errors.py imports only the standard library: catching one of these loads no torch
+    **dict.fromkeys(("BadInput", "BucketMisalignment", "ClockMismatch", "CollectiveFailed",
+                     "ConsistencyError", "GradientsNotAveraged", "MissingGradient",
+                     "NonFiniteGradient", "OpenClawError", "ParameterMismatch",
+                     "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch", "SyncTimeout"),
+                    "errors"),
 }
 
 
@@ -36,4 +60,9 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy"]
+__all__ = [
+    "STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy",
+    "BadInput", "BucketMisalignment", "ClockMismatch", "CollectiveFailed", "ConsistencyError",
+    "GradientsNotAveraged", "MissingGradient", "NonFiniteGradient", "OpenClawError",
+    "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch", "SyncTimeout",
+]

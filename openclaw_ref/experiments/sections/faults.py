@@ -1,7 +1,7 @@
 """Section ``faults``: the fault × hook outcome matrix (2 ranks) — stock DDP, PyTorch's own comm
 hooks as users register them, the suite's strategies — the seed's F5 hook as written through the
 same matrix (plus its fault-free case), and every column's bucket layout recorded on every rank
-(the seed's M3)."""
+(the seed's M3). ``compare --quick`` runs ``QUICK_FAULTS`` × ``QUICK_COLUMNS``."""
 
 from __future__ import annotations
 
@@ -27,12 +27,25 @@ if TYPE_CHECKING:
     from openclaw_ref.experiments.compare import CompareConfig, Progress
 
 SEED_F5 = "seed-f5"
+# ``compare --quick``: the faults whose cases take under a second (crash, hang and local-buckets
+# restart the ranks: 3-11 s each), on stock DDP, one of PyTorch's hooks and ours
+QUICK_FAULTS = ("late-rank", "scale-mismatch", "missing-grad", "bitflip", "nan-grad")
+QUICK_COLUMNS = ("ddp", "ddp-fp16", "hardened")
+
+
+def faults_of(cfg: CompareConfig) -> tuple[str, ...]:
+    return QUICK_FAULTS if cfg.quick else FAULTS
+
+
+def columns_of(cfg: CompareConfig) -> tuple[str, ...]:
+    columns = matrix_strategies()
+    return tuple(c for c in columns if c in QUICK_COLUMNS) if cfg.quick else columns
 
 
 def jobs(cfg: CompareConfig) -> int:
-    columns = len(matrix_strategies())
+    columns, faults = len(columns_of(cfg)), len(faults_of(cfg))
     # the matrix, the seed-f5 column (with "none"), the layouts
-    return columns * len(FAULTS) + len(FAULTS) + 1 + columns
+    return columns * faults + faults + 1 + columns
 
 
 def _case(outcome: CaseOutcome, fault_name: str) -> dict:
@@ -75,14 +88,15 @@ def _clean_outcome(runner: MatrixRunner, pools: PoolCache) -> CaseOutcome:
     return clean
 
 
-def seed_f5_cases(runner: MatrixRunner, pools: PoolCache, progress: Progress) -> list[dict]:
+def seed_f5_cases(runner: MatrixRunner, pools: PoolCache, progress: Progress,
+                  faults: tuple[str, ...] = FAULTS) -> list[dict]:
     """The seed's F5 hook as written (``sync/seed_f5.py``) through the same fault matrix, plus
     a fault-free case (fault ``none``): no-effect when it trains exactly like stock ``ddp``
     (same parameter digest), detected when its assertion fires (a false alarm), crash /
     hang-timeout when a rank dies or stalls, silent-corruption when it changes the result."""
     cases = [_case(_clean_outcome(runner, pools), "none")]
     progress.tick(f"fault none × {SEED_F5}")
-    for fault in FAULTS:
+    for fault in faults:
         cases.append(_case(runner.run_case(SEED_F5, fault), fault))
         progress.tick(f"fault {fault} × {SEED_F5}")
     return cases
@@ -95,7 +109,7 @@ def _alignment(cfg: CompareConfig, settings: MatrixSettings, pools: PoolCache,
 
     alignment = []
     w = max(cfg.world_sizes)
-    for strategy in matrix_strategies():
+    for strategy in columns_of(cfg):
         sync = dataclasses.replace(settings.sync_config(strategy), bucket_cap_mb=cfg.bucket_cap_mb)
         s = ConformSettings(sync=sync)
         if w >= 2:
@@ -113,12 +127,12 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     runner = MatrixRunner(settings, get_pool=pools.get)
     cases = []
     try:
-        for strategy in matrix_strategies():
-            for fault in FAULTS:
+        for strategy in columns_of(cfg):
+            for fault in faults_of(cfg):
                 cases.append(_case(runner.run_case(strategy, fault), fault))
                 progress.tick(f"fault {fault} × {strategy}")
         if SEED_F5 in STRATEGIES:
-            cases += seed_f5_cases(runner, pools, progress)
+            cases += seed_f5_cases(runner, pools, progress, faults_of(cfg))
     finally:
         runner.close()
     return {"settings": dataclasses.asdict(settings), "cases": cases,

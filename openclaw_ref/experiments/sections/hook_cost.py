@@ -1,4 +1,4 @@
-"""Section ``hook_cost`` (issue 12's figures): each hook's per-step cost beside stock DDP and
+"""Section ``hook_cost``: each hook's per-step cost beside stock DDP and
 PyTorch's Python hooks, arms interleaved in one 2-rank job per model
 (``experiments.hook_cost``), the memory each hook holds, and the cost of verifying a step's
 control blocks at 8 to 8,192 ranks, per-rank and counted (``experiments.verify_scale``)."""
@@ -19,16 +19,26 @@ if TYPE_CHECKING:
 MODELS = ("mlp", "tiny", "small")
 MAX_STEPS = {"small": 40}
 WORLD_SIZE = 2
+# ``compare --quick``: the MLP (the model the speed target is read on), one steady-state step
+# per memory arm, and the verification timings at the smallest and a large size
+QUICK_MODELS = ("mlp",)
+QUICK_MEMORY_STEPS = 1
+QUICK_VERIFY_SIZES = (8, 1024)
+QUICK_COUNT_BUCKETS = (16, 128)
+
+
+def models_of(cfg: CompareConfig) -> tuple[str, ...]:
+    return QUICK_MODELS if cfg.quick else MODELS
 
 
 def jobs(cfg: CompareConfig) -> int:
-    return len(MODELS) + 2
+    return len(models_of(cfg)) + 2
 
 
 def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     """One interleaved job per model, the memory job, the verification timings."""
     out: dict[str, Any] = {"jobs": {}}
-    for model in MODELS:
+    for model in models_of(cfg):
         steps = min(cfg.hook_steps, MAX_STEPS.get(model, cfg.hook_steps))
         hcfg = hook_cost.HookCostConfig(model=model, world_size=WORLD_SIZE, steps=steps,
                                         seed=cfg.seed)
@@ -37,9 +47,12 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
         out["jobs"][model] = {"config": dataclasses.asdict(hcfg), "summary": summary,
                               "baseline": hook_cost.BASELINE, "hardened_events": raw["events"]}
         progress.tick(f"hook cost {model}")
-    out["memory"] = hook_cost.run_memory(WORLD_SIZE)
+    quick = cfg.quick
+    out["memory"] = hook_cost.run_memory(WORLD_SIZE, QUICK_MEMORY_STEPS if quick else 3)
     progress.tick("hook memory")
-    out["verify"] = verify_scale.measure()
-    out["verify_counts"] = verify_scale.measure_counts()
+    out["verify"] = (verify_scale.measure(QUICK_VERIFY_SIZES) if quick
+                     else verify_scale.measure())
+    out["verify_counts"] = (verify_scale.measure_counts(QUICK_VERIFY_SIZES, QUICK_COUNT_BUCKETS)
+                            if quick else verify_scale.measure_counts())
     progress.tick("verification at scale")
     return out

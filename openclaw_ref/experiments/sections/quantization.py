@@ -21,7 +21,10 @@ def jobs(cfg: CompareConfig) -> int:
     return 1
 
 
-def quantize_rank(ctx: RankContext, tcfg: TrainConfig) -> dict | None:
+QUICK_LATENCY_REPEATS = 5  # ``compare --quick`` (the full run: quantize.measure's 20)
+
+
+def quantize_rank(ctx: RankContext, tcfg: TrainConfig, repeats: int = 20) -> dict | None:
     """Train one process without sync, then quantize the trained replica to int8 and measure
     accuracy and latency on the validation split at the evaluation sparsity."""
     from openclaw_ref.core.data import SkillDataset
@@ -33,7 +36,7 @@ def quantize_rank(ctx: RankContext, tcfg: TrainConfig) -> dict | None:
         return None
     model_cfg = tcfg.model_config()
     ds = SkillDataset(model_cfg, dataclasses.replace(tcfg.data, seed=tcfg.seed))
-    out = measure(result.model, ds.validation(), EVAL_STEP)
+    out = measure(result.model, ds.validation(), EVAL_STEP, repeats)
     out["trained_steps"] = tcfg.steps
     out["train_final_loss"] = result.record["summary"]["final_loss"]
     return out
@@ -45,7 +48,8 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
                        global_batch=cfg.global_batch, seed=cfg.seed, eval_every=0,
                        progress=False, backend=cfg.backend, sync=SyncConfig(name="local"))
     try:
-        sec = pools.get(1).run(quantize_rank, tcfg)[0]
+        repeats = QUICK_LATENCY_REPEATS if cfg.quick else 20
+        sec = pools.get(1).run(quantize_rank, tcfg, repeats)[0]
     except RankFailed as exc:
         sec = {"error": exc.summary[:300]}
     progress.tick("int8 quantization")

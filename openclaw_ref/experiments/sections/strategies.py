@@ -57,6 +57,18 @@ def default_variants(bucket_cap_mb: float) -> tuple[Variant, ...]:
     )
 
 
+# ``compare --quick``: stock DDP and its fp16 hook, ours on two wires, the bucketed engine agreed
+# and as text 000's F2 wrote it (which misaligns: a row that shows a stopped run), the floor
+QUICK_VARIANTS = ("local (no sync)", "ddp", "ddp-fp16", "hardened fp32", "hardened fp16",
+                  "bucketed norm-ema-agreed", "bucketed norm-ema (text 000's F2)")
+
+
+def variants_of(cfg: CompareConfig) -> tuple[Variant, ...]:
+    """The rows the comparison runs: every default variant, or the quick subset."""
+    variants = default_variants(cfg.bucket_cap_mb)
+    return tuple(v for v in variants if v.label in QUICK_VARIANTS) if cfg.quick else variants
+
+
 def jobs(cfg: CompareConfig, variants: tuple[Variant, ...]) -> int:
     return 1 + cfg.repeats * len(cfg.world_sizes) * len(variants)
 

@@ -11,7 +11,7 @@ Rooms (optional extra ``lightning``):
                 JSON result (tests launch it as a subprocess because Lightning's launcher
                 re-executes the script for every rank).
 
-This file names the package's user-facing API (the README's import line).
+This file names the package's user-facing API (the import line of docs/cli.md, "Lightning").
 """
 
 from __future__ import annotations

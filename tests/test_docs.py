@@ -1,0 +1,82 @@
+"""What a reader is promised: the README answers its three questions early and keeps CI's two
+commands verbatim; the docs' error table lists every error the hook library defines; every
+link between the pages resolves; no user-facing text names an internal work item."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, exception_classes_of
+
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+COMPARE = "python3 -m venv .venv && .venv/bin/pip install tox && .venv/bin/tox -e compare"
+TESTS = "python3 -m venv .venv && .venv/bin/pip install tox && .venv/bin/tox -e tests"
+WORK_ITEM = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+
+
+def table_first_column(text: str) -> set[str]:
+    """The backquoted names in the first column of a markdown table's rows."""
+    return set(re.findall(r"^\| `([A-Za-z_]\w*)` \|", text, re.MULTILINE))
+
+
+def test_the_errors_page_lists_every_exception_class_of_the_hook_library():
+    defined = exception_classes_of(ROOT / "openclaw_ref" / "sync" / "errors.py")
+    assert len(defined) >= 10
+    assert table_first_column((DOCS / "errors.md").read_text()) == defined
+
+
+def test_the_table_reader_sees_a_missing_row():
+    text = "| error | when |\n|---|---|\n| `SyncTimeout` | late |\n| `BadInput` | bad |\n"
+    assert table_first_column(text) == {"SyncTimeout", "BadInput"}
+    assert table_first_column(text.replace("| `BadInput` | bad |\n", "")) == {"SyncTimeout"}
+
+
+def test_the_readme_keeps_the_two_commands_ci_runs_verbatim():
+    text = README.read_text()
+    assert COMPARE in text and TESTS in text
+    assert TESTS in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_says_how_to_guard_a_job_run_the_suite_and_reproduce_in_its_first_60_lines():
+    head = "\n".join(README.read_text().splitlines()[:60])
+    assert "state = harden(ddp)" in head
+    assert "pytest -m conformance --pyargs openclaw_ref.conformance.suite" in head
+    assert COMPARE in head
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _links(page: Path) -> list[tuple[str, str]]:
+    """(target path, anchor) of every relative markdown link on ``page``."""
+    found = re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+    return [tuple((link.split("#", 1) + [""])[:2]) for link in found
+            if not re.match(r"[a-z]+://", link)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_on_a_page_resolves(page):
+    for target, anchor in _links(page):
+        path = (page.parent / target).resolve() if target else page
+        assert path.exists(), f"{page.name}: {target}"
+        if anchor and path.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)
+            assert anchor in {_anchor(h) for h in headings}, f"{page.name}: {target}#{anchor}"
+
+
+def test_no_user_facing_text_names_an_internal_work_item():
+    files = [*PAGES, *(ROOT / "openclaw_ref").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+             *(ROOT / "results").rglob("*.md"), *(ROOT / "results").rglob("*.json"),
+             ROOT / "tox.ini"]
+    found = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in files
+             for m in WORK_ITEM.finditer(f.read_text(encoding="utf-8"))]
+    assert found == []
+    assert WORK_ITEM.search("as issue 21 aims") and not WORK_ITEM.search("pytorch#104336")
