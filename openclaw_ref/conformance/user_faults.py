@@ -215,7 +215,7 @@ def user_case_task(ctx: RankContext, spec: TargetSpec, job: CaseJob,
     elif job.fault is not None:
         faults = (job.fault,)
     try:
-        model, _ = train_target(ctx, spec, LoopOptions(steps=settings.steps), faults, callbacks)
+        model = train_target(ctx, spec, LoopOptions(steps=settings.steps), faults, callbacks)
     except ConsistencyError as exc:
         return detected_in_band(ctx, exc)
     digests = gather(ctx, params_digest(model.named_parameters()))
