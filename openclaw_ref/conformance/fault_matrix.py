@@ -307,13 +307,12 @@ class MatrixRunner:
         t0 = time.perf_counter()
         reply, failure = None, None
         fresh = kills_group(strategy, fault)
-        if fresh:
-            pool = self._fresh(st.pg_timeout_s * 3, st.pg_timeout_s)
-        else:
-            pool = self._get_pool(st.world_size)
+        # a fresh pool: gloo's short deadline ends a hang on the waiting rank; the pool's own
+        # (the case's) is the last resort, long enough for a loaded box to reach the hang
+        pool = self._fresh(st.case_timeout_s, st.pg_timeout_s) if fresh \
+            else self._get_pool(st.world_size)
         try:
-            reply = pool.run(case_task, cfg, timeout_s=st.pg_timeout_s * 3 if fresh
-                             else st.case_timeout_s)[0]
+            reply = pool.run(case_task, cfg, timeout_s=st.case_timeout_s)[0]
         except (RankFailed, LaunchTimeout) as exc:
             failure = exc
         finally:

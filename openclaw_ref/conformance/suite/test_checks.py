@@ -145,8 +145,13 @@ def test_replica_consistency_fires_on_a_bitflip_naming_rank_and_parameter(pools)
     assert result.event["params"] == ["layer.5.ffn.w1.weight"]
 
 
-@pytest.mark.parametrize("strategy,world_size", [("ddp", 2), ("hardened", 2), ("bucketed", 2),
-                                                 ("ddp", 4), ("hardened", 4)])
+# 4 ranks (a 4-rank pool: the largest spawn of the suite's CI part) under slow
+FOUR_RANKS = pytest.mark.slow
+
+
+@pytest.mark.parametrize("strategy,world_size", [
+    ("ddp", 2), ("hardened", 2), ("bucketed", 2),
+    pytest.param("ddp", 4, marks=FOUR_RANKS), pytest.param("hardened", 4, marks=FOUR_RANKS)])
 def test_n_ranks_equal_one_process_on_the_same_global_batch(pools, conformance_report, strategy,
                                                             world_size):
     result = conformance_report.add_check(
