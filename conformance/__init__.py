@@ -2,6 +2,10 @@
 plugin that runs them anywhere the package is installed (``pytest -m conformance --pyargs
 openclaw_ref.conformance.suite``), plus the cluster mode (``openclaw-bench conform``).
 
+In the repository this package is the top-level folder ``conformance/``, installed as
+``openclaw_ref.conformance`` (pyproject's ``package-dir``; the editable install maps it too), and
+``pytest -m conformance`` from the checkout collects ``conformance/suite/`` once (``testpaths``).
+
   ``settings``     what a conformance run trains, and a check's result
   ``recorders``    loop callbacks that watch the one training loop
   ``checks``       one collective function per check, verdicts identical on every rank

@@ -8,7 +8,7 @@ system surfaced — a rank's reply, the detection it raised in-band, or the pool
 what the injector knows — into one of ``OUTCOMES``: ``detected`` (with rank and
 parameter/bucket), ``silent-corruption`` (replicas diverge, or the result differs from the
 fault-free run), ``hang-timeout`` (ended by a deadline), ``crash`` (a rank error/death
-surfaced), ``no-effect``. ``conformance/test_fault_matrix.py`` asserts on it; ``compare``
+surfaced), ``no-effect``. ``conformance/suite/test_fault_matrix.py`` asserts on it; ``compare``
 publishes it.
 """
 
