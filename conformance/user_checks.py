@@ -98,9 +98,10 @@ def stopped(records: list[RunRecord]) -> RunRecord | None:
 def judge_equivalence(spec: TargetSpec, label: str, diffs: list[list[StepDiff]],
                       tolerance: Tolerance, noise: float,
                       error: RunRecord | None = None) -> CheckResult:
-    """``diffs[r]``: rank r's hook run against stock DDP's, step by step."""
+    """``diffs[r]``: rank r's hook run against stock DDP's, step by step (under ``join`` the
+    last rank has fewer steps: each rank is judged on every step it ran)."""
     name = f"equivalence ({label})"
-    steps = min((len(d) for d in diffs), default=0)
+    steps = max((len(d) for d in diffs), default=0)
     figures = {"max_abs_diff": max_diff(diffs), "atol": tolerance.atol,
                "bitwise_required": tolerance.bitwise, "tolerance": tolerance.why,
                "oracle": STOCK_DDP, "oracle_noise": noise, "wire": str(spec.wire),
@@ -111,7 +112,7 @@ def judge_equivalence(spec: TargetSpec, label: str, diffs: list[list[StepDiff]],
                            f"the run stopped on rank {error.rank}: {error.error_text}",
                            figures, error.error)
     for step in range(steps):
-        bad = [r for r, x in enumerate(diffs) if tolerance.exceeded(x[step])]
+        bad = [r for r, x in enumerate(diffs) if step < len(x) and tolerance.exceeded(x[step])]
         if bad:
             worst = max((diffs[r][step] for r in bad), key=lambda d: (d.diff, d.name))
             bound = "bit for bit" if tolerance.bitwise else f"within {tolerance.atol:g}"
@@ -230,14 +231,15 @@ def run_failed(check: str, spec: TargetSpec, runs: Runs) -> CheckResult:
 
 # --- the same judges as rank tasks (cluster mode and single checks) --------------------------
 
-def _local_equivalence(ctx, spec: TargetSpec, options: LoopOptions, runs: RunRecord
-                       ) -> tuple[list[list[StepDiff]], list[list[StepDiff]], Tolerance,
-                                  RunRecord]:
-    """Stock DDP on this rank's group (rank 0 also one process) — twice where a hook is judged,
-    once where ``runs`` already is stock DDP — compared here with this rank's ``runs``; only
-    the per-step differences are gathered."""
+def _local_equivalence(ctx, spec: TargetSpec, options: LoopOptions, runs: RunRecord,
+                       one_process: bool = False) -> tuple[list[list[StepDiff]],
+                                                           list[list[StepDiff]], Tolerance,
+                                                           RunRecord]:
+    """Stock DDP on this rank's group (with ``one_process``, rank 0 also one process) — twice
+    where a hook is judged, once where ``runs`` already is stock DDP — compared here with this
+    rank's ``runs``; only the per-step differences are gathered."""
     stock = dataclasses.replace(spec, hook=None, wire="native")
-    reference = record_run(ctx, stock, options, one_process=True)
+    reference = record_run(ctx, stock, options, one_process=one_process)
     again = record_run(ctx, stock, options) if spec.hook is not None else runs
     diffs = gather(ctx, compare_states(runs.states, reference.states))
     noise = gather(ctx, compare_states(again.states, reference.states))
@@ -286,7 +288,8 @@ def run_user_checks(ctx, spec: TargetSpec) -> list[dict]:
             continue
         options = DDP_OPTION_SETS[option_set]
         runs = record_run(ctx, spec, options)
-        diffs, noise, tolerance, reference = _local_equivalence(ctx, spec, options, runs)
+        diffs, noise, tolerance, reference = _local_equivalence(
+            ctx, spec, options, runs, one_process=option_set == "default")
         light = gather(ctx, runs.light())
         if option_set == "default":
             results.append(gather(ctx, shard_invariance(reference, ctx.world_size, spec.factory)

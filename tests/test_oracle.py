@@ -46,6 +46,13 @@ def test_equivalence_names_the_first_step_and_the_ranks_beyond_the_tolerance():
     assert "after step 1" in result.detail and "bit for bit" in result.detail
 
 
+def test_under_join_each_rank_is_judged_on_every_step_it_ran():
+    """The last rank ran one step fewer: a difference on rank 0's last step still counts."""
+    result = judge_equivalence(SPEC, "join", diffs([0, 0, 0, 1e-3], [0, 0, 0]),
+                               equivalence_tolerance(Wire.FP32, 2, True, 0.0), 0.0)
+    assert not result.passed and result.event["step"] == 3 and result.event["ranks"] == [0]
+
+
 def test_one_ulp_fails_a_bitwise_claim_and_passes_the_fp32_tolerance():
     one_ulp = diffs([0, 6e-8], [0, 6e-8])
     bitwise = equivalence_tolerance(Wire.NATIVE, 2, True, 0.0)
