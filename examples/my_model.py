@@ -3,6 +3,10 @@ your own model and hook").
 
   make_target      FACTORY(): a small MLP, a deterministic batch per (step, rank, world size)
                    and a mean loss, as ``openclaw_ref.conformance.target.Target``;
+  make_batchnorm_target  FACTORY(): a 4-layer MLP with one ``nn.BatchNorm1d`` — not
+                   shard-invariant (BatchNorm normalizes over each rank's shard), so N ranks of
+                   any correct DDP differ from one process; the suite judges hooks against
+                   stock DDP and reports that property in its own row;
   good_hook        CALLABLE(ddp_model, process_group): an allreduce hook that averages;
   forgets_to_divide  the same hook without the division by the world size (it sums): the
                    suite's equivalence check must fail on it, naming the ranks;
@@ -34,6 +38,20 @@ def make_target() -> Target:
 
     def batch(step: int, rank: int, world_size: int):
         g = torch.Generator().manual_seed(1000 * step + rank)  # rank-dependent: averaging matters
+        x = torch.randn(PER_RANK, FEATURES, generator=g) * (1 + rank)
+        return x, torch.randint(0, CLASSES, (PER_RANK,), generator=g)
+
+    return Target(model, batch, F.cross_entropy, lr=0.1)
+
+
+def make_batchnorm_target() -> Target:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, 32),
+                          nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, CLASSES))
+
+    def batch(step: int, rank: int, world_size: int):
+        g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(PER_RANK, FEATURES, generator=g) * (1 + rank)
         return x, torch.randint(0, CLASSES, (PER_RANK,), generator=g)
 

@@ -7,9 +7,11 @@ Rooms, each named for what it holds:
                      ``sync`` itself (``tests/test_sync_standalone.py`` proves it)
   ``core/``          the model, data, training loop and its callback protocol, run config,
                      launcher and rank pools, fault injectors
-  ``conformance/``   the checks behind ``pytest -m conformance`` and ``openclaw-bench conform``,
+  ``conformance``    the checks behind ``pytest -m conformance`` and ``openclaw-bench conform``,
                      the fault x strategy matrix, the suite's tests (``suite/``) and its pytest
-                     plugin, which points them at a user's model and comm hook
+                     plugin, which points them at a user's model and comm hook; its folder is
+                     ``conformance/`` at the top of the repository, installed as
+                     ``openclaw_ref.conformance`` (pyproject's ``package-dir``)
   ``experiments/``   what ``openclaw-bench compare`` measures: one module per section
   ``bench/``         the benchmark jobs behind asv (``benchmarks/``)
   ``reporting/``     the run record (``raw.json``), every table and plot, the claims ledger

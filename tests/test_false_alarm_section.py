@@ -1,6 +1,6 @@
 """The ``false_alarms`` compare section: registered, keyed in the record, its job count what its
 runner ticks, and its table built from the stored figures alone (every word from the renderer).
-The corpus itself runs in ``conformance/test_false_alarms.py``."""
+The corpus itself runs in ``conformance/suite/test_false_alarms.py``."""
 
 from __future__ import annotations
 

@@ -110,8 +110,8 @@ def test_a_rank_whose_ddp_never_reduces_its_last_bucket_stops_every_rank_at_the_
     issued": both ranks raise the same MissingGradient naming rank 1, at the same step and
     bucket — no hang until the watchdog, no misalignment, no failed collective, and not the
     GradientsNotAveraged that a backward with no bucket would otherwise be. (Its false-alarm
-    side: every healthy pattern of the false-alarm corpus, ``conformance/test_false_alarms.py``,
-    and every hardened test would raise it.)"""
+    side: every healthy pattern of the false-alarm corpus,
+    ``conformance/suite/test_false_alarms.py``, and every hardened test would raise it.)"""
     replies = _run(tmp_path, how, "fp32")
     assert all(r is not None for r in replies), replies  # both ranks reported, none was killed
     (kind0, message0, step0), (kind1, message1, step1) = replies

@@ -179,7 +179,7 @@ def test_the_clean_run_stays_silent(pools, hook):
 def test_the_join_option_set_holds_for_averaging_hooks_and_fails_a_summing_one(pools, hook,
                                                                                passed):
     """The last rank runs one step fewer under ``ddp.join()``: the joined rank's zero buckets
-    and DDP's final broadcast must leave every rank where one process ends."""
+    and DDP's final broadcast must leave every rank where stock DDP under join ends."""
     result = pools.get(2).run(check_equivalence, TargetSpec(MODEL, hook), "join",
                               timeout_s=180)[0]
     assert result.passed == passed, result.detail

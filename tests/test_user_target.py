@@ -1,10 +1,13 @@
 """Pointing the conformance suite at a user's model and hook (``conformance/target.py``):
 bad input is refused in one line before any rank starts, the example's averaging hook passes
-the model-agnostic checks and its hook that forgets to divide fails equivalence naming the
-ranks. The example is ``examples/my_model.py`` (importable as ``examples.my_model`` here)."""
+the model-agnostic checks (judged against stock DDP) and its hook that forgets to divide fails
+equivalence naming the ranks; the example's BatchNorm MLP passes with no hook and with
+``harden()`` and is reported not shard-invariant. The example is ``examples/my_model.py``
+(importable as ``examples.my_model`` here)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -93,29 +96,45 @@ def test_the_plugin_turns_bad_input_into_a_usage_error():
 
 
 class _Item:
-    def __init__(self, openclaw_model: bool) -> None:
-        self.openclaw_model, self.added = openclaw_model, []
+    def __init__(self, *markers: str) -> None:
+        self.markers, self.added = set(markers), []
 
     def get_closest_marker(self, name):
-        return object() if name == "openclaw_model" and self.openclaw_model else None
+        return object() if name in self.markers else None
 
     def add_marker(self, marker):
         self.added.append(marker)
 
 
+def _config(**options):
+    hooks = SimpleNamespace(pytest_deselected=lambda items: None)
+    return SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),
+                           hook=hooks)
+
+
 @pytest.mark.parametrize("model,hook,skipped", [
     (None, None, False), (MODEL, None, True), (None, GOOD, True)],
     ids=["no-options", "model", "hook"])
-def test_the_suites_own_model_tests_skip_only_under_a_user_target(model, hook, skipped):
+def test_the_suites_own_tests_skip_only_under_a_user_target(model, hook, skipped):
     from openclaw_ref.conformance.plugin import pytest_collection_modifyitems
 
-    options = {"openclaw_model": model, "openclaw_hook": hook}
-    config = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default))
-    own, agnostic = _Item(True), _Item(False)
-    pytest_collection_modifyitems(config, [own, agnostic])
-    assert bool(own.added) == skipped and not agnostic.added
+    own, zoo, agnostic = _Item("openclaw_model"), _Item("zoo"), _Item()
+    pytest_collection_modifyitems(_config(openclaw_model=model, openclaw_hook=hook),
+                                  [own, zoo, agnostic])
+    assert bool(own.added) == bool(zoo.added) == skipped and not agnostic.added
     if skipped:
         assert "--openclaw-" in own.added[0].kwargs["reason"]
+
+
+# "not slow" names slow: the rule leaves it to pytest's own marker filter
+@pytest.mark.parametrize("markexpr,kept", [("conformance", 2), ("conformance or slow", 3),
+                                           ("not slow", 3), ("", 2)])
+def test_slow_conformance_tests_run_only_when_the_marker_expression_names_slow(markexpr, kept):
+    from openclaw_ref.conformance.plugin import pytest_collection_modifyitems
+
+    items = [_Item("conformance"), _Item("conformance", "slow"), _Item("slow")]
+    pytest_collection_modifyitems(_config(markexpr=markexpr), items)
+    assert len(items) == kept
 
 
 @pytest.mark.slow
@@ -134,10 +153,35 @@ def test_a_hook_that_forgets_to_divide_fails_equivalence_naming_the_ranks(pools)
     assert result.event["ranks"] == [0, 1] and "ranks [0, 1] differ" in result.detail
 
 
-def test_the_averaging_hook_is_equivalent_to_one_process(pools):
+def test_the_averaging_hook_gives_stock_ddps_bits(pools):
     result = pools.get(2).run(check_equivalence, TargetSpec(MODEL, GOOD), timeout_s=180)[0]
     assert result.passed, result.detail
-    assert result.figures["max_abs_param_diff"] <= result.figures["atol"]
+    assert result.figures["bitwise_required"] and result.figures["max_abs_diff"] == 0
+
+
+BATCHNORM = "examples.my_model:make_batchnorm_target"
+
+
+@pytest.mark.parametrize("hook", [None, "examples.my_model:hardened"], ids=["stock", "hardened"])
+def test_a_batchnorm_model_passes_equivalence_with_stock_ddp_and_with_harden(pools, hook):
+    """Before stock DDP was the oracle, this model failed with no hook at all (N ranks of any
+    correct DDP differ from one process on it)."""
+    result = pools.get(2).run(check_equivalence, TargetSpec(BATCHNORM, hook), timeout_s=180)[0]
+    assert result.passed and result.figures["max_abs_diff"] == 0, result.detail
+
+
+def test_conform_reports_a_batchnorm_model_not_shard_invariant_and_passes_harden(capsys,
+                                                                                 tmp_path):
+    out = tmp_path / "conform.json"
+    code = main(["conform", "--model", BATCHNORM, "--hook", "examples.my_model:hardened",
+                 "--out", str(out)])
+    table = capsys.readouterr().out
+    assert code == 0, table
+    assert "| MODEL" in table and "this model is not shard-invariant" in table
+    rows = {c["check"]: c for c in json.loads(out.read_text())["checks"]}
+    prop = rows["shard invariance (model property)"]
+    assert prop["role"] == "property" and prop["figures"]["shard_invariant"] is False
+    assert rows["equivalence (default)"]["passed"] and rows["bucket average"]["passed"]
 
 
 def test_the_user_hook_sees_the_same_buckets_on_every_rank(pools):
@@ -146,13 +190,19 @@ def test_the_user_hook_sees_the_same_buckets_on_every_rank(pools):
 
 
 def test_bucket_layout_fires_when_one_rank_registers_its_parameters_in_another_order(pools):
-    """The openclaw model as a target, two same-shaped projections swapped on rank 1 only: DDP
-    reduces them by index, so rank 1's buckets hold other names."""
+    """The openclaw model as a target under the example's averaging hook, two same-shaped
+    projections swapped on rank 1 only: DDP reduces them by index, so rank 1's hook sees
+    buckets holding other names."""
     from openclaw_ref.core.faults import parse_fault
 
-    result = pools.get(2).run(check_bucket_layout, TargetSpec(),
+    result = pools.get(2).run(check_bucket_layout, TargetSpec(hook=GOOD),
                               (parse_fault("permuted-params@1"),), timeout_s=180)[0]
     assert not result.passed and result.event["ranks"] == [1], result.detail
+
+
+def test_stock_ddp_has_no_hook_whose_buckets_could_be_observed(pools):
+    result = pools.get(2).run(check_bucket_layout, TargetSpec(MODEL), timeout_s=180)[0]
+    assert result.figures == {"outcome": "skipped"} and "no comm hook" in result.detail
 
 
 def test_replica_consistency_fires_on_a_bitflip_naming_the_rank_and_parameter(pools):

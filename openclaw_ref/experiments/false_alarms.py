@@ -24,7 +24,7 @@ combination ``harden()`` rejects: a pre-scaled fp16 wire under GradScaler, ``pre
 ``RIGHT_CAUSE`` when every rank raised ``BadInput`` at the same step; on an arm that does not
 refuse it (stock DDP) it is judged as a healthy one.
 Nothing is typed in: every outcome is measured; ``max_relative`` is the measured distance.
-``conformance/test_false_alarms.py`` asserts on it; the ``false_alarms`` compare section
+``conformance/suite/test_false_alarms.py`` asserts on it; the ``false_alarms`` compare section
 publishes it.
 """
 

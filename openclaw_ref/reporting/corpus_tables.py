@@ -14,7 +14,7 @@ COLUMN_TITLES = {"ddp": "stock DDP", "ddp-detail": "ddp-detail (DETAIL)",
                  "hardened": "harden() defaults", "hardened-k1": "harden() K=1"}
 MODEL_TITLES = {"openclaw": "the openclaw model (tiny preset, the training loop)",
                 "plain-mlp": ("a plain 4-layer MLP user script "
-                              "(openclaw_ref/conformance/silent_errors_script.py)")}
+                              "(conformance/silent_errors_script.py)")}
 
 
 def corpus_cell(case: Figures) -> str:

@@ -169,10 +169,17 @@ def bench_matrix_markdown(result: dict) -> str:
 
 
 def conformance_results_table(results: Sequence) -> str:
-    """One row per ``conform.CheckResult``: PASS/FAIL and the detail."""
-    rows = [{"check": r.check, "strategy": r.strategy, "result": "PASS" if r.passed else "FAIL",
-             "detail": r.detail[:110]} for r in results]
+    """One row per ``conform.CheckResult``: PASS/FAIL (a property of the model: MODEL) and the
+    detail."""
+    rows = [{"check": r.check, "strategy": r.strategy, "result": _verdict(r),
+             "detail": r.detail[:160]} for r in results]
     return tabulate(rows, headers="keys", tablefmt="github")
+
+
+def _verdict(result) -> str:
+    if getattr(result, "role", "check") == "property":
+        return "MODEL"
+    return "PASS" if result.passed else "FAIL"
 
 
 def fault_matrix_table(outcomes: Sequence) -> str:

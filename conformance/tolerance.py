@@ -1,4 +1,7 @@
-"""How far the equivalence check lets N ranks end from one process on the same global batch.
+"""How far the equivalence check lets N ranks end from its reference: one process on the same
+global batch for the openclaw model (``checks.py``), stock DDP on the same shards for a user's
+target (``oracle.equivalence_tolerance``, which asks bit for bit where every correct average
+gives DDP's bits and these wire tolerances elsewhere).
 
 Invariant: every tolerance here is derived, not tuned — by the wire dtype's rounding, or, for
 the one approximating strategy (PowerSGD), by the bound below with the one measured figure it

@@ -74,6 +74,42 @@ class LayoutRecorder:
         return layout
 
 
+class HookRecorder(LayoutRecorder):
+    """A user's comm hook as the suite runs it: each bucket's members (``LayoutRecorder``) and,
+    while ``keep_values`` is set, the bucket this rank handed the hook (cloned before the hook
+    touches it) and the tensor the hook's future completed with. Values per step:
+    [(bucket index, local, result), …].
+
+    While recording, DDP gets the hook's future chained through one callback that copies the
+    value and passes it on unchanged — chained, not a done-callback, so that DDP cannot finish
+    the backward before the copy exists (a done-callback may run after DDP's wait returned).
+    A hook's failed future then reaches DDP wrapped in the callback's error; outside the
+    recorded steps the hook's own future goes back untouched."""
+
+    def __init__(self, model: nn.Module, inner: Callable) -> None:
+        super().__init__(model, inner)
+        self.keep_values = False
+        self.values: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, state, bucket):
+        if not self.keep_values:
+            return super().__call__(state, bucket)
+        local = bucket.buffer().detach().clone()
+        index, values = bucket.index(), self.values
+
+        def keep(done):
+            value = done.value()
+            result = value[0] if isinstance(value, (list, tuple)) else value
+            values.append((index, local, result.detach().clone()))
+            return value
+
+        return super().__call__(state, bucket).then(keep)
+
+    def take_values(self) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        values, self.values = sorted(self.values, key=lambda v: v[0]), []
+        return values
+
+
 def strategy_layout(strategy: SyncStrategy) -> tuple | None:
     """The bucket layout a self-verifying strategy used in the current step, read from its own
     records: ``hardened`` keeps this step's bucket records until ``finish_step`` (so call this

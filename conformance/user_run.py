@@ -1,13 +1,18 @@
 """A user's comm hook as one more sync strategy, and the loop that trains a ``Target`` with it.
 
 ``UserHook`` wraps the model in DDP and hands it to the user's ``CALLABLE(ddp_model,
-process_group)``; every hook that callable registers runs inside a ``LayoutRecorder`` (so the
-bucket-layout check reads what the user's hook saw), and without a callable it records stock
-DDP's allreduce. ``train_target`` is the training loop of ``core/train.py`` reduced to what
-any model supports — batch, forward, loss, backward, ``finish_step``, SGD — calling the same
-callbacks (``core/callbacks.py``) at the same points, so the fault injector and the
+process_group)``; every hook that callable registers runs inside a ``HookRecorder`` (so the
+checks read the buckets the user's hook saw, and what it returned). Without a callable it is
+stock DDP itself — no comm hook at all, DDP's own reduction — because stock DDP is the oracle a
+hook is judged against. ``train_target`` is the training loop of ``core/train.py`` reduced to
+what any model supports — batch, forward, loss, backward, ``finish_step``, SGD — calling the
+same callbacks (``core/callbacks.py``) at the same points, so the fault injector and the
 conformance recorders work on a user's model unchanged. With ``LoopOptions.uneven`` the last
 rank runs fewer steps and every rank trains inside ``ddp.join()`` (DDP's uneven-inputs mode).
+
+Invariant: two runs of the same spec and options start from the same weights (torch's RNG is
+seeded before the factory is called) and draw the same random numbers on each rank (seeded per
+rank after wrapping), so a run with a hook and a run of stock DDP differ by the hook alone.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.conformance.recorders import LayoutRecorder
+from openclaw_ref.conformance.recorders import HookRecorder
 from openclaw_ref.conformance.target import (
     Target,
     TargetSpec,
@@ -32,9 +37,10 @@ from openclaw_ref.conformance.target import (
 from openclaw_ref.core.callbacks import Callback, CallbackList
 from openclaw_ref.core.faults import FaultInjector, FaultSpec
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
-from openclaw_ref.sync.target import HARDENED_MARK, registered_hook
+from openclaw_ref.sync.target import HARDENED_MARK
 
 USER_STRATEGY = "user-hook"
+RUN_SEED = 20_251  # torch's seed before the factory; rank r trains from RUN_SEED + 1 + r
 
 
 @dataclass(frozen=True)
@@ -53,11 +59,14 @@ class LoopOptions:
     def steps_of(self, rank: int, world_size: int) -> int:
         return self.steps - (self.uneven if rank == world_size - 1 else 0)
 
+    def ddp_option(self, name: str, default: Any) -> Any:
+        return dict(self.ddp_options).get(name, default)
+
 
 class UserHook(SyncStrategy):
-    """``user-hook``: DDP with the comm hook a user's ``CALLABLE`` registers (stock allreduce
-    when there is none), every hook wrapped in a ``LayoutRecorder``. The state the hook was
-    registered with is the strategy's source of figures and events where it keeps them (as
+    """``user-hook``: DDP with the comm hook a user's ``CALLABLE`` registers, every hook wrapped
+    in a ``HookRecorder``; without a callable, stock DDP with no comm hook. The state the hook
+    was registered with is the strategy's source of figures and events where it keeps them (as
     ``harden``'s does: ``step_metrics()``, ``events``), so a hook reports what it saw without
     the suite knowing the hook."""
 
@@ -67,7 +76,7 @@ class UserHook(SyncStrategy):
                  options: LoopOptions) -> None:
         super().__init__(cfg)
         self.spec, self.target, self.options = spec, target, options
-        self.recorder: LayoutRecorder | None = None
+        self.recorder: HookRecorder | None = None
         self.hook_state: Any = None
         self.ddp: DDP | None = None
 
@@ -77,23 +86,20 @@ class UserHook(SyncStrategy):
         ddp = DDP(model, **kwargs)
 
         def register(state: Any, hook: Any) -> None:
-            self.recorder = LayoutRecorder(model, hook)
+            self.recorder = HookRecorder(model, hook)
             self.hook_state = state
             if isinstance(getattr(state, "events", None), list):
                 self.events = state.events
             DDP.register_comm_hook(ddp, state, self.recorder)
 
-        ddp.register_comm_hook = register  # the user's registrations go through the recorder
         user = load_hook(self.spec.hook)
         if user is not None:
+            ddp.register_comm_hook = register  # the user's registrations go through the recorder
             user(ddp, ddp.process_group)
         guard = getattr(ddp, HARDENED_MARK, None)  # harden()'s step guard registers no hook
         if guard is not None and self.hook_state is None:
             self.hook_state = guard
             self.events = guard.events
-        if self.recorder is None and registered_hook(ddp) is None:  # record around DDP's own
-            self.recorder = LayoutRecorder(model)
-            DDP.register_comm_hook(ddp, ddp.process_group, self.recorder)
         self.ddp = ddp
         return ddp
 
@@ -102,27 +108,18 @@ class UserHook(SyncStrategy):
         return metrics() if callable(metrics) else {}
 
 
-class Layouts(Callback):
-    """Each step's bucket layout on this rank, as the user's hook saw it."""
-
-    def __init__(self) -> None:
-        self.layouts: list[tuple] = []
-
-    def before_sync(self, step: int, model: nn.Module, strategy: SyncStrategy) -> None:
-        recorder = getattr(strategy, "recorder", None)
-        if recorder is not None:
-            self.layouts.append(recorder.take())
-
-
-def initial_state(target: Target) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in target.module.named_parameters()}
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` by name, copied to the CPU (a tied parameter
+    once, under its first name)."""
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return {n: t.detach().to("cpu", copy=True) for n, t in named}
 
 
 def train_target(ctx, spec: TargetSpec, options: LoopOptions,
                  faults: tuple[FaultSpec, ...] = (),
-                 callbacks: Sequence[Callback] = ()) -> tuple[nn.Module, dict]:
-    """Train the spec's target on this rank through ``UserHook``; returns the replica and the
-    parameters it started from (rank 0's, broadcast by DDP)."""
+                 callbacks: Sequence[Callback] = ()) -> nn.Module:
+    """Train the spec's target on this rank through ``UserHook``; returns the replica."""
+    torch.manual_seed(RUN_SEED)
     target = build_target(spec.factory)
     model = target.module.to(ctx.device)
     loop = CallbackList([FaultInjector(faults, ctx.rank, ctx.world_size), *callbacks])
@@ -130,7 +127,7 @@ def train_target(ctx, spec: TargetSpec, options: LoopOptions,
     strategy = UserHook(loop.setup(model, sync), spec, target, options)
     try:
         module = loop.wrap(model, ctx, strategy)
-        start = initial_state(target)
+        torch.manual_seed(RUN_SEED + 1 + ctx.rank)
         opt = torch.optim.SGD(model.parameters(), lr=target.lr)
         joining = module.join() if options.uneven and isinstance(module, DDP) \
             else contextlib.nullcontext()
@@ -140,7 +137,7 @@ def train_target(ctx, spec: TargetSpec, options: LoopOptions,
     finally:
         loop.close()
         strategy.close()
-    return model, start
+    return model
 
 
 def _step(ctx, target: Target, module: nn.Module, strategy: SyncStrategy, loop: CallbackList,
@@ -168,18 +165,22 @@ def _step(ctx, target: Target, module: nn.Module, strategy: SyncStrategy, loop: 
 
 
 def train_reference(spec: TargetSpec, options: LoopOptions, world_size: int,
-                    start: dict[str, torch.Tensor]) -> nn.Module:
-    """One process, no DDP, on the concatenated global batch of every step, from ``start``.
-    Under ``uneven`` a step some rank sat out holds only the active ranks' samples, and its
-    loss counts them against the initial world size (a joined rank contributes zeros and DDP
-    still divides by ``world_size``)."""
+                    start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One process, no DDP, on the concatenated global batch of every step, from ``start``
+    (parameters and buffers, as DDP started); returns its final ``snapshot``. Under ``uneven``
+    a step some rank sat out holds only the active ranks' samples, and its loss counts them
+    against the initial world size (a joined rank contributes zeros and DDP still divides by
+    ``world_size``). What stock DDP is compared with to tell whether the model is
+    shard-invariant: a property of the model, never a verdict on a hook."""
     from openclaw_ref.conformance.target import global_batch
 
+    torch.manual_seed(RUN_SEED)
     target = build_target(spec.factory)
     model = target.module
     with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(start[n])
+        for n, t in [*model.named_parameters(), *model.named_buffers()]:
+            t.copy_(start[n])
+    torch.manual_seed(RUN_SEED + 1)
     opt = torch.optim.SGD(model.parameters(), lr=target.lr)
     for step in range(options.steps):
         active = [r for r in range(world_size) if step < options.steps_of(r, world_size)]
@@ -189,4 +190,4 @@ def train_reference(spec: TargetSpec, options: LoopOptions, world_size: int,
             (forward_loss(target, model, batch) * weight).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return model
+    return snapshot(model)

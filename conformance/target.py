@@ -13,9 +13,11 @@ and tries them in the parent, so bad input fails in one line (``BadInput``, exit
 usage error) before any rank starts.
 
 Invariant of a ``Target``: ``batch(step, rank, world_size)`` returns ``(inputs, labels)`` with
-the same number of samples on every rank, and ``loss`` is a mean over the samples — so the
-average of the ranks' gradients equals the gradient of one process on the concatenated
-global batch (the equivalence check's reference).
+the same number of samples on every rank, and ``loss`` is a mean over the samples. The
+equivalence check's reference is stock DDP on these very shards (``oracle``); whether stock
+DDP also equals one process on the concatenated global batch is a property of the model
+(true for a model that treats every sample alone, false under BatchNorm, in-batch losses or
+batch-level branches), reported beside the checks.
 """
 
 from __future__ import annotations

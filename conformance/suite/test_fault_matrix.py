@@ -8,11 +8,14 @@ a hang by their own deadline. Stock DDP's outcomes are asserted as the facts we 
 table is what users come for. Known gaps are strict xfails: the day they are fixed, the xfail
 turns into a failure and the table here must be updated.
 
-The matrix of these four columns runs once per session (module fixture) on the shared 2-rank
-pool; faults that kill the group (crash, hang) get fresh pools with short deadlines. The columns
-of PyTorch's own hooks are asserted in ``test_fault_matrix_hooks.py`` (a few cells in CI, the
-whole columns under ``slow``); the per-bucket guard's column (``hardened-bucket``) here, under
-``slow``.
+Each cell runs once, when a test first asks for it, on the shared 2-rank pool; faults that
+kill the group (crash, hang) get fresh pools with short deadlines (a spawn each: the dominant
+cost). The ``ddp`` and ``hardened`` columns run in CI (but for ``ddp``'s crash: ``hardened``'s
+shows the launcher naming a dead rank); ``ddp-fp16`` and ``bucketed`` (the same facts through
+PyTorch's fp16 hook, the same detections through the other self-verifying strategy) under
+``slow``, with the per-bucket guard's column (``hardened-bucket``: ``harden()`` with
+``guard="bucket"``). The columns of PyTorch's own hooks are asserted in
+``test_fault_matrix_hooks.py`` (a few cells in CI, the whole columns under ``slow``).
 """
 
 from __future__ import annotations
@@ -53,49 +56,80 @@ STOCK_FACTS: dict[str, str] = {
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 
+CI_COLUMNS = ("ddp", "hardened")
+
+
+class Cells:
+    """The matrix's cells, each run on first request; the table of those that ran is printed
+    and reported when the module ends."""
+
+    def __init__(self, runner: MatrixRunner) -> None:
+        self.runner = runner
+        self.outcomes: dict[tuple[str, str], CaseOutcome] = {}
+
+    def __getitem__(self, key: tuple[str, str]) -> CaseOutcome:
+        if key not in self.outcomes:
+            strategy, fault = key
+            if strategy not in matrix_strategies():
+                pytest.fail(f"strategy {strategy} is not registered: the matrix must cover it")
+            cell = self.outcomes[key] = self.runner.run_case(strategy, fault)
+            print(f"{strategy:9s} {fault:16s} {cell.wall_s:5.1f} s  {cell.summary()}")
+        return self.outcomes[key]
+
+
 @pytest.fixture(scope="module")
-def matrix(pools, conformance_report) -> dict[tuple[str, str], CaseOutcome]:
+def matrix(pools, conformance_report):
     runner = MatrixRunner(SETTINGS, get_pool=pools.get)
-    outcomes: dict[tuple[str, str], CaseOutcome] = {}
+    cells = Cells(runner)
     try:
-        for strategy in (s for s in matrix_strategies() if s in COLUMNS):
-            for fault in FAULTS:
-                cell = outcomes[strategy, fault] = runner.run_case(strategy, fault)
-                print(f"{strategy:9s} {fault:16s} {cell.wall_s:5.1f} s  {cell.summary()}")
+        yield cells
     finally:
         runner.close()
-    conformance_report.matrix.extend(outcomes.values())
-    conformance_report.matrix_settings = dataclasses.asdict(SETTINGS)
-    print("\n" + fault_matrix_table(list(outcomes.values())))
-    return outcomes
+        conformance_report.matrix.extend(cells.outcomes.values())
+        conformance_report.matrix_settings = dataclasses.asdict(SETTINGS)
+        print("\n" + fault_matrix_table(list(cells.outcomes.values())))
 
 
 def _cell(matrix, strategy: str, fault: str) -> CaseOutcome:
-    if (strategy, fault) not in matrix:
-        pytest.fail(f"strategy {strategy} is not registered: the matrix must cover it")
     return matrix[strategy, fault]
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("strategy", ["ddp", "ddp-fp16"])
+def _columns(*strategies: str):
+    """``strategies`` as parameters, those outside ``CI_COLUMNS`` marked slow."""
+    return [pytest.param(s, marks=[] if s in CI_COLUMNS else [pytest.mark.slow], id=s)
+            for s in strategies]
+
+
+def _stock_cells():
+    """Stock DDP's cells; its crash (a fresh pool: a spawn) under slow, as ``hardened``'s
+    crash in CI already shows the launcher naming a dead rank."""
+    for strategy in ("ddp", "ddp-fp16"):
+        for fault in FAULTS:
+            slow = strategy not in CI_COLUMNS or fault == "crash"
+            yield pytest.param(strategy, fault, marks=[pytest.mark.slow] if slow else [],
+                               id=f"{strategy}-{fault}")
+
+
+@pytest.mark.parametrize("strategy,fault", list(_stock_cells()))
 def test_stock_ddp_outcome_is_the_measured_fact(matrix, strategy, fault):
     cell = _cell(matrix, strategy, fault)
     assert cell.outcome == STOCK_FACTS[fault], cell
 
 
 @pytest.mark.parametrize("fault", ["crash"])
-@pytest.mark.parametrize("strategy", COLUMNS)
+@pytest.mark.parametrize("strategy", _columns(*COLUMNS[1:]) + [
+    pytest.param("ddp", marks=pytest.mark.slow, id="ddp")])
 def test_a_crashed_rank_is_named(matrix, strategy, fault):
     cell = _cell(matrix, strategy, fault)
     assert cell.outcome == "crash" and cell.attributed, cell
 
 
 def _self_verifying_cases():
-    for strategy in ("hardened", "bucketed"):
+    for strategy in ("hardened", PER_BUCKET, "bucketed"):
         for fault in FAULTS:
             if fault == "crash":
                 continue  # a dead rank is surfaced by the launcher for every strategy (above)
-            marks = []
+            marks = [] if strategy in CI_COLUMNS else [pytest.mark.slow]
             if (strategy, fault) in KNOWN_GAPS:
                 marks.append(pytest.mark.xfail(reason=KNOWN_GAPS[strategy, fault], strict=True))
             yield pytest.param(strategy, fault, marks=marks, id=f"{strategy}-{fault}")
@@ -109,24 +143,13 @@ def test_self_verifying_strategy_detects_and_attributes_the_fault(matrix, strate
     assert cell.in_time, f"detected too late: {cell}"
 
 
-@pytest.mark.parametrize("strategy", ["hardened", "bucketed"])
+@pytest.mark.parametrize("strategy", _columns("hardened", PER_BUCKET, "bucketed"))
 def test_self_verifying_strategy_ends_a_hang_by_its_own_deadline(matrix, strategy):
+    """Its own watchdog's ``SyncTimeout`` naming the hung rank — not the pool's deadline
+    (``LaunchTimeout``) and not gloo's timeout on the waiting rank (a ``crash`` naming it).
+    No wall-clock bound: on a loaded 2-core box the fresh pool's spawn alone took 15-22 s."""
     cell = _cell(matrix, strategy, "hang")
     assert cell.kind == "SyncTimeout" and cell.ranks == cell.expected_ranks, cell
-    # spawn (≤ ~15 s on a loaded 2-core box) + 2 steps + watchdog deadline, far below the
-    # pool's own 3 × pg-timeout deadline that would otherwise end it
-    assert cell.wall_s < SETTINGS.pg_timeout_s * 3, cell
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "crash"])
-def test_the_per_bucket_guard_detects_and_attributes_the_fault(pools, fault):
-    runner = MatrixRunner(SETTINGS, get_pool=pools.get)
-    try:
-        cell = runner.run_case(PER_BUCKET, fault)
-    finally:
-        runner.close()
-    assert cell.outcome == "detected" and cell.attributed and cell.in_time, cell
 
 
 def test_stock_ddp_hang_is_ended_only_by_gloos_timeout_on_the_waiting_rank(matrix):

@@ -22,6 +22,9 @@ from openclaw_ref.sync.base import SyncConfig
 pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 
 SELF_VERIFYING = ("hardened", "bucketed")
+# stock DDP through PyTorch's fp16 hook: the same gradient shapes and buckets as ``ddp`` (a comm
+# hook changes neither), so under slow
+FP16_HOOK = pytest.param("ddp-fp16", marks=pytest.mark.slow)
 
 
 def settings(name: str, steps: int = 6, **sync) -> ConformSettings:
@@ -39,7 +42,7 @@ def run(pools, world_size, fn, *args):
     return results[0]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "ddp-fp16", *SELF_VERIFYING])
+@pytest.mark.parametrize("strategy", ["ddp", FP16_HOOK, *SELF_VERIFYING])
 def test_shape_agreement_holds_over_the_sparsity_schedule(pools, conformance_report, strategy):
     result = conformance_report.add_check(run(pools, 2, check_shape_agreement, settings(strategy)))
     assert result.passed, result.detail
@@ -57,7 +60,7 @@ def test_shape_agreement_fires_on_a_missing_gradient_without_sync(pools):
     assert [(m["step"], 1 in m["ranks"]) for m in named] == [(1, True)]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "ddp-fp16", *SELF_VERIFYING])
+@pytest.mark.parametrize("strategy", ["ddp", FP16_HOOK, *SELF_VERIFYING])
 def test_bucket_alignment_holds_on_every_rank_at_every_step(pools, conformance_report, strategy):
     result = conformance_report.add_check(run(pools, 2, check_bucket_alignment, settings(strategy)))
     assert result.passed, result.detail
@@ -148,8 +151,13 @@ def test_replica_consistency_fires_on_a_bitflip_naming_rank_and_parameter(pools)
     assert result.event["params"] == ["layer.5.ffn.w1.weight"]
 
 
-@pytest.mark.parametrize("strategy,world_size", [("ddp", 2), ("hardened", 2), ("bucketed", 2),
-                                                 ("ddp", 4), ("hardened", 4)])
+# 4 ranks (a 4-rank pool: the largest spawn of the suite's CI part) under slow
+FOUR_RANKS = pytest.mark.slow
+
+
+@pytest.mark.parametrize("strategy,world_size", [
+    ("ddp", 2), ("hardened", 2), ("bucketed", 2),
+    pytest.param("ddp", 4, marks=FOUR_RANKS), pytest.param("hardened", 4, marks=FOUR_RANKS)])
 def test_n_ranks_equal_one_process_on_the_same_global_batch(pools, conformance_report, strategy,
                                                             world_size):
     result = conformance_report.add_check(

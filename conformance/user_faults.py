@@ -215,7 +215,7 @@ def user_case_task(ctx: RankContext, spec: TargetSpec, job: CaseJob,
     elif job.fault is not None:
         faults = (job.fault,)
     try:
-        model, _ = train_target(ctx, spec, LoopOptions(steps=settings.steps), faults, callbacks)
+        model = train_target(ctx, spec, LoopOptions(steps=settings.steps), faults, callbacks)
     except ConsistencyError as exc:
         return detected_in_band(ctx, exc)
     digests = gather(ctx, params_digest(model.named_parameters()))
@@ -262,7 +262,7 @@ class UserFaultRunner:
         reply, failure = None, None
         try:
             reply = pool.run(user_case_task, self.spec, self._job(case, fault), st,
-                             timeout_s=st.pg_timeout_s * 3 if fresh else st.case_timeout_s)[0]
+                             timeout_s=st.case_timeout_s)[0]
         except (RankFailed, LaunchTimeout) as exc:
             failure = exc
         finally:
@@ -282,7 +282,7 @@ class UserFaultRunner:
     def _fresh(self) -> RankPool:
         st = self.settings
         return RankPool(LaunchConfig(self.spec.world_size, backend=st.backend,
-                                     timeout_s=st.pg_timeout_s * 3,
+                                     timeout_s=st.case_timeout_s,
                                      pg_timeout_s=st.pg_timeout_s))
 
 

@@ -5,16 +5,24 @@ options, fixtures and report, in any environment where ``openclaw-sync`` is inst
         [--openclaw-model MODULE:FACTORY] [--openclaw-hook MODULE:CALLABLE] \
         [--openclaw-world-size N] [--openclaw-wire native|fp32|fp16|bf16]
 
-Without options the suite runs on the openclaw model. With ``--openclaw-model`` or
-``--openclaw-hook``, the tests marked ``openclaw_model`` (they check the openclaw model and the
-suite's own strategies) skip with that reason, and the model-agnostic checks
-(``suite/test_target.py``) run on the user's model (default: the openclaw model) and hook.
-Bad options are a usage error, in one line, before any rank starts (``target.validate_spec``).
+Without options the suite runs on the openclaw model, and proves itself on its zoo of models
+and hooks (``zoo``). With ``--openclaw-model`` or ``--openclaw-hook``, the tests marked
+``openclaw_model`` (they check the openclaw model and the suite's own strategies) or ``zoo``
+skip with that reason, and the model-agnostic checks (``suite/test_target.py``) run on the
+user's model (default: the openclaw model) and hook, judged against stock DDP on the same
+shards. Bad options are a usage error, in one line, before any rank starts
+(``target.validate_spec``).
+
+A test marked both ``conformance`` and ``slow`` runs only when the ``-m`` expression names
+``slow`` (``-m "conformance or slow"``, ``tox -e slow``): ``pytest -m conformance`` is the
+quick pass a user runs, and the slow cases are deselected from it.
 
 Fixtures: ``target_spec`` (the options as a ``TargetSpec``), ``pools`` (one rank pool per world
-size for the whole session), ``conformance_report`` (every measured figure, written at the end
-as JSON to ``$OPENCLAW_CONFORMANCE_OUT`` or ``conformance-report.json`` in pytest's base temp
-directory; the path is printed in the terminal summary).
+size for the whole session), ``target_runs`` (``oracle.TargetRuns``: each run of stock DDP and
+of a hook made once per session, on ``pools``), ``conformance_report`` (every measured figure,
+written at the end as JSON to ``$OPENCLAW_CONFORMANCE_OUT`` or ``conformance-report.json`` in
+pytest's base temp directory; the path, and the model's properties, are printed in the
+terminal summary).
 
 Invariant: loading this plugin imports neither torch nor hypothesis — pytest loads it in every
 session of an environment that has the package installed.
@@ -33,8 +41,10 @@ ENV_OUT = "OPENCLAW_CONFORMANCE_OUT"
 MARKERS = (
     "conformance: the conformance suite users run on their own cluster (pytest -m conformance)",
     "openclaw_model: needs the openclaw model; skipped under --openclaw-model",
+    "zoo: the suite's proof on its own models and hooks; skipped under --openclaw-model/-hook",
     "slow: long cases (world size 8, nightly profile); run by `tox -e slow`, not in CI",
 )
+SUITE_OWN = ("openclaw_model", "zoo")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -77,17 +87,31 @@ def _spec(config: pytest.Config):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _deselect_slow_conformance(config, items)
     given = [f"--openclaw-{name} {value}" for name, value in
              (("model", config.getoption("openclaw_model", None)),
               ("hook", config.getoption("openclaw_hook", None))) if value is not None]
     if not given:
         return
-    skip = pytest.mark.skip(reason=f"checks the openclaw model and the suite's own strategies "
-                                   f"(gating sparsity, parameter names); {', '.join(given)} "
-                                   f"given")
+    skip = pytest.mark.skip(reason=f"checks the openclaw model, the suite's own strategies or "
+                                   f"its zoo (gating sparsity, parameter names, its own "
+                                   f"models); {', '.join(given)} given")
     for item in items:
-        if item.get_closest_marker("openclaw_model") is not None:
+        if any(item.get_closest_marker(m) is not None for m in SUITE_OWN):
             item.add_marker(skip)
+
+
+def _deselect_slow_conformance(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the tests marked both ``conformance`` and ``slow`` unless ``-m`` names ``slow``."""
+    markexpr = config.getoption("markexpr", "") or ""
+    if "slow" in markexpr:
+        return
+    slow = [i for i in items if i.get_closest_marker("slow") is not None
+            and i.get_closest_marker("conformance") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        dropped = set(slow)
+        items[:] = [i for i in items if i not in dropped]
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +131,14 @@ def pools():
 
 
 @pytest.fixture(scope="session")
+def target_runs(pools):
+    """Stock DDP and each hook's run, each made once per session (``oracle.TargetRuns``)."""
+    from openclaw_ref.conformance.oracle import TargetRuns
+
+    return TargetRuns(pools.get)
+
+
+@pytest.fixture(scope="session")
 def conformance_report(tmp_path_factory, request):
     from openclaw_ref.conformance.report import ConformanceReport
 
@@ -114,12 +146,17 @@ def conformance_report(tmp_path_factory, request):
     yield report
     out = os.environ.get(ENV_OUT) or str(tmp_path_factory.getbasetemp() / "conformance-report.json")
     request.config.stash[_REPORT_PATH] = str(report.write(Path(out)))
+    request.config.stash[_PROPERTIES] = [f"{c.figures.get('model', '?')}: {c.detail}"
+                                         for c in report.checks if c.role == "property"]
 
 
 _REPORT_PATH = pytest.StashKey[str]()
+_PROPERTIES = pytest.StashKey[list]()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    for line in config.stash.get(_PROPERTIES, []):
+        terminalreporter.write_line(f"model property of {line}")
     path = config.stash.get(_REPORT_PATH, None)
     if path:
         terminalreporter.write_line(f"conformance report: {path}")

@@ -8,7 +8,7 @@ system surfaced — a rank's reply, the detection it raised in-band, or the pool
 what the injector knows — into one of ``OUTCOMES``: ``detected`` (with rank and
 parameter/bucket), ``silent-corruption`` (replicas diverge, or the result differs from the
 fault-free run), ``hang-timeout`` (ended by a deadline), ``crash`` (a rank error/death
-surfaced), ``no-effect``. ``conformance/test_fault_matrix.py`` asserts on it; ``compare``
+surfaced), ``no-effect``. ``conformance/suite/test_fault_matrix.py`` asserts on it; ``compare``
 publishes it.
 """
 
@@ -316,13 +316,12 @@ class MatrixRunner:
         t0 = time.perf_counter()
         reply, failure = None, None
         fresh = kills_group(strategy, fault)
-        if fresh:
-            pool = self._fresh(st.pg_timeout_s * 3, st.pg_timeout_s)
-        else:
-            pool = self._get_pool(st.world_size)
+        # a fresh pool: gloo's short deadline ends a hang on the waiting rank; the pool's own
+        # (the case's) is the last resort, long enough for a loaded box to reach the hang
+        pool = self._fresh(st.case_timeout_s, st.pg_timeout_s) if fresh \
+            else self._get_pool(st.world_size)
         try:
-            reply = pool.run(case_task, cfg, timeout_s=st.pg_timeout_s * 3 if fresh
-                             else st.case_timeout_s)[0]
+            reply = pool.run(case_task, cfg, timeout_s=st.case_timeout_s)[0]
         except (RankFailed, LaunchTimeout) as exc:
             failure = exc
         finally:

@@ -6,6 +6,7 @@ fault matrix.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass, field
 
@@ -43,9 +44,18 @@ class ConformSettings:
                                          progress=False)
 
 
+class Role(enum.StrEnum):
+    """A row's part in the verdict: a ``check`` of the hook (it can fail the run), or a
+    ``property`` of the model measured beside the checks (reported, never a failure)."""
+
+    CHECK = "check"
+    PROPERTY = "property"
+
+
 @dataclass
 class CheckResult:
-    """One check's verdict; identical on every rank."""
+    """One check's verdict; identical on every rank. A ``Role.PROPERTY`` row always has
+    ``passed`` True: it describes the model, not the hook."""
 
     check: str
     strategy: str
@@ -53,6 +63,7 @@ class CheckResult:
     detail: str
     figures: dict = field(default_factory=dict)
     event: dict | None = None  # the first disagreement: step, ranks, params/bucket
+    role: Role = Role.CHECK
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

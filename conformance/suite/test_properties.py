@@ -167,7 +167,7 @@ EQUIV_EXAMPLES = st.lists(st.tuples(seeds, ratios, st.sampled_from([0.01, 0.05, 
                           min_size=1, max_size=2)
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
 @settings(max_examples=2)
 @given(examples=EQUIV_EXAMPLES)
 def test_ranks_equal_one_process_for_drawn_seeds_ratios_and_bucket_caps(pools, world_size,
