@@ -199,6 +199,8 @@ class _Ticks:
         pass
 
 
+# 15 s: the slow profile; CI runs Lightning itself in tests/test_lightning.py
+@pytest.mark.slow
 def test_lightning_section_comes_from_a_real_run():
     pytest.importorskip("lightning")
     cfg = CompareConfig(world_sizes=(1, 2), lightning_steps=3, backend="gloo")

@@ -68,6 +68,8 @@ def test_imbalance_below_one_is_rejected():
         DataConfig(imbalance=0.5)
 
 
+# 17 s of training: the slow profile (tox -e slow); CI keeps the data's own unit tests
+@pytest.mark.slow
 def test_the_tiny_model_learns_the_task_within_200_steps(ds):
     """In-process, one rank: validation loss falls clearly (chance is ln 8 ≈ 2.08)."""
     torch.manual_seed(0)

@@ -166,6 +166,8 @@ def _verdicts(raw: dict) -> dict[str, str]:
     return {c.id: f.verdict for c, f in assess_all(raw)}
 
 
+# a second regeneration, 25 s: the slow profile, with its five-repeat sibling below
+@pytest.mark.slow
 def test_back_to_back_regenerations_give_identical_verdicts(small_results, tmp_path):
     """A second ``compare`` of the same reduced configuration, right after the first: every
     verdict (label and reason) is the same. The slow case below does it with 5 repeats."""

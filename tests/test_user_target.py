@@ -181,7 +181,9 @@ def test_conform_reports_a_batchnorm_model_not_shard_invariant_and_passes_harden
     rows = {c["check"]: c for c in json.loads(out.read_text())["checks"]}
     prop = rows["shard invariance (model property)"]
     assert prop["role"] == "property" and prop["figures"]["shard_invariant"] is False
-    assert rows["equivalence (default)"]["passed"] and rows["bucket average"]["passed"]
+    assert rows["equivalence (default)"]["passed"]
+    # harden()'s default step guard registers no comm hook: no bucket to judge one by one
+    assert "bucket average" not in rows
 
 
 def test_the_user_hook_sees_the_same_buckets_on_every_rank(pools):

@@ -7,7 +7,10 @@ Correct (each must pass the suite on every model whose gradients it supports):
   ``bf16_cast``          a bf16 wire that casts itself: PyTorch's ``bf16_compress_hook`` refuses
                          anything but CUDA 11+/NCCL 2.10+ (or XPU), so on gloo a bf16 wire must
                          do its own cast; this one casts, divides, sums and casts back
-  ``hardened``           ``harden()`` from the hook library, at its default configuration
+  ``hardened``           ``harden()`` from the hook library, at its default configuration (the
+                         step guard: no comm hook, DDP's own reduction)
+  ``hardened_per_bucket``  ``harden()``'s per-bucket guard (a Python comm hook); its cells run
+                         under ``slow``
 
 Broken (each must fail, naming the check, and the rank where the mistake has one):
   ``no_divide``          sums the ranks' gradients without dividing by the world size
@@ -72,6 +75,13 @@ def hardened(ddp_model, process_group) -> None:
     harden(ddp_model, SyncConfig(name="hardened"))
 
 
+def hardened_per_bucket(ddp_model, process_group) -> None:
+    """``harden()``'s forensic guard: a Python comm hook that checks every bucket."""
+    from openclaw_ref.sync import SyncConfig, harden
+
+    harden(ddp_model, SyncConfig(name="hardened", guard="bucket"))
+
+
 # --- broken ----------------------------------------------------------------------------------
 
 def _summing_hook(group, bucket):
@@ -129,7 +139,9 @@ def unreduced_on_one_rank(ddp_model, process_group) -> None:
 # name -> the wire it sends (sets the suite's tolerance); None is stock DDP (no hook)
 CORRECT: dict[str | None, str] = {None: "native", "allreduce": "native",
                                   "fp16_compress": "fp16", "bf16_cast": "bf16",
-                                  "hardened": "native"}
+                                  "hardened": "native", "hardened_per_bucket": "native"}
+# correct hooks whose cells run under ``slow`` only (the CI budget): the same code as a CI cell
+SLOW_HOOKS: frozenset[str] = frozenset({"hardened_per_bucket"})
 BROKEN: tuple[str, ...] = ("no_divide", "one_rank_scaled", "reversed_bucket",
                            "unreduced_on_one_rank")
 # the broken hooks whose mistake sits on one rank: the suite must name it
