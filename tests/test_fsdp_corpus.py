@@ -8,9 +8,11 @@ that differs on one rank kills that rank at the first all-gather. Also the judgi
 who is named when a rank dies, hangs or only saw its peer vanish.
 
 CI runs the 2-rank corpus in three torchrun jobs (a job ends at the first pattern in which a
-rank dies); the unused parameter, 4 ranks and HSDP are behind ``slow``."""
+rank fails), two at a time; the unused parameter, 4 ranks and HSDP are behind ``slow``."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -36,11 +38,12 @@ PEER_RESET = "Connection reset by peer"
 @pytest.fixture(scope="module")
 def stock():
     """The CI corpus on 2 ranks, stock column: every silent pattern and one crash in one job,
-    the hang alone (gloo timeout 5 s), the other crash alone."""
-    out = run_job(Job(("none", *SILENT, "extra-backward-one-rank")))
-    out.update(run_job(Job(("no-sync-one-rank",), timeout_s=5)))
-    out.update(run_job(Job(("mixed-precision-differs",))))
-    return out
+    the hang alone (gloo timeout 10 s), the other crash alone; two jobs at a time (the hang's
+    job mostly waits: 53 s instead of 75 s for the three here)."""
+    jobs = (Job(("none", *SILENT, "extra-backward-one-rank")),
+            Job(("no-sync-one-rank",), timeout_s=10), Job(("mixed-precision-differs",)))
+    with ThreadPoolExecutor(2) as pool:
+        return {k: v for out in pool.map(run_job, jobs) for k, v in out.items()}
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -140,6 +143,12 @@ def test_the_process_group_is_broken_after_any_rank_failed():
 
 # --- stock FSDP2, measured on 2 ranks ---------------------------------------------------------
 
+def _saw_its_peer_die(account: str) -> bool:
+    """The survivor's account of a peer's SIGABRT: its own "Connection reset by peer", or, when
+    torchrun's SIGTERM reached it before it had written that (a race), the SIGTERM."""
+    return PEER_RESET in account or "died by SIGTERM" in account
+
+
 def test_the_clean_script_ends_bit_identical_to_its_own_reference(stock):
     out = stock["none"]
     assert out["kind"] == "no-effect" and out["max_abs_diff"] == 0.0
@@ -158,20 +167,23 @@ def test_an_extra_backward_on_one_rank_kills_the_other_rank_three_steps_later(st
     out = stock["extra-backward-one-rank"]
     assert out["kind"] == "crash" and out["ranks"] == [0], out
     assert "SIGABRT" in out["per_rank"]["0"] and SIZE_MISMATCH in out["per_rank"]["0"]
-    assert PEER_RESET in out["per_rank"]["1"] and out["step"] == 5  # the extra one: step 2
+    assert _saw_its_peer_die(out["per_rank"]["1"]) and out["step"] == 5  # the extra one: 2
 
 
-def test_one_rank_skipping_gradient_sync_hangs_every_rank_until_gloos_timeout(stock):
+def test_one_rank_skipping_gradient_sync_hangs_the_job_until_gloos_timeout(stock):
+    """Rank 0 waits first (in the reduce-scatter rank 1 skipped), so its timeout fires first;
+    rank 1 then times out too or sees the connection closed: a race, not asserted."""
     out = stock["no-sync-one-rank"]
-    assert out["kind"] == "hang-timeout" and out["ranks"] == [0, 1] and out["step"] == 2, out
-    assert all("Timed out waiting 5000ms" in v for v in out["per_rank"].values())
+    assert out["kind"] == "hang-timeout" and out["step"] == 2, out
+    assert "Timed out waiting 10000ms for recv" in out["per_rank"]["0"] and 0 in out["ranks"]
+    assert any(s in out["per_rank"]["1"] for s in ("Timed out waiting 10000ms", "by peer"))
 
 
 def test_a_mixed_precision_policy_differing_on_one_rank_kills_it_at_the_first_all_gather(stock):
     out = stock["mixed-precision-differs"]
     assert out["kind"] == "crash" and out["ranks"] == [1] and out["step"] == 0, out
     assert "SIGABRT" in out["per_rank"]["1"] and SIZE_MISMATCH in out["per_rank"]["1"]
-    assert PEER_RESET in out["per_rank"]["0"]
+    assert _saw_its_peer_die(out["per_rank"]["0"])
 
 
 @pytest.mark.slow
@@ -192,12 +204,13 @@ def _four_ranks(mesh: str) -> dict[str, dict]:
 
 
 # Stock FSDP2 at 4 ranks, measured: (kind, the ranks it names) per pattern; None: not asserted
-# (which of several aborting ranks dies first before torchrun ends the rest is a race).
+# (which of several aborting ranks dies before torchrun ends the rest, and which waiting ranks
+# time out before they see a timed-out peer close its connections, are races).
 FOUR_RANKS_FSDP = {
     "none": ("no-effect", []), "optimizer-before-shard": ("silent-corruption", []),
     "clip-local-norm": ("silent-corruption", []), "load-one-rank": ("silent-corruption", []),
     "lr-one-rank": ("silent-corruption", []), "extra-backward-one-rank": ("crash", None),
-    "no-sync-one-rank": ("hang-timeout", [0, 1, 2, 3]),
+    "no-sync-one-rank": ("hang-timeout", None),
     "unused-param-one-rank": ("crash", None), "mixed-precision-differs": ("crash", None),
 }
 # HSDP: replicas exist, so a one-rank drift shows as replicas that differ; a hang waits on a
