@@ -25,8 +25,9 @@ from openclaw_ref.fsdp_corpus.outcome import (
     classify,
     process_group_intact,
 )
-from openclaw_ref.fsdp_corpus.patterns import CORPUS, NOT_FOUND, PATTERNS, acting_rank
+from openclaw_ref.fsdp_corpus.patterns import CORPUS, NOT_FOUND, PATTERNS, Mesh, acting_rank
 from openclaw_ref.fsdp_corpus.silent_errors_script import parse_args
+from openclaw_ref.sync.errors import BadInput
 
 ISSUE_NAMES = ("optimizer-before-shard", "extra-backward-one-rank", "no-sync-one-rank",
                "clip-local-norm", "load-one-rank", "mixed-precision-differs")
@@ -195,12 +196,20 @@ def test_a_parameter_unused_on_one_rank_kills_that_rank_at_the_reduce_scatter():
 
 # --- 4 ranks: 1-D FSDP and HSDP (2 x 2) -------------------------------------------------------
 
-def _four_ranks(mesh: str) -> dict[str, dict]:
+def _four_ranks(mesh: Mesh) -> dict[str, dict]:
     out = run_job(Job(("none", *SILENT, "extra-backward-one-rank"), world_size=4, mesh=mesh,
                       timeout_s=10))
     for name in ("no-sync-one-rank", "unused-param-one-rank", "mixed-precision-differs"):
         out.update(run_job(Job((name,), world_size=4, mesh=mesh, timeout_s=10)))
     return out
+
+
+def test_a_bad_job_is_refused_in_one_line_before_any_process_starts():
+    for bad in (dict(patterns=("nope",)), dict(patterns=("none",), world_size=1),
+                dict(patterns=("none",), world_size=3, mesh=Mesh.HSDP),
+                dict(patterns=("none",), timeout_s=300)):
+        with pytest.raises(BadInput):
+            Job(**bad)
 
 
 # Stock FSDP2 at 4 ranks, measured: (kind, the ranks it names) per pattern; None: not asserted
@@ -225,12 +234,12 @@ REPLICAS_DIFFER_UNDER_HSDP = ("load-one-rank", "lr-one-rank")
 
 @pytest.fixture(scope="module")
 def four_fsdp():
-    return _four_ranks("fsdp")
+    return _four_ranks(Mesh.FSDP)
 
 
 @pytest.fixture(scope="module")
 def four_hsdp():
-    return _four_ranks("hsdp")
+    return _four_ranks(Mesh.HSDP)
 
 
 @pytest.mark.slow

@@ -2,9 +2,10 @@
 a rank died by signal (gloo aborts the process on a collective size mismatch, and torchrun then
 ends the other ranks, rank 0 with them, before it can print).
 
-torchrun runs with ``--redirects 3`` into a log directory, so each rank's stderr (where gloo's
-own abort message goes) is attributed to that rank. The whole job has a deadline; past it the
-job's process group is killed and ranks that wrote nothing count as hung.
+A job is checked in one line before any process starts. torchrun runs with ``--redirects 3``
+into a log directory, so each rank's stderr (where gloo's own abort message goes) is attributed
+to that rank. The whole job has a deadline; past it torchrun is stopped and ranks that wrote
+nothing count as hung.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from openclaw_ref.fsdp_corpus.outcome import classify, read_results, read_step
+from openclaw_ref.fsdp_corpus.patterns import CLEAN, Column, Mesh, pattern
+from openclaw_ref.sync.errors import BadInput
 
 SCRIPT_MODULE = "openclaw_ref.fsdp_corpus.silent_errors_script"
 _FAILURE_ROW = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
@@ -34,17 +37,29 @@ class Job:
 
     patterns: tuple[str, ...]
     world_size: int = 2
-    mesh: str = "fsdp"
-    column: str = "stock"
+    mesh: Mesh = Mesh.FSDP
+    column: Column = Column.STOCK
     timeout_s: float = 30.0
     deadline_s: float = 240.0
+
+    def __post_init__(self) -> None:
+        for name in self.patterns:
+            if name != CLEAN:
+                pattern(name)
+        if self.world_size < 2:
+            raise BadInput(f"the corpus needs at least 2 ranks, got {self.world_size}")
+        if self.mesh is Mesh.HSDP and self.world_size % 2:
+            raise BadInput(f"--mesh hsdp needs an even world size, got {self.world_size}")
+        if not 0 < self.timeout_s < self.deadline_s:
+            raise BadInput(f"need 0 < timeout_s < deadline_s, got {self.timeout_s}, "
+                           f"{self.deadline_s}")
 
     def command(self, out_dir: Path, log_dir: Path) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(self.world_size), "--log-dir", str(log_dir),
                 "--redirects", "3", "-m", SCRIPT_MODULE, "--pattern", ",".join(self.patterns),
-                "--column", self.column, "--mesh", self.mesh, "--timeout-s", str(self.timeout_s),
-                "--out-dir", str(out_dir)]
+                "--column", self.column.value, "--mesh", self.mesh.value,
+                "--timeout-s", str(self.timeout_s), "--out-dir", str(out_dir)]
 
 
 def _rank_log(log_dir: Path, rank: int, stream: str) -> str:
@@ -77,6 +92,18 @@ def _lost_ranks(torchrun_stderr: str, log_dir: Path) -> tuple[dict[int, str], fr
     return lost, frozenset(terminated)
 
 
+def _stop(proc: subprocess.Popen) -> str:
+    """End a torchrun job past its deadline; its stderr. torchrun starts each rank in a session
+    of its own, so it is asked first (SIGTERM: it ends its ranks, then itself); SIGKILL to its
+    group if it has not left within 30 s (a rank left behind then ends at its own watchdog)."""
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()[1]
+
+
 def run_job(job: Job) -> dict[str, dict]:
     """The outcome of every pattern the job reached, by name (the job stops after a pattern in
     which a rank failed): rank 0's printed line, or the classification of what the ranks wrote
@@ -91,8 +118,7 @@ def run_job(job: Job) -> dict[str, dict]:
             _, stderr = proc.communicate(timeout=job.deadline_s)
         except subprocess.TimeoutExpired:
             deadline_hit = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            _, stderr = proc.communicate()
+            stderr = _stop(proc)
         printed = _printed_outcomes(_rank_log(log_dir, 0, "stdout"))
         outcomes: dict[str, dict] = {}
         for name in job.patterns:
@@ -107,7 +133,8 @@ def run_job(job: Job) -> dict[str, dict]:
             outcome = classify(name, results, None, deadline_hit=deadline_hit, lost=lost,
                                lost_steps=steps, terminated=terminated)
             outcomes[name] = json.loads(json.dumps({  # the printed lines' form: str keys
-                "column": job.column, "world_size": job.world_size, "mesh": job.mesh,
+                "column": job.column.value, "world_size": job.world_size,
+                "mesh": job.mesh.value,
                 **outcome.to_json()}))
             break
         return outcomes

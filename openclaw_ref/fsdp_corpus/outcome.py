@@ -142,12 +142,12 @@ def classify(pattern: str, results: dict[int, RankResult | None], reference: str
     ``lost`` may say how (the launcher's account of its exit, e.g. a signal) and
     ``lost_steps`` the step it was in. ``terminated``: ranks the launcher itself ended after
     another rank failed (torchrun's SIGTERM), never a cause while another is known."""
-    lost = lost or {}
     lost_steps = {r: s for r, s in (lost_steps or {}).items()
                   if s is not None and results.get(r) is None}
     gone = "no result (killed by the launcher)" if deadline_hit else "no result (died)"
     per_rank = {r: _account(res) if res is not None else
-                lost.get(r, gone) + (f" (in step {lost_steps[r]})" if r in lost_steps else "")
+                (lost or {}).get(r, gone)
+                + (f" (in step {lost_steps[r]})" if r in lost_steps else "")
                 for r, res in results.items()}
     out = Outcome(pattern, Kind.NO_EFFECT, per_rank=per_rank)
     reported = {r: res for r, res in results.items() if res is not None}
@@ -160,24 +160,9 @@ def classify(pattern: str, results: dict[int, RankResult | None], reference: str
         out.kind, out.ranks = Kind.DETECTED, list(first.get("ranks", []))
         out.step, out.detail = first.get("step"), str(first.get("detail", ""))[:300]
         return out
-    silent_ranks = sorted(r for r, res in results.items() if res is None and r not in terminated)
-    ended = sorted(r for r, res in results.items() if res is None and r in terminated)
-    timed_out = sorted(r for r, res in reported.items() if res.status is Status.WATCHDOG
-                       or (res.status is Status.ERROR and _is(res.error, TIMED_OUT)))
-    peer = sorted(r for r, res in reported.items()
-                  if res.status is Status.ERROR and _is(res.error, PEER_GONE))
-    raised = sorted(r for r, res in reported.items() if res.status is Status.ERROR
-                    and r not in timed_out and r not in peer)
-    if deadline_hit and silent_ranks:
-        timed_out, silent_ranks = sorted(set(timed_out) | set(silent_ranks)), []
-    first_failures = sorted(set(silent_ranks) | set(raised))
-    if first_failures:
-        out.kind, out.ranks = Kind.CRASH, first_failures
-    elif timed_out:
-        out.kind, out.ranks = Kind.HANG, timed_out
-    elif peer or ended:
-        out.kind, out.ranks = Kind.CRASH, peer or ended
-    if out.kind is not Kind.NO_EFFECT:
+    failure = _failure(results, deadline_hit, terminated)
+    if failure is not None:
+        out.kind, out.ranks = failure
         out.detail = "; ".join(f"rank {r}: {per_rank[r]}" for r in out.ranks)[:600]
         return out
     diffs = [res.max_abs_diff for res in reported.values() if res.max_abs_diff is not None]
@@ -188,6 +173,31 @@ def classify(pattern: str, results: dict[int, RankResult | None], reference: str
     elif reference is not None and digests != {reference}:
         out.kind, out.detail = Kind.SILENT, "the result differs from the run without the mistake"
     return out
+
+
+def _failure(results: dict[int, RankResult | None], deadline_hit: bool,
+             terminated: frozenset[int]) -> tuple[Kind, list[int]] | None:
+    """Crash or hang and the ranks to name, or None when every rank left the run normally.
+    First failures (a rank that died on its own, or raised anything but a timeout or a
+    vanished peer) outrank timeouts, which outrank ranks that only saw a peer go."""
+    reported = {r: res for r, res in results.items() if res is not None}
+    errors = {r: res.error for r, res in reported.items() if res.status is Status.ERROR}
+    silent = sorted(r for r, res in results.items() if res is None and r not in terminated)
+    ended = sorted(r for r, res in results.items() if res is None and r in terminated)
+    timed_out = {r for r, e in errors.items() if _is(e, TIMED_OUT)}
+    timed_out |= {r for r, res in reported.items() if res.status is Status.WATCHDOG}
+    peer = sorted(r for r, e in errors.items() if _is(e, PEER_GONE) and r not in timed_out)
+    raised = sorted(set(errors) - timed_out - set(peer))
+    if deadline_hit:  # the launcher killed ranks that were still waiting
+        timed_out |= set(silent)
+        silent = []
+    if silent or raised:
+        return Kind.CRASH, sorted(set(silent) | set(raised))
+    if timed_out:
+        return Kind.HANG, sorted(timed_out)
+    if peer or ended:
+        return Kind.CRASH, peer or ended
+    return None
 
 
 def default_out_dir() -> Path:

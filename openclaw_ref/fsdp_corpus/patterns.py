@@ -1,4 +1,5 @@
-"""The published FSDP2 mistakes the corpus reproduces, each with its public source.
+"""The published FSDP2 mistakes the corpus reproduces, each with its public source, and the
+corpus's other two axes (``Column``, ``Mesh``).
 
 A pattern is what a user's script does wrong around ``fully_shard``; it acts either on every
 rank alike (``Reach.EVERY_RANK``) or on one rank (``acting_rank``), from ``FAULT_STEP`` on or
@@ -8,6 +9,7 @@ from construction. Where no public report of the exact mistake was found, ``sour
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from openclaw_ref.core.corpus_faults import Reach
@@ -16,6 +18,18 @@ from openclaw_ref.sync.errors import BadInput
 FAULT_STEP = 2  # the first step a per-step pattern acts on
 FAULT_RANK = 1  # the rank a one-rank pattern acts on (clamped to the world)
 NOT_FOUND = "no public report found; the lead's issue names it"
+
+
+class Column(enum.StrEnum):
+    """Who runs the patterns: stock FSDP2 (a hardened column joins here, and in the script's
+    ``wrap``)."""
+
+    STOCK = "stock"
+
+
+class Mesh(enum.StrEnum):
+    FSDP = "fsdp"  # 1-D: every rank shards
+    HSDP = "hsdp"  # 2-D (world / 2, 2): replicate × shard
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ A rank killed by a signal writes nothing, and torchrun then ends rank 0 too:
 ``launch.run_job`` classifies what was left. Every wait has a deadline: the process group's
 timeout (``--timeout-s``), a watchdog per run, and the wait for the other ranks' files.
 
-Columns: ``stock`` is FSDP2 as shipped. A hardened column is one more ``Column`` member and one
-more branch in ``wrap``, which is applied to the model right after ``fully_shard``.
+Columns: ``stock`` is FSDP2 as shipped. A hardened column is one more ``patterns.Column`` member
+and one more branch in ``wrap``, which is applied to the model right after ``fully_shard``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import enum
 import hashlib
 import json
 import os
@@ -49,7 +48,7 @@ from openclaw_ref.fsdp_corpus.outcome import (
     wait_for_results,
     write_result,
 )
-from openclaw_ref.fsdp_corpus.patterns import CLEAN, FAULT_STEP, acts_on, pattern
+from openclaw_ref.fsdp_corpus.patterns import CLEAN, FAULT_STEP, Column, Mesh, acts_on, pattern
 from openclaw_ref.sync.errors import BadInput, ConsistencyError
 
 STEPS = 6
@@ -59,15 +58,6 @@ BATCH = 16  # per rank
 MAX_NORM = 0.05  # below every step's global and per-rank norm here (smallest seen 0.13): clips
 CHECKPOINT_DELTA = 1e-2  # the "checkpoint" is the initial model plus this, element-wise
 LR_FACTOR = 2.0  # the faulty rank's learning rate ÷ the others'
-
-
-class Column(enum.StrEnum):
-    STOCK = "stock"
-
-
-class Mesh(enum.StrEnum):
-    FSDP = "fsdp"  # 1-D: every rank shards
-    HSDP = "hsdp"  # 2-D (world / 2, 2): replicate × shard
 
 
 class MLP(nn.Module):
