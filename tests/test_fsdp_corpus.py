@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 
 from openclaw_ref.core.corpus_faults import Reach
@@ -106,9 +107,9 @@ def test_gloo_timeouts_are_a_hang_on_the_ranks_that_timed_out():
 
 
 def test_a_rank_silent_when_the_launcher_killed_the_job_counts_as_hung():
-    out = classify("p", {0: None, 1: _res(1, Status.FINISHED, digest="a")}, "a",
-                   deadline_hit=True)
-    assert out.kind is Kind.HANG and out.ranks == [0]
+    out = classify("p", {0: None, 1: _res(1, Status.FINISHED, digest="a"), 2: None}, "a",
+                   deadline_hit=True, terminated=frozenset({2}))
+    assert out.kind is Kind.HANG and out.ranks == [0, 2]
 
 
 def test_replicas_that_differ_are_silent_corruption():
@@ -194,6 +195,18 @@ def test_a_parameter_unused_on_one_rank_kills_that_rank_at_the_reduce_scatter():
     assert "SIGABRT" in out["per_rank"]["1"] and SIZE_MISMATCH in out["per_rank"]["1"]
 
 
+@pytest.mark.slow
+def test_a_job_past_its_deadline_is_stopped_with_its_ranks_and_reported_as_a_hang(tmp_path):
+    job = Job(("no-sync-one-rank",), timeout_s=90, deadline_s=50)  # gloo would wait 90 s
+    out = run_job(job, tmp_path)["no-sync-one-rank"]
+    assert out["kind"] == "hang-timeout" and out["ranks"] == [0, 1], out
+    assert all("killed by the launcher" in v or "SIGTERM" in v for v in out["per_rank"].values())
+    assert len(list((tmp_path / "results").glob("rank*.pid"))) == 2  # the ranks had started
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+
+
 # --- 4 ranks: 1-D FSDP and HSDP (2 x 2) -------------------------------------------------------
 
 def _four_ranks(mesh: Mesh) -> dict[str, dict]:
@@ -207,7 +220,7 @@ def _four_ranks(mesh: Mesh) -> dict[str, dict]:
 def test_a_bad_job_is_refused_in_one_line_before_any_process_starts():
     for bad in (dict(patterns=("nope",)), dict(patterns=("none",), world_size=1),
                 dict(patterns=("none",), world_size=3, mesh=Mesh.HSDP),
-                dict(patterns=("none",), timeout_s=300)):
+                dict(patterns=("none",), timeout_s=0)):
         with pytest.raises(BadInput):
             Job(**bad)
 

@@ -50,9 +50,8 @@ class Job:
             raise BadInput(f"the corpus needs at least 2 ranks, got {self.world_size}")
         if self.mesh is Mesh.HSDP and self.world_size % 2:
             raise BadInput(f"--mesh hsdp needs an even world size, got {self.world_size}")
-        if not 0 < self.timeout_s < self.deadline_s:
-            raise BadInput(f"need 0 < timeout_s < deadline_s, got {self.timeout_s}, "
-                           f"{self.deadline_s}")
+        if self.timeout_s <= 0 or self.deadline_s <= 0:
+            raise BadInput(f"timeouts must be positive, got {self.timeout_s}, {self.deadline_s}")
 
     def command(self, out_dir: Path, log_dir: Path) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -92,49 +91,60 @@ def _lost_ranks(torchrun_stderr: str, log_dir: Path) -> tuple[dict[int, str], fr
     return lost, frozenset(terminated)
 
 
-def _stop(proc: subprocess.Popen) -> str:
+def _stop(proc: subprocess.Popen, out_dir: Path) -> str:
     """End a torchrun job past its deadline; its stderr. torchrun starts each rank in a session
-    of its own, so it is asked first (SIGTERM: it ends its ranks, then itself); SIGKILL to its
-    group if it has not left within 30 s (a rank left behind then ends at its own watchdog)."""
+    of its own, so it is asked first (SIGTERM: it ends its ranks, then itself), SIGKILL to its
+    group after 30 s; then any rank still running (found by the pid file it wrote, confirmed by
+    its command line naming this job's directory) is killed."""
     proc.terminate()
     try:
-        return proc.communicate(timeout=30)[1]
+        stderr = proc.communicate(timeout=30)[1]
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        return proc.communicate()[1]
+        stderr = proc.communicate()[1]
+    for pid_file in out_dir.glob("rank*.pid"):
+        pid = int(pid_file.read_text())
+        try:
+            if str(out_dir) in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # already gone
+    return stderr
 
 
-def run_job(job: Job) -> dict[str, dict]:
+def run_job(job: Job, workdir: Path | None = None) -> dict[str, dict]:
     """The outcome of every pattern the job reached, by name (the job stops after a pattern in
     which a rank failed): rank 0's printed line, or the classification of what the ranks wrote
-    when rank 0 could not print."""
-    with tempfile.TemporaryDirectory(prefix="openclaw-fsdp-corpus-") as tmp:
-        out_dir, log_dir = Path(tmp, "results"), Path(tmp, "logs")
-        proc = subprocess.Popen(job.command(out_dir, log_dir), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
-        deadline_hit = False
-        try:
-            _, stderr = proc.communicate(timeout=job.deadline_s)
-        except subprocess.TimeoutExpired:
-            deadline_hit = True
-            stderr = _stop(proc)
-        printed = _printed_outcomes(_rank_log(log_dir, 0, "stdout"))
-        outcomes: dict[str, dict] = {}
-        for name in job.patterns:
-            if name in printed:
-                outcomes[name] = printed[name]
-                if all(a in ("finished", "detected") for a in printed[name]["per_rank"].values()):
-                    continue
-                break
-            results = read_results(out_dir, name, job.world_size)
-            steps = {r: read_step(out_dir, name, r) for r in range(job.world_size)}
-            lost, terminated = _lost_ranks(stderr, log_dir)
-            outcome = classify(name, results, None, deadline_hit=deadline_hit, lost=lost,
-                               lost_steps=steps, terminated=terminated)
-            outcomes[name] = json.loads(json.dumps({  # the printed lines' form: str keys
-                "column": job.column.value, "world_size": job.world_size,
-                "mesh": job.mesh.value,
-                **outcome.to_json()}))
+    when rank 0 could not print. ``workdir``: where the ranks' files and logs go (kept);
+    default a temporary directory."""
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="openclaw-fsdp-corpus-") as tmp:
+            return run_job(job, Path(tmp))
+    out_dir, log_dir = workdir / "results", workdir / "logs"
+    proc = subprocess.Popen(job.command(out_dir, log_dir), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline_hit = False
+    try:
+        _, stderr = proc.communicate(timeout=job.deadline_s)
+    except subprocess.TimeoutExpired:
+        deadline_hit = True
+        stderr = _stop(proc, out_dir)
+    printed = _printed_outcomes(_rank_log(log_dir, 0, "stdout"))
+    outcomes: dict[str, dict] = {}
+    for name in job.patterns:
+        if name in printed:
+            outcomes[name] = printed[name]
+            if all(a in ("finished", "detected") for a in printed[name]["per_rank"].values()):
+                continue
             break
-        return outcomes
+        results = read_results(out_dir, name, job.world_size)
+        steps = {r: read_step(out_dir, name, r) for r in range(job.world_size)}
+        lost, terminated = _lost_ranks(stderr, log_dir)
+        outcome = classify(name, results, None, deadline_hit=deadline_hit, lost=lost,
+                           lost_steps=steps, terminated=terminated)
+        outcomes[name] = json.loads(json.dumps({  # the printed lines' form: str keys
+            "column": job.column.value, "world_size": job.world_size, "mesh": job.mesh.value,
+            **outcome.to_json()}))
+        break
+    return outcomes

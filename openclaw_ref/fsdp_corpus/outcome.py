@@ -188,9 +188,9 @@ def _failure(results: dict[int, RankResult | None], deadline_hit: bool,
     timed_out |= {r for r, res in reported.items() if res.status is Status.WATCHDOG}
     peer = sorted(r for r, e in errors.items() if _is(e, PEER_GONE) and r not in timed_out)
     raised = sorted(set(errors) - timed_out - set(peer))
-    if deadline_hit:  # the launcher killed ranks that were still waiting
-        timed_out |= set(silent)
-        silent = []
+    if deadline_hit:  # the launcher stopped ranks that were still waiting
+        timed_out |= set(silent) | set(ended)
+        silent, ended = [], []
     if silent or raised:
         return Kind.CRASH, sorted(set(silent) | set(raised))
     if timed_out:

@@ -302,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     out_dir = args.out_dir or default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))  # for the launcher
     references: References = {}
     for name in args.patterns:
         if not run_pattern(name, args, out_dir, references):
