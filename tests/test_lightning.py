@@ -168,6 +168,8 @@ def test_hardened_strategy_trains_under_lightning_on_cpu_and_runs_its_checks(tmp
         assert after["skew_barrier"] is (before["rank_std_ms"] > 1.5)
 
 
+# 12 s: the slow profile (CI budget); CI trains the hardened strategy under Lightning above
+@pytest.mark.slow
 def test_fault_injected_under_lightning_is_caught_by_the_hardened_checks(tmp_path):
     code, result, log = run_trainer(tmp_path, "--devices", "2", "--max-steps", "6",
                                     "--sync", "hardened", "--wire", "fp16",

@@ -101,11 +101,12 @@ def _columns(*strategies: str):
 
 
 def _stock_cells():
-    """Stock DDP's cells; its crash (a fresh pool: a spawn) under slow, as ``hardened``'s
-    crash in CI already shows the launcher naming a dead rank."""
+    """Stock DDP's cells; its crash (a fresh pool: a spawn) and its hang (gloo's timeout) under
+    slow, as ``hardened``'s crash and hang in CI already show a dead rank and a late one named."""
     for strategy in ("ddp", "ddp-fp16"):
         for fault in FAULTS:
-            slow = strategy not in CI_COLUMNS or fault == "crash"
+            # crash and hang wait out gloo's timeout on stock DDP: the slow profile (CI budget)
+            slow = strategy not in CI_COLUMNS or fault in ("crash", "hang")
             yield pytest.param(strategy, fault, marks=[pytest.mark.slow] if slow else [],
                                id=f"{strategy}-{fault}")
 
