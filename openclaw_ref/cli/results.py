@@ -18,13 +18,13 @@ SIZING = (
      "2"),
     ("p2_repeats", int, "off/on pairs of the P2 skew barrier (ablations), a new jitter draw each",
      "15", "2"),
-    ("curve_steps", int, "steps of the long loss curves", "300", "30"),
+    ("curve_steps", int, "steps of the long loss curves", "300", "20"),
 )
 
 
 def add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="run the main comparison and write results/<machine>/ "
-                                       "(the full run: ~25 min on 2 CPU cores; --quick: a "
+                                       "(the full run: ~45 min on 2 CPU cores; --quick: a "
                                        "few minutes, into a scratch directory)")
     p.add_argument("--quick", action="store_true",
                    help="a representative subset of every section at small settings, written "

@@ -120,9 +120,9 @@ class CompareConfig:
 # ``compare --quick``: the smallest settings that still fill every table and plot (2 repeats
 # give the paired ratio columns an interval; 1 and 2 ranks stay within 2 cores)
 QUICK_SETTINGS: dict[str, Any] = {
-    "world_sizes": (1, 2), "steps": 8, "repeats": 2, "p2_repeats": 2, "curve_steps": 30,
+    "world_sizes": (1, 2), "steps": 8, "repeats": 2, "p2_repeats": 2, "curve_steps": 20,
     "overflow_extra_sizes": (), "overflow_steps": 3, "mismatch_steps": 3, "lightning_steps": 3,
-    "hook_steps": 20,
+    "hook_steps": 10,
 }
 
 

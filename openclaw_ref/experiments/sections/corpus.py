@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 MODELS = ("openclaw", "plain-mlp")
 # ``compare --quick``: one pattern each that harden() names at once (the gradients were never
-# averaged), that it names within its replica window, and that no column can catch
-QUICK_PATTERNS = ("forward-via-module", "clip-one-rank", "data-not-sharded")
+# averaged) and that it names within its replica window
+QUICK_PATTERNS = ("forward-via-module", "clip-one-rank")
 
 
 def patterns_of(cfg: CompareConfig) -> tuple[Pattern, ...]:

@@ -57,10 +57,10 @@ def default_variants(bucket_cap_mb: float) -> tuple[Variant, ...]:
     )
 
 
-# ``compare --quick``: stock DDP and its fp16 hook, ours on two wires, the bucketed engine agreed
-# and as text 000's F2 wrote it (which misaligns: a row that shows a stopped run), the floor
-QUICK_VARIANTS = ("local (no sync)", "ddp", "ddp-fp16", "hardened fp32", "hardened fp16",
-                  "bucketed norm-ema-agreed", "bucketed norm-ema (text 000's F2)")
+# ``compare --quick``: stock DDP, harden()'s two guards, the bucketed engine as text 000's F2
+# wrote it (which misaligns: a row that shows a stopped run), the floor
+QUICK_VARIANTS = ("local (no sync)", "ddp", "hardened fp32", "hardened per-bucket fp32",
+                  "bucketed norm-ema (text 000's F2)")
 
 
 def variants_of(cfg: CompareConfig) -> tuple[Variant, ...]:
