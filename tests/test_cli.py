@@ -274,6 +274,8 @@ def test_progress_bar_is_drawn_on_a_terminal_and_labels_rank_0s_loss():
     assert "leaked semaphore" not in shown
 
 
+# 10 s: the slow profile (CI budget); CI draws the bar on a terminal above
+@pytest.mark.slow
 def test_no_progress_bar_on_a_stderr_that_is_no_terminal_and_no_leaked_semaphore():
     result = run_cli(*TRAIN_SHORT)
     assert result.returncode == 0, result.stderr

@@ -335,6 +335,8 @@ class _RecordingPool:
         return self.pool.run(fn, *args)
 
 
+# 8 s of paired training: the slow profile (CI budget)
+@pytest.mark.slow
 def test_p2_bench_pairs_both_arms_on_one_jitter_draw_and_draws_anew_per_repeat():
     from openclaw_ref.core.launch import LaunchConfig, RankPool
     from openclaw_ref.experiments.p2bench import (

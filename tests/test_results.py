@@ -118,8 +118,8 @@ def _deterministic_figures(raw: dict) -> dict:
 
 
 def test_an_interrupted_compare_resumes_running_only_what_was_left(tmp_path):
-    """Ctrl-C after the first section: it is checkpointed; ``--resume`` runs only the second,
-    and the result equals an uninterrupted run's (figures that do not depend on timing). The
+    """Ctrl-C after the first section: it is checkpointed; ``--resume`` runs only the second
+    (that its figures equal an uninterrupted run's: the slow test below). The
     section interrupted is the longer one (curves: several seconds of training), so the signal
     lands inside it; raw_allreduce is over in well under a second."""
     out = [*COMPARE_TINY, "--out-root", str(tmp_path)]
@@ -142,10 +142,24 @@ def test_an_interrupted_compare_resumes_running_only_what_was_left(tmp_path):
     assert "section curves started" in resumed.stderr
     assert not (resumed_dir / ".partial").exists()
 
+
+@pytest.mark.slow
+def test_a_resumed_compare_gives_the_figures_of_an_uninterrupted_one(tmp_path):
+    """The resumed run's timing-free figures equal an uninterrupted run's (three compares:
+    the slow profile, for the CI budget; the CI test above checks what resuming runs)."""
+    out = [*COMPARE_TINY, "--out-root", str(tmp_path)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "openclaw_ref", *out, "--tag", "resumed"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+    _read_until(proc.stderr, "compare: section curves started")
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert run_cli(*out, "--tag", "resumed", "--resume").returncode == 0
     whole = run_cli(*out, "--tag", "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert "expected ~" in whole.stderr
-    assert (_deterministic_figures(read_json(resumed_dir / "raw.json"))
+    assert (_deterministic_figures(read_json(tmp_path / "resumed" / "raw.json"))
             == _deterministic_figures(read_json(tmp_path / "whole" / "raw.json")))
 
 
