@@ -117,20 +117,27 @@ def _deterministic_figures(raw: dict) -> dict:
     return {"curves": curves, "raw_allreduce": sizes}
 
 
+def _interrupted_in_curves(out: list[str], tag: str) -> tuple[int, str]:
+    """``compare`` with ``out`` under ``tag``, Ctrl-C once its curves section starts; (exit
+    code, stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "openclaw_ref", *out, "--tag", tag],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+    _read_until(proc.stderr, "compare: section curves started")
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
 def test_an_interrupted_compare_resumes_running_only_what_was_left(tmp_path):
     """Ctrl-C after the first section: it is checkpointed; ``--resume`` runs only the second
     (that its figures equal an uninterrupted run's: the slow test below). The
     section interrupted is the longer one (curves: several seconds of training), so the signal
     lands inside it; raw_allreduce is over in well under a second."""
     out = [*COMPARE_TINY, "--out-root", str(tmp_path)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "openclaw_ref", *out, "--tag", "resumed"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-    _read_until(proc.stderr, "compare: section curves started")
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "--resume" in err
+    code, err = _interrupted_in_curves(out, "resumed")
+    assert code == 1 and "--resume" in err
     resumed_dir = tmp_path / "resumed"
     assert [p.name for p in (resumed_dir / ".partial").iterdir()] == ["raw_allreduce.json"]
     assert not (resumed_dir / "raw.json").exists()
@@ -148,13 +155,7 @@ def test_a_resumed_compare_gives_the_figures_of_an_uninterrupted_one(tmp_path):
     """The resumed run's timing-free figures equal an uninterrupted run's (three compares:
     the slow profile, for the CI budget; the CI test above checks what resuming runs)."""
     out = [*COMPARE_TINY, "--out-root", str(tmp_path)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "openclaw_ref", *out, "--tag", "resumed"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-    _read_until(proc.stderr, "compare: section curves started")
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.communicate(timeout=120)
+    assert _interrupted_in_curves(out, "resumed")[0] == 1
     assert run_cli(*out, "--tag", "resumed", "--resume").returncode == 0
     whole = run_cli(*out, "--tag", "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
