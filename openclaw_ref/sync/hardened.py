@@ -94,7 +94,8 @@ from openclaw_ref.sync.precision import (
     refuse_grad_scaler,
     to_wire,
 )
-from openclaw_ref.sync.step_guard import StepGuard, Unset, refuse_unsupported, register_wire
+from openclaw_ref.sync.step_guard import StepGuard
+from openclaw_ref.sync.step_setup import Unset, refuse_unsupported, register_wire
 from openclaw_ref.sync.target import HARDENED_MARK, bucket_sizes, validate_target
 from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 

@@ -60,7 +60,6 @@ from openclaw_ref.sync.control_layout import (
     membership_digest,
 )
 from openclaw_ref.sync.errors import (
-    BadInput,
     CollectiveFailed,
     ConsistencyError,
     GradientsNotAveraged,
@@ -70,26 +69,8 @@ from openclaw_ref.sync.errors import (
 from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.precision import ScalePolicy, finite_sum
 from openclaw_ref.sync.replica_slices import ReplicaSlices
+from openclaw_ref.sync.step_setup import Unset
 from openclaw_ref.sync.watchdog import STEP_EXCHANGE, Watchdog
-
-
-def refuse_unsupported(cfg: SyncConfig) -> None:
-    """What the step guard cannot do without a Python comm hook, refused before anything is
-    registered: a bf16 wire (DDP has no built-in bf16 hook) and an fp16 pre-scale."""
-    if cfg.wire is Wire.BF16:
-        raise BadInput("a bf16 wire needs the per-bucket guard: DDP has no built-in bf16 comm "
-                       "hook; pass SyncConfig(guard='bucket') (--guard bucket)")
-    if ScalePolicy.from_config(cfg).pre_scales:
-        raise BadInput(f"an fp16 pre-scale (--scale {cfg.scale}) needs the per-bucket guard; "
-                       "pass SyncConfig(guard='bucket') (--guard bucket), or keep the default "
-                       "--scale loss-scaler")
-
-
-def register_wire(ddp_model: DDP, cfg: SyncConfig) -> None:
-    """The gradients' wire on DDP's own C++ path: none for native/fp32, DDP's built-in
-    ``FP16_COMPRESS`` (cast, ÷W, SUM, copy back: PyTorch's ``fp16_compress_hook``) for fp16."""
-    if cfg.wire is Wire.FP16:
-        ddp_model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
 
 
 class StepGuard:
@@ -429,17 +410,6 @@ class StepGuard:
         self.handles.clear()
         if self.watchdog is not None:
             self.watchdog.close()
-
-
-class Unset:
-    """A removable handle that deletes an instance attribute ``harden()`` set (the class's
-    own attribute shows through again)."""
-
-    def __init__(self, obj: object, name: str) -> None:
-        self.obj, self.name = obj, name
-
-    def remove(self) -> None:
-        self.obj.__dict__.pop(self.name, None)
 
 
 class _JoinedExchange:

@@ -1,0 +1,43 @@
+"""What ``harden()`` sets on a DDP model for the step guard besides the guard itself: the wire
+refused or registered before any hook (the step guard has no Python comm hook, so it can send
+only what DDP's C++ path sends), and the handle that undoes an attribute it set."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from openclaw_ref.sync.base import SyncConfig, Wire
+from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.precision import ScalePolicy
+
+
+def refuse_unsupported(cfg: SyncConfig) -> None:
+    """What the step guard cannot do without a Python comm hook, refused before anything is
+    registered: a bf16 wire (DDP has no built-in bf16 hook) and an fp16 pre-scale."""
+    if cfg.wire is Wire.BF16:
+        raise BadInput("a bf16 wire needs the per-bucket guard: DDP has no built-in bf16 comm "
+                       "hook; pass SyncConfig(guard='bucket') (--guard bucket)")
+    if ScalePolicy.from_config(cfg).pre_scales:
+        raise BadInput(f"an fp16 pre-scale (--scale {cfg.scale}) needs the per-bucket guard; "
+                       "pass SyncConfig(guard='bucket') (--guard bucket), or keep the default "
+                       "--scale loss-scaler")
+
+
+def register_wire(ddp_model: DDP, cfg: SyncConfig) -> None:
+    """The gradients' wire on DDP's own C++ path: none for native/fp32, DDP's built-in
+    ``FP16_COMPRESS`` (cast, ÷W, SUM, copy back: PyTorch's ``fp16_compress_hook``) for fp16."""
+    if cfg.wire is Wire.FP16:
+        ddp_model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+
+
+
+class Unset:
+    """A removable handle that deletes an instance attribute ``harden()`` set (the class's
+    own attribute shows through again)."""
+
+    def __init__(self, obj: object, name: str) -> None:
+        self.obj, self.name = obj, name
+
+    def remove(self) -> None:
+        self.obj.__dict__.pop(self.name, None)
