@@ -66,3 +66,20 @@ def exception_classes_of(path: Path) -> set[str]:
 def _builtin_exception(name: str) -> bool:
     value = getattr(builtins, name, None)
     return isinstance(value, type) and issubclass(value, BaseException)
+
+
+def partial_run(base: Mapping, sections: tuple[str, ...], git_sha: str) -> dict:
+    """What ``run_compare`` returns for a partial ``compare --sections`` run at ``base``'s
+    settings and hardware on commit ``git_sha``: ``base``'s figures of ``sections`` (a rerun
+    that measured the same), its own environment and run metadata."""
+    import copy
+
+    meta = base["meta"]
+    env = {**meta["environment"], "git_sha": git_sha, "date": "2026-12-03T00:00:00+00:00"}
+    config = {**meta["compare_config"], "sections": list(sections)}
+    return {"schema_version": base["schema_version"], "doctor": copy.deepcopy(base["doctor"]),
+            "meta": {"environment": env, "compare_config": config,
+                     "placements": copy.deepcopy(meta.get("placements", [])),
+                     "sections_run": [{"name": s, "seconds": 1.5} for s in sections],
+                     "sections_skipped": {}, "wall_s": 2.0},
+            **{s: copy.deepcopy(base[s]) for s in sections}}

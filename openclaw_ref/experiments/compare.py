@@ -12,6 +12,8 @@ JSON, so ``openclaw-bench report`` reproduces every file byte for byte.
 
 No published file under ``results/<machine>/`` changes until every section has finished: an
 interrupted run leaves the previous results intact and says which sections it did not finish.
+A partial run (``--sections``) is merged into the record already there, never written over it:
+only the sections it ran are replaced, each with its own environment (``merge.py``).
 Each finished section is checkpointed in ``results/<machine>/.partial/`` (``checkpoint.py``);
 ``resume=True`` (``compare --resume``) reuses those and runs only the rest, and the write
 removes them.
@@ -42,6 +44,7 @@ from openclaw_ref.core.model import PRESETS
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.progress import progress_bar
 from openclaw_ref.experiments.checkpoint import Checkpoints, Finished, discard, fingerprint
+from openclaw_ref.experiments.merge import check_mergeable, existing_record, is_partial, merge
 from openclaw_ref.experiments.registry import SECTIONS, expected_seconds
 from openclaw_ref.experiments.sections.strategies import Variant, variants_of
 from openclaw_ref.reporting.record import RAW_NAME, SCHEMA_VERSION
@@ -208,13 +211,16 @@ def seed_env_lint() -> dict:
             "findings": [dataclasses.asdict(f) for f in lint_environment(SEED_F4_ENV)]}
 
 
-def _new_record(cfg: CompareConfig) -> dict[str, Any]:
-    backend = resolve_backend(cfg.backend, max(cfg.world_sizes))
+def _environment(cfg: CompareConfig) -> dict[str, Any]:
+    return environment(resolve_backend(cfg.backend, max(cfg.world_sizes)), max(cfg.world_sizes))
+
+
+def _new_record(cfg: CompareConfig, env: dict[str, Any]) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "doctor": seed_env_lint(),
         "meta": {
-            "environment": environment(backend, max(cfg.world_sizes)),
+            "environment": env,
             "compare_config": dataclasses.asdict(cfg),
             "placements": placements(cfg.backend, cfg.world_sizes),
             "sections_run": [], "sections_skipped": {},
@@ -239,8 +245,11 @@ def _announce(jobs: dict[str, int], finished: dict[str, Finished], quick: bool) 
 def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None, *,
                 resume: bool = False) -> dict:
     """Run every requested section (with ``resume``, only those not checkpointed by an earlier
-    run of the same configuration); returns the raw document (not yet written)."""
+    run of the same configuration); returns the raw document (not yet written). A partial run
+    that could not merge into the record of its directory is refused first (``merge``)."""
     cfg.validate()
+    env = _environment(cfg)
+    check_mergeable(cfg, env)
     variants = variants or variants_of(cfg)
     checkpoints = Checkpoints(cfg.out_dir(), fingerprint(cfg, variants))
     if not resume:
@@ -250,7 +259,7 @@ def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None,
             if name not in finished}
     _announce(jobs, finished, cfg.quick)
     progress = Progress(sum(jobs.values()))
-    raw = _new_record(cfg)
+    raw = _new_record(cfg, env)
     done = raw["meta"]["sections_run"]
     pools = PoolCache(backend=cfg.backend, timeout_s=900, pg_timeout_s=120)
     started = time.monotonic()
@@ -282,11 +291,15 @@ def run_compare(cfg: CompareConfig, variants: tuple[Variant, ...] | None = None,
 
 
 def write_results(raw: dict, out_dir: Path) -> list[Path]:
-    """Store the raw document, then render every derived file from it (each write atomic);
+    """Store the raw document — a partial run's merged into the record already there
+    (``merge``) — then render every derived file from what was stored (each write atomic);
     then drop the run's checkpoints."""
     from openclaw_ref.core.jsonio import write_json_atomic
     from openclaw_ref.reporting.render import render_all
 
+    existing = existing_record(out_dir)
+    if existing is not None and is_partial(raw["meta"]["compare_config"]["sections"]):
+        raw = merge(existing, raw)
     write_json_atomic(out_dir / RAW_NAME, raw, compact=True, float_digits=6)
     written = [out_dir / RAW_NAME] + render_all(out_dir)
     discard(out_dir)

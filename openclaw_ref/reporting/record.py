@@ -28,7 +28,11 @@ Versions:
   figures that only the old tables held. Versions 1 to 3 are upgraded on load by
   :func:`upgrade`, which drops the tables and recovers those figures from them; no figure
   changes. ``meta.compare_config.quick`` (optional; absent = false) marks a ``compare --quick``
-  record, which every rendered file labels as a quick run.
+  record, which every rendered file labels as a quick run. ``meta.section_runs`` (optional;
+  absent = none): per section measured by a later, partial compare merged into the record
+  (``experiments.merge``), that run's ``environment``, ``compare_config``, ``placements`` and
+  the section's ``seconds``; a section without an entry was measured by the run ``meta``
+  describes.
 """
 
 from __future__ import annotations
@@ -110,6 +114,12 @@ class RunRecord:
         """A ``compare --quick`` record: a subset of every section at small settings, which
         shows what the comparison produces but whose figures are not results."""
         return bool(self.config.get("quick", False))
+
+    @property
+    def section_runs(self) -> Mapping[str, Mapping[str, Any]]:
+        """The sections measured apart from the run ``meta`` describes (merged in by a partial
+        compare), each with its own run's environment and settings; empty for one run."""
+        return self.doc["meta"].get("section_runs") or {}
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """The named section, or None when it did not run (empty counts as not run)."""

@@ -52,7 +52,7 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
     """The ledger of one machine directory: header naming where it was rendered from, verdict
     counts, one row per claim (with its source), then the source texts."""
     from openclaw_ref.reporting.claims import MIN_REPEATS, SOURCES, Verdict, assess_all
-    from openclaw_ref.reporting.comparison import QUICK_BANNER
+    from openclaw_ref.reporting.comparison import QUICK_BANNER, separate_runs
 
     env = rec.environment
     found = assess_all(rec)
@@ -75,6 +75,7 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
     head = ["# Claims ledger of the source texts", "", *([QUICK_BANNER, ""] if rec.quick else []),
             where, "",
             f"Measured on: {env.describe()}, git {env.git_sha}, {env.date}.", "",
+            *([separate_runs(rec), ""] if rec.section_runs else []),
             "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items() if v), "",
             vocabulary, "", ""]
     table = tabulate(rows, headers=["id", "claim", "source", "what we ran", "what we measured",
