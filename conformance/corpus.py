@@ -27,7 +27,7 @@ from openclaw_ref.core.corpus_faults import CORPUS, Pattern, acting_rank, patter
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FaultSpec
 from openclaw_ref.core.launch import RankContext, RankPool
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.base import SyncConfig, harden_defaults
 from openclaw_ref.sync.errors import ConsistencyError
 
 # The plain-model user script, shipped in the package so an installed copy runs the corpus too.
@@ -47,7 +47,7 @@ class Column(enum.StrEnum):
 
 def hardened_defaults() -> SyncConfig:
     """``harden(ddp)`` exactly as a user calls it: every field at its default."""
-    return SyncConfig(name="hardened")
+    return harden_defaults()
 
 
 def hardened_k1() -> SyncConfig:

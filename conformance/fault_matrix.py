@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,14 +29,17 @@ from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.sync import STRATEGIES
-from openclaw_ref.sync.base import SyncConfig, WatchdogAction
+from openclaw_ref.sync.base import SyncConfig, WatchdogAction, harden_defaults
 from openclaw_ref.sync.errors import ConsistencyError, SyncTimeout
 
 OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
 # Columns: stock DDP, PyTorch's own comm hooks as users register them, then the suite's own.
 MATRIX_STRATEGIES = ("ddp", "ddp-allreduce", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "hardened",
-                     "hardened-bucket", "bucketed")
+                     "hardened-defaults", "hardened-bucket", "bucketed")
 PER_BUCKET = "hardened-bucket"  # the column of harden()'s per-bucket guard
+# The column of harden(model) exactly as users call it: every setting at harden()'s default
+# (the other hardened columns run the matrix's short watchdog and replica interval).
+DEFAULTS = "hardened-defaults"
 
 # ---------------------------------------------------------------------------------------------
 # The fault × strategy matrix
@@ -62,7 +66,8 @@ class MatrixSettings:
 
     def sync_config(self, strategy: str) -> SyncConfig:
         """Stock DDP, with or without one of PyTorch's hooks, as users get it (``as_shipped``);
-        ``hardened`` at harden()'s defaults (the step guard, the gradients' own wire);
+        ``hardened-defaults``: ``harden(model)`` as users call it (``harden_defaults()``, every
+        setting at its default); ``hardened``: the step guard and the gradients' own wire;
         ``hardened-bucket`` (the per-bucket guard) and ``bucketed`` (the agreed planner) with an
         FP16 wire at the seed's 2^12 (so scale faults reach their pre-scale); every
         parameter's replica compared within K steps (``replica_slices`` for hardened,
@@ -71,6 +76,8 @@ class MatrixSettings:
         timeout)."""
         if as_shipped(strategy):
             return SyncConfig(name=strategy)
+        if strategy == DEFAULTS:
+            return harden_defaults()
         knobs = dict(replica_check_every=self.replica_check_every,
                      replica_slices=self.replica_check_every, watchdog_s=self.watchdog_s,
                      watchdog_action=WatchdogAction.EXIT)
@@ -364,8 +371,22 @@ def as_shipped(strategy: str) -> bool:
 
 
 def strategy_name(column: str) -> str:
-    """The registered strategy a matrix column runs (``hardened-bucket``: ``hardened``)."""
-    return "hardened" if column == PER_BUCKET else column
+    """The registered strategy a matrix column runs (``hardened-bucket``,
+    ``hardened-defaults``: ``hardened``)."""
+    return "hardened" if column in (PER_BUCKET, DEFAULTS) else column
+
+
+def column_settings(settings: MatrixSettings, columns: Sequence[str]) -> dict[str, dict]:
+    """Per column, the settings it ran with and its strategy's defaults (``harden()``'s for
+    the hardened columns), as JSON holds them: the figures a renderer marks a column from
+    when the two differ."""
+    return {c: {"sync": _as_json(settings.sync_config(c)),
+                "defaults": _as_json(SyncConfig(name=strategy_name(c)))} for c in columns}
+
+
+def _as_json(cfg: SyncConfig) -> dict:
+    return {k: (v.value if isinstance(v, enum.Enum) else v)
+            for k, v in dataclasses.asdict(cfg).items()}
 
 
 def matrix_strategies() -> tuple[str, ...]:
@@ -373,5 +394,5 @@ def matrix_strategies() -> tuple[str, ...]:
     all are registered)."""
     return tuple(s for s in MATRIX_STRATEGIES if strategy_name(s) in STRATEGIES)
 
-__all__ = ["FAULTS", "MATRIX_STRATEGIES", "OUTCOMES", "CaseOutcome", "MatrixRunner",
-           "MatrixSettings", "case_task", "classify", "detected_in_band"]
+__all__ = ["DEFAULTS", "FAULTS", "MATRIX_STRATEGIES", "OUTCOMES", "CaseOutcome", "MatrixRunner",
+           "MatrixSettings", "case_task", "classify", "column_settings", "detected_in_band"]

@@ -62,10 +62,12 @@ def test_a_partial_compares_sections_carry_their_own_environment(merged):
     assert meta["environment"] == before["meta"]["environment"]
 
 
-def test_the_rendered_documents_name_the_sections_measured_apart(merged):
-    _, out = merged
+def test_the_rendered_documents_name_both_runs_the_sections_come_from(merged):
+    before, out = merged
+    base_sha = before["meta"]["environment"]["git_sha"]
     for document in ("comparison.md", "claims.md"):
-        assert RERUN_SHA in (out / document).read_text(), document
+        text = (out / document).read_text()
+        assert base_sha in text and RERUN_SHA in text, document
 
 
 def test_the_claims_of_sections_not_re_run_keep_their_verdicts(merged):

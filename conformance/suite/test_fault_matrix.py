@@ -1,8 +1,9 @@
 """The fault × strategy matrix: what each sync path does when each fault is injected.
 
 One short run per cell (tiny preset, 2 ranks, 5 steps, fault at step 2), classified from what
-the system surfaced. ``hardened`` (harden()'s defaults: the step guard) and ``bucketed`` must
-detect every fault, naming the faulty
+the system surfaced. ``hardened`` (the step guard, at the matrix's short watchdog and replica
+interval: the printed table marks every column whose settings are not its defaults) and
+``bucketed`` must detect every fault, naming the faulty
 rank and its parameter or bucket, within one step (bitflip: one replica-check interval), and end
 a hang by their own deadline. Stock DDP's outcomes are asserted as the facts we measured: that
 table is what users come for. Known gaps are strict xfails: the day they are fixed, the xfail
@@ -29,6 +30,7 @@ from openclaw_ref.conformance.fault_matrix import (
     CaseOutcome,
     MatrixRunner,
     MatrixSettings,
+    column_settings,
     matrix_strategies,
 )
 from openclaw_ref.core.faults import FAULTS
@@ -87,7 +89,9 @@ def matrix(pools, conformance_report):
         runner.close()
         conformance_report.matrix.extend(cells.outcomes.values())
         conformance_report.matrix_settings = dataclasses.asdict(SETTINGS)
-        print("\n" + fault_matrix_table(list(cells.outcomes.values())))
+        outcomes = list(cells.outcomes.values())
+        columns = column_settings(SETTINGS, list(dict.fromkeys(o.strategy for o in outcomes)))
+        print("\n" + fault_matrix_table(outcomes, columns))
 
 
 def _cell(matrix, strategy: str, fault: str) -> CaseOutcome:

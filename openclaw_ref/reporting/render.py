@@ -10,8 +10,9 @@ the comparison document's tables live in ``comparison`` and ``section_tables``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tabulate import tabulate
 
@@ -183,13 +184,21 @@ def _verdict(result) -> str:
     return "PASS" if result.passed else "FAIL"
 
 
-def fault_matrix_table(outcomes: Sequence) -> str:
-    """Faults down, strategies across; each cell the outcome and its attribution."""
+def fault_matrix_table(outcomes: Sequence, columns: Mapping[str, Any] | None = None) -> str:
+    """Faults down, strategies across; each cell the outcome and its attribution. With
+    ``columns`` (``fault_matrix.column_settings``), a column run with settings other than its
+    defaults is marked, and a note under the table says how each differs."""
+    from openclaw_ref.reporting.section_tables import column_header, settings_sentence
+
+    columns = columns or {}
     strategies = list(dict.fromkeys(o.strategy for o in outcomes))
     faults = list(dict.fromkeys(o.fault for o in outcomes))
     cell = {(o.fault, o.strategy): o.summary() for o in outcomes}
     rows = [[f] + [cell.get((f, s), "") for s in strategies] for f in faults]
-    return tabulate(rows, headers=["fault"] + strategies, tablefmt="github")
+    table = tabulate(rows, headers=["fault"] + [column_header(s, columns) for s in strategies],
+                     tablefmt="github")
+    seen = {s: columns[s] for s in strategies if s in columns}
+    return table + (f"\n\n{settings_sentence(seen, {})}" if seen else "")
 
 
 def p2_table(rows: list[list]) -> str:

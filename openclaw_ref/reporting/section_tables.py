@@ -48,8 +48,43 @@ def _hook_columns(powersgd: Figures | None) -> str:
             "buckets one after another; judged against its own fault-free run).")
 
 
+NON_DEFAULT = "†"  # marks a fault-matrix column run with settings other than its defaults
+
+
+def non_default_settings(column: Figures) -> dict[str, tuple[Any, Any]]:
+    """A fault-matrix column's settings that differ from its strategy's defaults (harden()'s
+    for the hardened columns): name → (as run, default)."""
+    run, defaults = column["sync"], column["defaults"]
+    return {k: (v, defaults.get(k)) for k, v in run.items() if defaults.get(k) != v}
+
+
+def settings_sentence(columns: Figures, st: Figures) -> str:
+    """The caption's account of each column's settings, from the record's per-column figures
+    (records before them: the sentence those records were published with)."""
+    if not columns:
+        return ("hardened/bucketed use an fp16 wire at 2^12, every parameter's replica compared "
+                f"within {st['replica_check_every']} steps, {fixed(st['watchdog_s'], 0)} s "
+                "watchdog.")
+    marked = {c: d for c, v in columns.items() if (d := non_default_settings(v))}
+    said = "; ".join(f"{c}: " + ", ".join(f"{k} {run} (default {default})"
+                                          for k, (run, default) in d.items())
+                     for c, d in marked.items())
+    defaults = [c for c, v in columns.items() if v["sync"]["name"] == "hardened"
+                and c not in marked]
+    return (f"{NON_DEFAULT} = run with settings other than its strategy's defaults (for the "
+            "hardened columns, other than what `harden(model)` gives): " + (said or "none")
+            + "." + (f" {', '.join(defaults)}: `harden(model)` exactly as users call it, every "
+                     "setting at its default." if defaults else ""))
+
+
+def column_header(name: str, columns: Figures) -> str:
+    marked = name in columns and non_default_settings(columns[name])
+    return f"{name} {NON_DEFAULT}" if marked else name
+
+
 def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
     st, cases, alignment = sec["settings"], sec["cases"], sec["bucket_alignment"]
+    columns = sec.get("columns") or {}
     strategies = list(dict.fromkeys(c["strategy"] for c in cases))
     faults = list(dict.fromkeys(c["fault"] for c in cases))
     cell = {(c["fault"], c["strategy"]): c["cell"] for c in cases}
@@ -57,14 +92,13 @@ def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
     matrix = Table(
         f"Each cell: a {steps}-step run of the tiny preset on {st['world_size']} gloo "
         f"ranks with the fault injected on the last rank at step {st['fault_step']}; "
-        "hardened/bucketed use an fp16 wire at 2^12, every parameter's replica compared within "
-        f"{st['replica_check_every']} steps, {fixed(st['watchdog_s'], 0)} s watchdog. Outcome: "
+        f"{settings_sentence(columns, st)} Outcome: "
         "detected (with the attribution it gave) / silent-corruption (replicas diverge or the "
         "result differs from the fault-free run) / hang-timeout / crash / no-effect. seed-f5: "
         "text 000's F5 hook as written (forward hook before wrapping, ×2^12 never undone, "
         "rank-0 assertion over its own shapes) on stock DDP; fault 'none': its fault-free run "
         "against stock ddp's." + _hook_columns(sec.get("powersgd")),
-        ["fault"] + strategies,
+        ["fault"] + [column_header(s, columns) for s in strategies],
         [[f] + [cell.get((f, s), "") for s in strategies] for f in faults])
     layouts = Table(
         f"Bucket layouts recorded on every rank ({max(cfg['world_sizes'])} ranks) at every step "

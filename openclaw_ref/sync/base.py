@@ -219,6 +219,13 @@ class SyncConfig:
         return parse_scale(self.scale)[1]
 
 
+def harden_defaults() -> SyncConfig:
+    """What ``harden(ddp_model)`` runs with when given no config: every field at its default.
+    One definition, so the columns that claim to be ``harden()`` as users call it (the fault
+    matrix's, the corpus's) run exactly what ``harden()`` runs."""
+    return SyncConfig(name="hardened")
+
+
 class SyncStrategy(abc.ABC):
     """Lifecycle per run: ``wrap`` once, then per step ``begin_step`` → forward/backward →
     ``finish_step`` (→ optimizer step only if it returned True); ``close`` at the end.

@@ -80,7 +80,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from openclaw_ref.sync import checks
 from openclaw_ref.sync.averaged import AveragingWatch
-from openclaw_ref.sync.base import Guard, RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import Guard, RankInfo, SyncConfig, SyncStrategy, harden_defaults
 from openclaw_ref.sync.control_counts_write import write_counts
 from openclaw_ref.sync.control_layout import joined_slot, unissued_slot
 from openclaw_ref.sync.ddp import wrap_ddp
@@ -282,7 +282,7 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     new ``DistributedDataParallel`` around the same module (its parameters are broadcast from
     rank 0 again) and harden that, or restore a checkpoint — on every rank.
     """
-    cfg = cfg or SyncConfig(name="hardened")
+    cfg = cfg or harden_defaults()
     backend = validate_target(ddp_model, cfg)
     if cfg.guard is Guard.STEP:
         refuse_unsupported(cfg)

@@ -1,7 +1,11 @@
 """Section ``faults``: the fault × hook outcome matrix (2 ranks) — stock DDP, PyTorch's own comm
 hooks as users register them, the suite's strategies — the seed's F5 hook as written through the
 same matrix (plus its fault-free case), and every column's bucket layout recorded on every rank
-(the seed's M3). ``compare --quick`` runs ``QUICK_FAULTS`` × ``QUICK_COLUMNS``."""
+(the seed's M3). Beside the cases the record holds each column's settings and its strategy's
+defaults (``columns``), from which the renderer marks the columns not run at their defaults;
+``hardened-defaults`` is ``harden(model)`` as users call it. ``compare --quick`` runs
+``QUICK_FAULTS`` × ``QUICK_COLUMNS`` (without the defaults column: the quick run shows each
+table's shape, and its marked ``hardened`` column still shows the marking)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from openclaw_ref.conformance.fault_matrix import (
     MatrixRunner,
     MatrixSettings,
     case_task,
+    column_settings,
     matrix_strategies,
 )
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
@@ -136,6 +141,7 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     finally:
         runner.close()
     return {"settings": dataclasses.asdict(settings), "cases": cases,
+            "columns": column_settings(settings, columns_of(cfg)),
             "powersgd": {"rank": POWERSGD_RANK, "start_iter": POWERSGD_START_ITER,
                          "epsilon": POWERSGD_EPSILON},
             "bucket_alignment": _alignment(cfg, settings, pools, progress)}
