@@ -39,7 +39,9 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
                        default=argparse.SUPPRESS,
                        help=f"{text} (default: {full}; with --quick: {quick})")
     p.add_argument("--sections", default=",".join(SECTIONS),
-                   help=f"comma-separated subset of: {', '.join(SECTIONS)}")
+                   help=f"comma-separated subset of: {', '.join(SECTIONS)} (a subset "
+                        "replaces only those sections of the record already in the results "
+                        "directory, which must have the same settings)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="auto: nccl with one GPU per rank, else gloo")
     p.add_argument("--out-root", default=argparse.SUPPRESS,

@@ -297,8 +297,9 @@ def write_results(raw: dict, out_dir: Path) -> list[Path]:
     from openclaw_ref.core.jsonio import write_json_atomic
     from openclaw_ref.reporting.render import render_all
 
-    existing = existing_record(out_dir)
-    if existing is not None and is_partial(raw["meta"]["compare_config"]["sections"]):
+    existing = (existing_record(out_dir) if is_partial(raw["meta"]["compare_config"]["sections"])
+                else None)  # a run of every section replaces any record, readable or not
+    if existing is not None:
         raw = merge(existing, raw)
     write_json_atomic(out_dir / RAW_NAME, raw, compact=True, float_digits=6)
     written = [out_dir / RAW_NAME] + render_all(out_dir)
