@@ -15,7 +15,7 @@ from openclaw_ref.experiments import compare
 from openclaw_ref.experiments.compare import CompareConfig, run_compare, write_results
 from openclaw_ref.experiments.merge import conflicts
 from openclaw_ref.reporting.claims import assess_all
-from openclaw_ref.reporting.plots import render_plots
+from openclaw_ref.reporting.plots import plot_step_times
 from openclaw_ref.reporting.record import load_record
 from openclaw_ref.sync.errors import BadInput
 from tests.helpers import ROOT, partial_run
@@ -78,9 +78,10 @@ def test_the_claims_of_sections_not_re_run_keep_their_verdicts(merged):
 
 def test_plots_are_rendered_from_the_merged_record(merged, tmp_path):
     _, out = merged
-    fresh = render_plots(load_record(out / "raw.json"), tmp_path)
-    assert fresh
-    assert all((out / p.name).read_bytes() == p.read_bytes() for p in fresh)
+    pngs = sorted(out.glob("*.png"))
+    assert pngs and all(p.read_bytes() != STALE_PNG for p in pngs)
+    fresh = plot_step_times(load_record(out / "raw.json"), tmp_path / "step_times.png")
+    assert (out / "step_times.png").read_bytes() == fresh.read_bytes()
 
 
 def test_a_partial_compare_at_the_records_settings_has_no_conflict():
