@@ -1,0 +1,202 @@
+"""``harden()`` on an FSDP2 module (``fully_shard`` per layer and on the root, 2 gloo ranks on
+CPU): it trains bitwise like the same script without it, and each fault the FSDP2 corpus
+found silent or fatal is named, with its rank, on every rank, at the optimizer step's exchange
+(or the extra forward's) before the optimizer applies anything.
+
+Every case runs in the session's 2-rank pool (one task, a few seconds); CI keeps the bitwise
+case, the others are behind ``slow`` (CI's fast suite is at its time budget)."""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.utils.checkpoint import checkpoint
+
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput, ConsistencyError
+from openclaw_ref.sync.hardened import harden
+
+STEPS = 3
+FAULT_STEP = 1
+FAULT_RANK = 1
+MICRO = 2  # micro-batches per step under gradient accumulation
+
+
+class Fault(enum.StrEnum):
+    NONE = "none"
+    EXTRA_BACKWARD = "extra-backward"  # FAULT_RANK runs one more forward/backward
+    OPTIMIZER_BEFORE_SHARD = "optimizer-before-shard"  # every rank
+    LR_ONE_RANK = "lr-one-rank"  # FAULT_RANK's lr doubled
+    NAN_ONE_RANK = "nan-one-rank"  # a NaN in FAULT_RANK's batch
+    ACCUMULATE = "accumulate"  # healthy: no-sync micro-steps and activation checkpointing
+    HSDP = "hsdp"  # healthy, on a (2, 2) replicate x shard mesh
+    HSDP_REPLICA_DRIFTS = "hsdp-replica-drifts"  # HSDP_RANK's shards drift from its replica's
+
+
+HSDP_RANK = 3  # on a (2, 2) mesh its replica is rank 1, the reference of a 2-rank tie
+
+
+class Net(nn.Module):
+    def __init__(self, checkpointed: bool = False) -> None:
+        super().__init__()
+        self.inp, self.h1, self.out = nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 2)
+        self.checkpointed = checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.inp(x))
+        x = checkpoint(self.h1, x, use_reentrant=False) if self.checkpointed else self.h1(x)
+        return self.out(torch.tanh(x))
+
+
+def _batch(step: int, micro: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
+    x = torch.randn(8, 6, generator=g)
+    return x, x[:, :2].sin()
+
+
+def _train(fault: Fault, hardened: bool) -> tuple[dict[str, torch.Tensor], object]:
+    """The user's script; the full parameters it ends with, or the error it stopped on."""
+    rank = dist.get_rank()
+    mine = rank == FAULT_RANK
+    torch.manual_seed(0)
+    model = Net(checkpointed=fault is Fault.ACCUMULATE)
+    early = torch.optim.AdamW(model.parameters(), lr=1e-2) \
+        if fault is Fault.OPTIMIZER_BEFORE_SHARD else None
+    world = dist.get_world_size()
+    hsdp = fault in (Fault.HSDP, Fault.HSDP_REPLICA_DRIFTS)
+    mesh = init_device_mesh("cpu", (world // 2, 2) if hsdp else (world,))
+    for layer in (model.inp, model.h1):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = early or torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = harden(model, SyncConfig(name="hardened", nonfinite="raise")) if hardened else None
+    try:
+        for step in range(STEPS):
+            faulty = step == FAULT_STEP
+            micros = MICRO if fault is Fault.ACCUMULATE else 1
+            for micro in range(micros):
+                model.set_requires_gradient_sync(micro == micros - 1)
+                x, y = _batch(step, micro, rank)
+                if faulty and micro == 0 and fault is Fault.HSDP_REPLICA_DRIFTS \
+                        and rank == HSDP_RANK:
+                    _drift(model)
+                if faulty and mine and fault is Fault.NAN_ONE_RANK:
+                    x[0, 0] = float("nan")
+                F.mse_loss(model(x), y).backward()
+                if faulty and mine and fault is Fault.EXTRA_BACKWARD:
+                    F.mse_loss(model(x), y).backward()
+            for group in opt.param_groups:
+                group["lr"] = 2e-2 if faulty and mine and fault is Fault.LR_ONE_RANK else 1e-2
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    except ConsistencyError as exc:
+        return {}, (exc.kind, exc.step, exc.ranks)
+    finally:
+        if guard is not None:
+            guard.close()
+    full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    return full, (guard.summary() if guard is not None else None)
+
+
+def _drift(model: nn.Module) -> None:
+    """What a rank-local load or update does to HSDP: this rank's shards, and no one else's."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.to_local().add_(1e-3)
+
+
+def fsdp_task(ctx, fault: str) -> dict:
+    """This rank's account of the script with ``fault``, hardened, and (healthy cases) of the
+    same script without ``harden``."""
+    fault = Fault(fault)
+    hardened, outcome = _train(fault, True)
+    reply = {"outcome": outcome}
+    if fault in (Fault.NONE, Fault.ACCUMULATE, Fault.HSDP):
+        stock, _ = _train(fault, False)
+        reply["bitwise"] = bool(hardened) and all(torch.equal(hardened[n], stock[n])
+                                                  for n in stock)
+    dist.barrier()
+    return reply
+
+
+def refused_task(ctx) -> str:
+    model = Net()
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    try:
+        harden(model, SyncConfig(name="hardened", guard="bucket"))
+    except BadInput as exc:
+        return str(exc)
+    return "accepted"
+
+
+def _run(pools, fault: Fault, world_size: int = 2) -> list[dict]:
+    return pools.get(world_size).run(fsdp_task, fault.value, timeout_s=180)
+
+
+def test_a_hardened_fsdp2_model_trains_bitwise_like_stock_and_checks_every_step(pools):
+    for reply in _run(pools, Fault.NONE):
+        assert reply["bitwise"], reply
+        summary = reply["outcome"]
+        assert summary["checks_run"] == summary["checks_passed"] == STEPS  # one per step
+        assert summary["optimizer_steps"] == STEPS and summary["extra_forward_exchanges"] == 0
+
+
+@pytest.mark.slow
+def test_an_extra_backward_on_one_rank_is_a_clock_mismatch_naming_it_on_every_rank(pools):
+    replies = _run(pools, Fault.EXTRA_BACKWARD)
+    assert [r["outcome"] for r in replies] == [("ClockMismatch", FAULT_STEP, [FAULT_RANK])] * 2
+
+
+@pytest.mark.slow
+def test_an_optimizer_built_before_fully_shard_is_named_at_its_first_step(pools):
+    replies = _run(pools, Fault.OPTIMIZER_BEFORE_SHARD)
+    assert [r["outcome"] for r in replies] == [("OptimizerMismatch", 0, [0, 1])] * 2
+
+
+@pytest.mark.slow
+def test_one_ranks_doubled_learning_rate_is_named_before_the_step_applies(pools):
+    replies = _run(pools, Fault.LR_ONE_RANK)
+    assert [r["outcome"] for r in replies] == [("OptimizerMismatch", FAULT_STEP,
+                                                [FAULT_RANK])] * 2
+
+
+@pytest.mark.slow
+def test_a_nan_in_one_ranks_gradients_is_named_before_the_reduce_mixes_them(pools):
+    replies = _run(pools, Fault.NAN_ONE_RANK)
+    assert [r["outcome"] for r in replies] == [("NonFiniteGradient", FAULT_STEP,
+                                                [FAULT_RANK])] * 2
+
+
+@pytest.mark.slow
+def test_no_sync_micro_steps_and_activation_checkpointing_raise_no_false_alarm(pools):
+    for reply in _run(pools, Fault.ACCUMULATE):
+        assert reply["bitwise"], reply
+        assert reply["outcome"]["checks_passed"] == STEPS
+        assert reply["outcome"]["backwards"] == STEPS * MICRO
+
+
+@pytest.mark.slow
+def test_hsdp_trains_bitwise_like_stock_and_compares_replicas_every_step(pools):
+    for reply in _run(pools, Fault.HSDP, 4):
+        assert reply["bitwise"], reply
+        assert reply["outcome"]["checks_passed"] == reply["outcome"]["replica_checks"] == STEPS
+
+
+@pytest.mark.slow
+def test_hsdp_replicas_that_drift_apart_are_named_before_the_next_step_applies(pools):
+    replies = _run(pools, Fault.HSDP_REPLICA_DRIFTS, 4)
+    assert [r["outcome"] for r in replies] == [("ReplicaDivergence", FAULT_STEP,
+                                                [HSDP_RANK])] * 4
+
+
+@pytest.mark.slow
+def test_an_fsdp2_module_takes_only_the_step_guard(pools):
+    for text in pools.get(2).run(refused_task, timeout_s=60):
+        assert "step guard with the native wire only" in text
