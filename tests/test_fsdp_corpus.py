@@ -26,7 +26,14 @@ from openclaw_ref.fsdp_corpus.outcome import (
     classify,
     process_group_intact,
 )
-from openclaw_ref.fsdp_corpus.patterns import CORPUS, NOT_FOUND, PATTERNS, Mesh, acting_rank
+from openclaw_ref.fsdp_corpus.patterns import (
+    CORPUS,
+    NOT_FOUND,
+    PATTERNS,
+    Column,
+    Mesh,
+    acting_rank,
+)
 from openclaw_ref.fsdp_corpus.silent_errors_script import parse_args
 from openclaw_ref.sync.errors import BadInput
 
@@ -286,3 +293,46 @@ def test_stock_hsdp_on_a_two_by_two_mesh(four_hsdp, name):
         assert out["ranks"] == ranks, out
     if name in REPLICAS_DIFFER_UNDER_HSDP:
         assert out["detail"] == "replicas differ after gathering full tensors", out
+
+
+# --- the hardened column: harden(model) right after fully_shard, 2 ranks -----------------------
+# Measured (kind, ranks, the error it names or None); a detection stops every rank at the named
+# step, before the optimizer applies it, and leaves the process group intact.
+HARDENED = {
+    "none": ("no-effect", [], None),
+    "optimizer-before-shard": ("detected", [0, 1], "OptimizerMismatch at step 0"),
+    "extra-backward-one-rank": ("detected", [1], "ClockMismatch at step 2"),
+    "lr-one-rank": ("detected", [1], "OptimizerMismatch at step 2"),
+    "mixed-precision-differs": ("detected", [1], "ParameterMismatch at ranks [1]"),
+    # not caught yet (docs/hardening.md, "FSDP2"): no replica to compare on a 1-D mesh, no
+    # norm agreement, and no exchange before FSDP2's own collectives of the backward
+    "clip-local-norm": ("silent-corruption", [], None),
+    "load-one-rank": ("silent-corruption", [], None),
+    "no-sync-one-rank": ("hang-timeout", None, None),
+    "unused-param-one-rank": ("crash", [1], None),
+}
+
+
+@pytest.fixture(scope="module")
+def hardened():
+    """The corpus under harden() in three jobs, two at a time (~50 s on 2 shared cores)."""
+    column = Column.HARDENED
+    jobs = (Job(("none", "optimizer-before-shard", "extra-backward-one-rank", "lr-one-rank",
+                 "clip-local-norm", "load-one-rank", "mixed-precision-differs"), column=column),
+            Job(("no-sync-one-rank",), column=column, timeout_s=10),
+            Job(("unused-param-one-rank",), column=column))
+    with ThreadPoolExecutor(2) as pool:
+        return {k: v for out in pool.map(run_job, jobs) for k, v in out.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HARDENED))
+def test_hardened_fsdp2_on_two_ranks(hardened, name):
+    kind, ranks, named = HARDENED[name]
+    out = hardened[name]
+    assert out["column"] == "hardened" and out["kind"] == kind, out
+    if ranks is not None:
+        assert out["ranks"] == ranks, out
+    if named is not None:
+        assert out["detail"].startswith(named), out
+        assert set(out["per_rank"].values()) == {"detected"}, out

@@ -36,6 +36,8 @@ class Fault(enum.StrEnum):
     LR_ONE_RANK = "lr-one-rank"  # FAULT_RANK's lr doubled
     NAN_ONE_RANK = "nan-one-rank"  # a NaN in FAULT_RANK's batch
     ACCUMULATE = "accumulate"  # healthy: no-sync micro-steps and activation checkpointing
+    SYNC_LEFT_OFF = "sync-left-off"  # every rank: set_requires_gradient_sync(False) all step
+    NAN_SKIPPED = "nan-skipped"  # NAN_ONE_RANK under the default nonfinite="skip"
     HSDP = "hsdp"  # healthy, on a (2, 2) replicate x shard mesh
     HSDP_REPLICA_DRIFTS = "hsdp-replica-drifts"  # HSDP_RANK's shards drift from its replica's
 
@@ -71,23 +73,26 @@ def _train(fault: Fault, hardened: bool) -> tuple[dict[str, torch.Tensor], objec
         if fault is Fault.OPTIMIZER_BEFORE_SHARD else None
     world = dist.get_world_size()
     hsdp = fault in (Fault.HSDP, Fault.HSDP_REPLICA_DRIFTS)
-    mesh = init_device_mesh("cpu", (world // 2, 2) if hsdp else (world,))
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard")) \
+        if hsdp else init_device_mesh("cpu", (world,))
     for layer in (model.inp, model.h1):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = early or torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = harden(model, SyncConfig(name="hardened", nonfinite="raise")) if hardened else None
+    policy = "skip" if fault is Fault.NAN_SKIPPED else "raise"
+    guard = harden(model, SyncConfig(name="hardened", nonfinite=policy)) if hardened else None
     try:
         for step in range(STEPS):
             faulty = step == FAULT_STEP
             micros = MICRO if fault is Fault.ACCUMULATE else 1
             for micro in range(micros):
-                model.set_requires_gradient_sync(micro == micros - 1)
+                model.set_requires_gradient_sync(
+                    micro == micros - 1 and not (faulty and fault is Fault.SYNC_LEFT_OFF))
                 x, y = _batch(step, micro, rank)
                 if faulty and micro == 0 and fault is Fault.HSDP_REPLICA_DRIFTS \
                         and rank == HSDP_RANK:
                     _drift(model)
-                if faulty and mine and fault is Fault.NAN_ONE_RANK:
+                if faulty and mine and fault in (Fault.NAN_ONE_RANK, Fault.NAN_SKIPPED):
                     x[0, 0] = float("nan")
                 F.mse_loss(model(x), y).backward()
                 if faulty and mine and fault is Fault.EXTRA_BACKWARD:
@@ -102,7 +107,9 @@ def _train(fault: Fault, hardened: bool) -> tuple[dict[str, torch.Tensor], objec
         if guard is not None:
             guard.close()
     full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
-    return full, (guard.summary() if guard is not None else None)
+    if guard is None:
+        return full, None
+    return full, {**guard.summary(), "events": [(e.kind, e.step, e.ranks) for e in guard.events]}
 
 
 def _drift(model: nn.Module) -> None:
@@ -146,6 +153,7 @@ def test_a_hardened_fsdp2_model_trains_bitwise_like_stock_and_checks_every_step(
         summary = reply["outcome"]
         assert summary["checks_run"] == summary["checks_passed"] == STEPS  # one per step
         assert summary["optimizer_steps"] == STEPS and summary["extra_forward_exchanges"] == 0
+        assert summary["events"] == []
 
 
 @pytest.mark.slow
@@ -175,11 +183,24 @@ def test_a_nan_in_one_ranks_gradients_is_named_before_the_reduce_mixes_them(pool
 
 
 @pytest.mark.slow
+def test_a_step_whose_gradients_fsdp2_never_reduced_is_named_before_it_applies(pools):
+    replies = _run(pools, Fault.SYNC_LEFT_OFF)
+    assert [r["outcome"] for r in replies] == [("GradientsNotAveraged", FAULT_STEP, [0, 1])] * 2
+
+
+@pytest.mark.slow
+def test_a_nan_under_the_default_skip_policy_is_an_event_naming_the_rank(pools):
+    for reply in _run(pools, Fault.NAN_SKIPPED):  # later steps: every rank's (NaN weights)
+        assert reply["outcome"]["events"][0] == ("NonFiniteGradient", FAULT_STEP, [FAULT_RANK])
+
+
+@pytest.mark.slow
 def test_no_sync_micro_steps_and_activation_checkpointing_raise_no_false_alarm(pools):
     for reply in _run(pools, Fault.ACCUMULATE):
         assert reply["bitwise"], reply
         assert reply["outcome"]["checks_passed"] == STEPS
         assert reply["outcome"]["backwards"] == STEPS * MICRO
+        assert reply["outcome"]["events"] == []
 
 
 @pytest.mark.slow
@@ -187,6 +208,7 @@ def test_hsdp_trains_bitwise_like_stock_and_compares_replicas_every_step(pools):
     for reply in _run(pools, Fault.HSDP, 4):
         assert reply["bitwise"], reply
         assert reply["outcome"]["checks_passed"] == reply["outcome"]["replica_checks"] == STEPS
+        assert reply["outcome"]["events"] == []
 
 
 @pytest.mark.slow
