@@ -8,7 +8,9 @@ that differs on one rank kills that rank at the first all-gather. Also the judgi
 who is named when a rank dies, hangs or only saw its peer vanish.
 
 CI runs the 2-rank corpus in three torchrun jobs (a job ends at the first pattern in which a
-rank fails), two at a time; the unused parameter, 4 ranks and HSDP are behind ``slow``."""
+rank fails), two at a time; the unused parameter, 4 ranks and HSDP are behind ``slow``. The
+``hardened`` column (``harden(model)`` after ``fully_shard``) runs the same patterns on 2 ranks
+(slow): what it names, and what it does not catch yet."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ case, the others are behind ``slow`` (CI's fast suite is at its time budget)."""
 
 from __future__ import annotations
 
+import datetime
 import enum
 
 import pytest
@@ -19,8 +20,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils.checkpoint import checkpoint
 
+from openclaw_ref.core.launch import LaunchConfig, RankPool
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.errors import BadInput, ConsistencyError
+from openclaw_ref.sync.errors import BadInput, ConsistencyError, SyncTimeout
 from openclaw_ref.sync.hardened import harden
 
 STEPS = 3
@@ -143,6 +145,34 @@ def refused_task(ctx) -> str:
     return "accepted"
 
 
+RELEASED = "test/harden-fsdp/released"
+
+
+def late_rank_task(ctx) -> dict:
+    """Rank 1 stops before its optimizer step at FAULT_STEP until rank 0 has caught the
+    watchdog's diagnosis of the step's exchange (the store orders it, no sleep)."""
+    torch.manual_seed(0)
+    model = Net()
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = harden(model, SyncConfig(name="hardened", watchdog_s=1.0), ctx)
+    try:
+        for step in range(STEPS):
+            F.mse_loss(model(_batch(step, 0, ctx.rank)[0]), _batch(step, 0, ctx.rank)[1]) \
+                .backward()
+            if ctx.rank == 1 and step == FAULT_STEP:
+                ctx.store.wait([RELEASED], datetime.timedelta(seconds=120))
+                return {"error": None}
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    except SyncTimeout as exc:
+        ctx.store.set(RELEASED, "1")
+        return {"error": (exc.step, exc.ranks, exc.detail)}
+    finally:
+        guard.close()
+    return {"error": None}
+
+
 def _run(pools, fault: Fault, world_size: int = 2) -> list[dict]:
     return pools.get(world_size).run(fsdp_task, fault.value, timeout_s=180)
 
@@ -216,6 +246,15 @@ def test_hsdp_replicas_that_drift_apart_are_named_before_the_next_step_applies(p
     replies = _run(pools, Fault.HSDP_REPLICA_DRIFTS, 4)
     assert [r["outcome"] for r in replies] == [("ReplicaDivergence", FAULT_STEP,
                                                 [HSDP_RANK])] * 4
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_reaches_the_steps_exchange_is_named_by_the_watchdog():
+    with RankPool(LaunchConfig(2, backend="gloo", pg_timeout_s=4.0, timeout_s=120)) as pool:
+        replies = pool.run(late_rank_task)
+    step, ranks, detail = replies[0]["error"]
+    assert (step, ranks) == (FAULT_STEP, [1]) and "alive" in detail, detail
+    assert replies[1]["error"] is None
 
 
 @pytest.mark.slow
