@@ -338,3 +338,23 @@ def test_hardened_fsdp2_on_two_ranks(hardened, name):
     if named is not None:
         assert out["detail"].startswith(named), out
         assert set(out["per_rank"].values()) == {"detected"}, out
+
+
+# HSDP (2 x 2), 4 ranks: replicas exist, so a one-rank load is a ReplicaDivergence (between two
+# replicas the vote names the higher rank: rank 0 loaded, its replica rank 2 is named).
+HARDENED_HSDP = {
+    **{k: v for k, v in HARDENED.items() if k in ("none", "extra-backward-one-rank",
+                                                 "lr-one-rank", "mixed-precision-differs",
+                                                 "clip-local-norm")},
+    "optimizer-before-shard": ("detected", [0, 1, 2, 3], "OptimizerMismatch at step 0"),
+    "load-one-rank": ("detected", [2], "ReplicaDivergence at step 0"),
+}
+
+
+@pytest.mark.slow
+def test_hardened_hsdp_on_a_two_by_two_mesh():
+    out = run_job(Job(tuple(HARDENED_HSDP), world_size=4, mesh=Mesh.HSDP,
+                      column=Column.HARDENED, timeout_s=10, deadline_s=400))
+    for name, (kind, ranks, named) in HARDENED_HSDP.items():
+        assert out[name]["kind"] == kind and out[name]["ranks"] == ranks, out[name]
+        assert named is None or out[name]["detail"].startswith(named), out[name]

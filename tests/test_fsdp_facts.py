@@ -73,3 +73,10 @@ def test_a_learning_rate_one_ulp_off_has_another_digest():
     b = torch.optim.AdamW(p, lr=math.nextafter(1e-3, 1.0))
     assert hyper_digest(a) != hyper_digest(b)
     assert hyper_digest(a) == hyper_digest(torch.optim.AdamW(p, lr=1e-3))
+
+
+def test_a_two_rank_disagreement_says_there_is_no_majority():
+    error, _ = judge([_row(), _row(HYPER=23)], [0, 1], True)
+    assert error.ranks == [1] and "no majority" in error.detail
+    error, _ = judge([_row(), _row(), _row(HYPER=23)], [0, 1, 2], True)
+    assert error.ranks == [2] and "no majority" not in error.detail

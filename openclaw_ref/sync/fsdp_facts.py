@@ -105,12 +105,13 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
                          for r in clock.differing)
         others = _clock_text(rows[_first_agreeing(clock, len(rows))])
         return ClockMismatch(f"{told}; the others: {others} (a rank ran another "
-                             "forward/backward or optimizer step?)",
+                             f"forward/backward or optimizer step?){_no_majority(clock, rows)}",
                              step=step, ranks=ranks(clock.differing)), []
     reduced = plurality([r[Field.REDUCED] for r in rows])
     if reduced.differing:
         return MissingGradient("these ranks reduced other sharded parameters, or as often, "
-                               "since the last optimizer step", step=step,
+                               f"since the last optimizer step{_no_majority(reduced, rows)}",
+                               step=step,
                                ranks=ranks(reduced.differing)), []
     kind = Exchange(rows[0][Field.KIND])
     if kind is Exchange.OPTIMIZER_STEP:
@@ -118,7 +119,9 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
         if diverged:
             return ReplicaDivergence(
                 f"HSDP replicas of the same shards differ bitwise (slice {step % slices} of "
-                f"{slices}, digested before this optimizer step)", step=step,
+                f"{slices}, digested before this optimizer step); a rank is named when its "
+                "digest differs from the plurality of its replicas, and with two replicas from "
+                "the lower rank's: either may be the faulty one", step=step,
                 ranks=ranks(diverged)), []
     unreduced = [r for r, row in enumerate(rows) if row[Field.NOT_REDUCED]]
     if kind is Exchange.OPTIMIZER_STEP and unreduced:
@@ -163,9 +166,18 @@ def _optimizer_verdict(rows: list[list[int]], ranks, step: int) -> ConsistencyEr
     hyper = plurality([r[Field.HYPER] for r in rows])
     if hyper.differing:
         return OptimizerMismatch("the optimizer's hyperparameters (lr, betas, weight decay, "
-                                 "…) differ from the other ranks'", step=step,
+                                 f"…) differ from the other ranks'{_no_majority(hyper, rows)}",
+                                 step=step,
                                  ranks=ranks(hyper.differing))
     return None
+
+
+def _no_majority(vote, rows: Sequence[object]) -> str:
+    """The caveat of a tie (``vote``): the ranks named are only those that differ from the
+    lowest rank's value, and either side may be the faulty one."""
+    if 2 * len(vote.differing) < len(rows):
+        return ""
+    return "; the ranks disagree, no majority: either side may be the faulty one"
 
 
 def _first_agreeing(vote, world: int) -> int:

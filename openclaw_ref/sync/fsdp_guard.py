@@ -148,6 +148,7 @@ class FSDPGuard:
 
     # -- registration ---------------------------------------------------------------------------
     def install(self) -> None:
+        """Register the hooks of the module docstring (1-5); every one is undone by ``close``."""
         for i, (_, p) in enumerate(self.tracked):
             self.handles.append(p.register_post_accumulate_grad_hook(self._reduced(i)))
         for module in self.model.modules():
@@ -167,6 +168,8 @@ class FSDPGuard:
         self.handles.append(_Restore(module, comm))
 
     def _reduced(self, i: int):
+        """Parameter ``i``'s post-accumulate-grad hook: FSDP2 runs it once per reduction of its
+        gradient (module docstring, 1), never on a no-sync backward."""
         counts = self.counts
 
         def reduced(p: torch.Tensor) -> None:
@@ -175,6 +178,8 @@ class FSDPGuard:
 
     # -- the step -------------------------------------------------------------------------------
     def _forward_pre(self, module, args) -> None:
+        """Ahead of FSDP2's own pre-forward (its all-gathers): the extra forward's exchange
+        (module docstring, 5), and a watchdog diagnosis left from the last exchange."""
         if self.closed or not torch.is_grad_enabled():
             return
         if self.watchdog is not None:
@@ -184,6 +189,8 @@ class FSDPGuard:
             self._exchange(Exchange.EXTRA_FORWARD, None, True)
 
     def _forward_post(self, module, args, output) -> None:
+        """Count the backward of this output once it starts (module docstring, 3): one per
+        graph task, so an output used twice in one loss is one backward."""
         if self.closed or not torch.is_grad_enabled():
             return
         out = next((t for t in _leaves(output) if t.grad_fn is not None), None)
@@ -301,7 +308,8 @@ class FSDPGuard:
         return self.block.numel() * self.block.element_size()
 
     def summary(self) -> dict:
-        return {"guard": "fsdp-step", "checks_run": self.exchanges, "checks_passed": self.passed,
+        return {"guard": self.cfg.guard.value, "wrapper": type(self.model).__name__,
+                "checks_run": self.exchanges, "checks_passed": self.passed,
                 "replica_checks": self.opt_steps if self.replicas.enabled else 0,
                 "optimizer_steps": self.opt_steps, "backwards": self.backwards,
                 "extra_forward_exchanges": self.extra_forward_exchanges,
