@@ -8,7 +8,9 @@ that differs on one rank kills that rank at the first all-gather. Also the judgi
 who is named when a rank dies, hangs or only saw its peer vanish.
 
 CI runs the 2-rank corpus in three torchrun jobs (a job ends at the first pattern in which a
-rank fails), two at a time; the unused parameter, 4 ranks and HSDP are behind ``slow``."""
+rank fails), two at a time; the unused parameter, 4 ranks and HSDP are behind ``slow``. The
+``hardened`` column (``harden(model)`` after ``fully_shard``) runs the same patterns on 2 ranks
+(slow): what it names, and what it does not catch yet."""
 
 from __future__ import annotations
 
@@ -26,7 +28,14 @@ from openclaw_ref.fsdp_corpus.outcome import (
     classify,
     process_group_intact,
 )
-from openclaw_ref.fsdp_corpus.patterns import CORPUS, NOT_FOUND, PATTERNS, Mesh, acting_rank
+from openclaw_ref.fsdp_corpus.patterns import (
+    CORPUS,
+    NOT_FOUND,
+    PATTERNS,
+    Column,
+    Mesh,
+    acting_rank,
+)
 from openclaw_ref.fsdp_corpus.silent_errors_script import parse_args
 from openclaw_ref.sync.errors import BadInput
 
@@ -286,3 +295,66 @@ def test_stock_hsdp_on_a_two_by_two_mesh(four_hsdp, name):
         assert out["ranks"] == ranks, out
     if name in REPLICAS_DIFFER_UNDER_HSDP:
         assert out["detail"] == "replicas differ after gathering full tensors", out
+
+
+# --- the hardened column: harden(model) right after fully_shard, 2 ranks -----------------------
+# Measured (kind, ranks, the error it names or None); a detection stops every rank at the named
+# step, before the optimizer applies it, and leaves the process group intact.
+HARDENED = {
+    "none": ("no-effect", [], None),
+    "optimizer-before-shard": ("detected", [0, 1], "OptimizerMismatch at step 0"),
+    "extra-backward-one-rank": ("detected", [1], "ClockMismatch at step 2"),
+    "lr-one-rank": ("detected", [1], "OptimizerMismatch at step 2"),
+    "mixed-precision-differs": ("detected", [1], "ParameterMismatch at ranks [1]"),
+    # not caught yet (docs/hardening.md, "FSDP2"): no replica to compare on a 1-D mesh, no
+    # norm agreement, and no exchange before FSDP2's own collectives of the backward
+    "clip-local-norm": ("silent-corruption", [], None),
+    "load-one-rank": ("silent-corruption", [], None),
+    "no-sync-one-rank": ("hang-timeout", None, None),
+    "unused-param-one-rank": ("crash", [1], None),
+}
+
+
+@pytest.fixture(scope="module")
+def hardened():
+    """The corpus under harden() in three jobs, two at a time (~50 s on 2 shared cores)."""
+    column = Column.HARDENED
+    jobs = (Job(("none", "optimizer-before-shard", "extra-backward-one-rank", "lr-one-rank",
+                 "clip-local-norm", "load-one-rank", "mixed-precision-differs"), column=column),
+            Job(("no-sync-one-rank",), column=column, timeout_s=10),
+            Job(("unused-param-one-rank",), column=column))
+    with ThreadPoolExecutor(2) as pool:
+        return {k: v for out in pool.map(run_job, jobs) for k, v in out.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HARDENED))
+def test_hardened_fsdp2_on_two_ranks(hardened, name):
+    kind, ranks, named = HARDENED[name]
+    out = hardened[name]
+    assert out["column"] == "hardened" and out["kind"] == kind, out
+    if ranks is not None:
+        assert out["ranks"] == ranks, out
+    if named is not None:
+        assert out["detail"].startswith(named), out
+        assert set(out["per_rank"].values()) == {"detected"}, out
+
+
+# HSDP (2 x 2), 4 ranks: replicas exist, so a one-rank load is a ReplicaDivergence (between two
+# replicas the vote names the higher rank: rank 0 loaded, its replica rank 2 is named).
+HARDENED_HSDP = {
+    **{k: v for k, v in HARDENED.items() if k in ("none", "extra-backward-one-rank",
+                                                 "lr-one-rank", "mixed-precision-differs",
+                                                 "clip-local-norm")},
+    "optimizer-before-shard": ("detected", [0, 1, 2, 3], "OptimizerMismatch at step 0"),
+    "load-one-rank": ("detected", [2], "ReplicaDivergence at step 0"),
+}
+
+
+@pytest.mark.slow
+def test_hardened_hsdp_on_a_two_by_two_mesh():
+    out = run_job(Job(tuple(HARDENED_HSDP), world_size=4, mesh=Mesh.HSDP,
+                      column=Column.HARDENED, timeout_s=10, deadline_s=400))
+    for name, (kind, ranks, named) in HARDENED_HSDP.items():
+        assert out[name]["kind"] == kind and out[name]["ranks"] == ranks, out[name]
+        assert named is None or out[name]["detail"].startswith(named), out[name]

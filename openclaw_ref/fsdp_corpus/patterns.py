@@ -21,10 +21,10 @@ NOT_FOUND = "no public report found; the lead's issue names it"
 
 
 class Column(enum.StrEnum):
-    """Who runs the patterns: stock FSDP2 (a hardened column joins here, and in the script's
-    ``wrap``)."""
+    """Who runs the patterns: stock FSDP2, or FSDP2 under ``harden()`` (the script's ``wrap``)."""
 
     STOCK = "stock"
+    HARDENED = "hardened"
 
 
 class Mesh(enum.StrEnum):

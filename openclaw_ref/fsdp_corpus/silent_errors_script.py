@@ -13,8 +13,8 @@ A rank killed by a signal writes nothing, and torchrun then ends rank 0 too:
 ``launch.run_job`` classifies what was left. Every wait has a deadline: the process group's
 timeout (``--timeout-s``), a watchdog per run, and the wait for the other ranks' files.
 
-Columns: ``stock`` is FSDP2 as shipped. A hardened column is one more ``patterns.Column`` member
-and one more branch in ``wrap``, which is applied to the model right after ``fully_shard``.
+Columns: ``stock`` is FSDP2 as shipped; ``hardened`` applies ``harden()`` (``wrap``) to the model
+right after ``fully_shard``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from openclaw_ref.fsdp_corpus.outcome import (
 )
 from openclaw_ref.fsdp_corpus.patterns import CLEAN, FAULT_STEP, Column, Mesh, acts_on, pattern
 from openclaw_ref.sync.errors import BadInput, ConsistencyError
+from openclaw_ref.sync.hardened import harden
 
 STEPS = 6
 LR = 1e-2
@@ -103,7 +104,10 @@ def shard(model: MLP, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> None:
 
 
 def wrap(model: MLP, column: Column) -> Any:
-    """The column's hardening of the sharded model, and what to close afterwards (stock: none)."""
+    """The column's hardening of the sharded model, and what to close afterwards (stock: none).
+    ``hardened``: ``harden(model)`` with its defaults, the optimizer found at its first step."""
+    if column is Column.HARDENED:
+        return harden(model)
     return None
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         MissingGradient,
         NonFiniteGradient,
         OpenClawError,
+        OptimizerMismatch,
         ParameterMismatch,
         ReplicaDivergence,
         ScaleMismatch,
@@ -46,8 +47,9 @@ _HOME = {
     # errors.py imports only the standard library: catching one of these loads no torch
     **dict.fromkeys(("BadInput", "BucketMisalignment", "ClockMismatch", "CollectiveFailed",
                      "ConsistencyError", "GradientsNotAveraged", "MissingGradient",
-                     "NonFiniteGradient", "OpenClawError", "ParameterMismatch",
-                     "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch", "SyncTimeout"),
+                     "NonFiniteGradient", "OpenClawError", "OptimizerMismatch",
+                     "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch",
+                     "SyncTimeout"),
                     "errors"),
 }
 
@@ -64,5 +66,6 @@ __all__ = [
     "STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy",
     "BadInput", "BucketMisalignment", "ClockMismatch", "CollectiveFailed", "ConsistencyError",
     "GradientsNotAveraged", "MissingGradient", "NonFiniteGradient", "OpenClawError",
-    "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch", "SyncTimeout",
+    "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch",
+    "ShapeMismatch", "SyncTimeout",
 ]

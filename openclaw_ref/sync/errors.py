@@ -130,6 +130,11 @@ class NonFiniteGradient(ConsistencyError):
     """A NaN or inf gradient entered the sum that is not an FP16 overflow to be skipped."""
 
 
+class OptimizerMismatch(ConsistencyError):
+    """The optimizer that steps a hardened FSDP2 model holds none of its parameters (built
+    before ``fully_shard``), or its hyperparameters differ between ranks (one rank's lr)."""
+
+
 class CollectiveFailed(OpenClawError):
     """A bucket's allreduce itself failed (the backend's own error, e.g. a peer rank that
     crashed, exited or ended early closed its connection): not a disagreement between ranks,

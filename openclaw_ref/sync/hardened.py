@@ -84,6 +84,7 @@ from openclaw_ref.sync.base import Guard, RankInfo, SyncConfig, SyncStrategy, ha
 from openclaw_ref.sync.control_counts_write import write_counts
 from openclaw_ref.sync.control_layout import joined_slot, unissued_slot
 from openclaw_ref.sync.ddp import wrap_ddp
+from openclaw_ref.sync.fsdp_guard import FSDPGuard, FSDPModule, harden_fsdp
 from openclaw_ref.sync.harden_state import HardenState
 from openclaw_ref.sync.ledger import BucketRecord
 from openclaw_ref.sync.precision import (
@@ -251,9 +252,11 @@ def _presence_hook(present: set[int], key: int):
     return lambda grad: present.add(key)
 
 
-def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None = None, *,
-           check_construction: bool = True) -> HardenState | StepGuard:
+def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
+           ctx: RankInfo | None = None, *, check_construction: bool = True,
+           optimizer: torch.optim.Optimizer | None = None) -> HardenState | StepGuard | FSDPGuard:
     """Make a DDP model's gradient sync verifiable; returns the state (see module docstring).
+    An FSDP2 (``fully_shard``) root module gets ``fsdp_guard``'s guard (``optimizer``: its own).
 
     ``cfg.guard`` picks how: ``step`` (the default, ``step_guard``: DDP's own C++ reduction and
     one small exchange per step) or ``bucket`` (this module's per-bucket comm hook: the
@@ -283,6 +286,9 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     rank 0 again) and harden that, or restore a checkpoint — on every rank.
     """
     cfg = cfg or harden_defaults()
+    if isinstance(ddp_model, FSDPModule):
+        return harden_fsdp(ddp_model, cfg, check_construction, optimizer,
+                           lambda guard: _watchdog(guard, cfg, ctx))
     backend = validate_target(ddp_model, cfg)
     if cfg.guard is Guard.STEP:
         refuse_unsupported(cfg)
@@ -311,7 +317,7 @@ def harden(ddp_model: DDP, cfg: SyncConfig | None = None, ctx: RankInfo | None =
     return state
 
 
-def _watchdog(state: HardenState | StepGuard, cfg: SyncConfig, ctx: RankInfo | None
+def _watchdog(state: HardenState | StepGuard | FSDPGuard, cfg: SyncConfig, ctx: RankInfo | None
               ) -> Watchdog:
     """The state's hang watchdog, on ``ctx``'s store (the default store without one)."""
     store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()

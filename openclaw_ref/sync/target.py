@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.sync.base import SyncConfig, Wire
+from openclaw_ref.sync.base import Guard, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.precision import WIRE_DTYPES
 
@@ -84,8 +86,8 @@ def validate_target(ddp_model: object, cfg: SyncConfig) -> str:
     """Every reason ``harden`` must refuse, checked before anything is registered and before
     any collective; returns the backend that will reduce the gradients."""
     if not isinstance(ddp_model, DDP):
-        raise BadInput(f"harden() needs a torch DistributedDataParallel model; got "
-                       f"{type(ddp_model).__name__}")
+        raise BadInput(f"harden() needs a torch DistributedDataParallel model or an FSDP2 "
+                       f"(fully_shard) module; got {type(ddp_model).__name__}")
     if getattr(ddp_model, HARDENED_MARK, None) is not None:
         raise BadInput("this DDP model is already hardened (harden() called twice?): close() "
                        "the first state before hardening it again")
@@ -106,3 +108,23 @@ def validate_target(ddp_model: object, cfg: SyncConfig) -> str:
         raise BadInput(f"backend {backend} cannot reduce wire dtype(s) {', '.join(bad)}; choose "
                        f"--wire among {sorted(str(d) for d in allowed)}")
     return backend
+
+
+def validate_fsdp_target(model: FSDPModule, cfg: SyncConfig) -> None:
+    """What ``harden()`` refuses on an FSDP2 module, before anything is registered: a second
+    hardening, a guard or wire other than the step guard's native one (FSDP2's own
+    ``MixedPrecisionPolicy`` chooses its wire), no sharded parameter, a mesh of over 2 dims."""
+    if getattr(model, HARDENED_MARK, None) is not None:
+        raise BadInput("this FSDP2 module is already hardened (harden() called twice?): close() "
+                       "the first guard before hardening it again")
+    if cfg.guard is not Guard.STEP or cfg.wire is not Wire.NATIVE:
+        raise BadInput("an FSDP2 module takes the step guard with the native wire only "
+                       "(FSDP2's MixedPrecisionPolicy sets its reduce dtype); got guard "
+                       f"{cfg.guard.value}, wire {cfg.wire.value}")
+    meshes = {p.device_mesh.ndim for p in model.parameters() if isinstance(p, DTensor)}
+    if not meshes:
+        raise BadInput("this FSDP2 module has no sharded (DTensor) parameter to guard: harden "
+                       "the root module that fully_shard was applied to last")
+    if max(meshes) > 2:
+        raise BadInput(f"harden() guards FSDP2 on a 1-D mesh or HSDP's 2-D mesh; got a "
+                       f"{max(meshes)}-D mesh")

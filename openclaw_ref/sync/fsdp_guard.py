@@ -1,0 +1,335 @@
+"""``harden()`` on an FSDP2 model (``fully_shard``; a 1-D mesh, or HSDP's 2-D (replicate,
+shard) mesh): FSDP2's own reduction untouched, and ONE small exchange per step, at the
+optimizer step's pre-hook, before the optimizer applies anything.
+
+Hook points, per rank (torch 2.13, measured in ``docs/hardening.md``'s FSDP2 section):
+  1. a post-accumulate-grad hook on every sharded (DTensor) parameter, which FSDP2 runs after
+     the reduce-scatter (and HSDP's all-reduce) of its group: counts how often each parameter's
+     gradient was reduced since the last optimizer step (no-sync micro-steps reduce nothing);
+  2. the reduce-scatter itself (``FSDPModule.set_custom_reduce_scatter``), wrapped, not
+     replaced: the wrapper sums this rank's own flattened gradients (NaN/±inf iff one is: the
+     local non-finite flag, before the sum mixes the ranks) and calls FSDP2's own comm with the
+     same arguments — the same collective, bit for bit. FSDP2 calls it only where the shard
+     dimension has more than one rank;
+  3. the root's output: a pre-hook on its ``grad_fn`` counts backwards (one per graph task);
+  4. the optimizer step pre-hook (``torch.optim``'s global one, or only ``optimizer``'s when
+     ``harden(model, optimizer=…)`` names it): the step's exchange (``fsdp_facts.Field``) —
+     clock (optimizer steps, backwards), what was reduced, the non-finite flag, whether the
+     optimizer holds the model's parameters, its hyperparameters' digest — one int64 allreduce
+     of ``world × 8`` elements; every rank judges the same rows (``fsdp_facts.judge``);
+  5. the root's forward pre-hook (ahead of FSDP2's own): a forward that follows a reduced
+     backward with no optimizer step between (an extra micro-batch) sends its row first, so a
+     rank running one more forward/backward meets its peers' optimizer-step exchange, with the
+     same collective, and is named — before its all-gathers pair with their next step's.
+
+Invariant: every rank issues the same exchanges in the same order unless its clock differs,
+and then the first exchange where it differs is one its peers issue too (4 or 5), so the
+mismatch is raised on every rank instead of gloo aborting a process or timing out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._pytree import tree_leaves
+
+from openclaw_ref.sync import checks
+from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
+from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
+from openclaw_ref.sync.fsdp_facts import Exchange, Field, hyper_digest, judge, reduced_digest
+from openclaw_ref.sync.precision import finite_sum
+from openclaw_ref.sync.replica_slices import ReplicaSlices
+from openclaw_ref.sync.step_setup import Unset
+from openclaw_ref.sync.target import HARDENED_MARK, validate_fsdp_target
+from openclaw_ref.sync.watchdog import STEP_EXCHANGE, Watchdog
+
+
+class CheckedReduceScatter(ReduceScatter):
+    """FSDP2's reduce-scatter comm with this rank's non-finite sum taken first (module
+    docstring, 2): allocation and the collective are the wrapped comm's own."""
+
+    def __init__(self, inner: ReduceScatter, sums: list[torch.Tensor]) -> None:
+        self.inner, self.sums = inner, sums
+        self.active = True
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, op, async_op: bool = False):
+        if self.active:
+            self.sums.append(finite_sum(input_tensor))
+        return self.inner(output_tensor, input_tensor, group, op, async_op)
+
+
+class _Restore:
+    """Handle that puts an FSDP module's own reduce-scatter comm back (``close()``)."""
+
+    def __init__(self, module: FSDPModule, comm: CheckedReduceScatter) -> None:
+        self.module, self.comm = module, comm
+
+    def remove(self) -> None:
+        self.comm.active = False
+        self.module.set_custom_reduce_scatter(self.comm.inner)
+
+
+def _mesh(model: nn.Module) -> DeviceMesh:
+    return next(p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
+
+
+def exchange_group(model: nn.Module) -> dist.ProcessGroup:
+    """The group spanning every rank of the model's mesh: the mesh's own group (1-D), the
+    flattened mesh (2-D, HSDP), or the default group when the mesh is the whole world."""
+    mesh = _mesh(model)
+    if mesh.ndim == 1:
+        return mesh.get_group()
+    if mesh.size() == dist.get_world_size():
+        return dist.group.WORLD
+    return mesh._flatten().get_group()
+
+
+def harden_fsdp(model: FSDPModule, cfg: SyncConfig, check_construction: bool,
+                optimizer: torch.optim.Optimizer | None,
+                make_watchdog: Callable[[FSDPGuard], Watchdog]) -> FSDPGuard:
+    """``harden()`` for an FSDP2 root module: refuse what cannot be guarded (before anything is
+    registered or any collective), compare the parameter manifests (names, global shapes,
+    dtypes, order: one all-gather of a digest), then register the hooks."""
+    validate_fsdp_target(model, cfg)
+    guard = FSDPGuard(model, cfg, optimizer)
+    if check_construction:
+        checks.construction_check(guard.manifest(), group=guard.group)
+    guard.watchdog = make_watchdog(guard)
+    guard.install()
+    setattr(model, HARDENED_MARK, guard)
+    guard.handles.append(Unset(model, HARDENED_MARK))
+    return guard
+
+
+class FSDPGuard:
+    """One per hardened FSDP2 root module; public surface as ``StepGuard``'s where it applies:
+    ``summary``, ``events``, ``close``, ``step_metrics``, ``begin_step``/``finish_step``."""
+
+    def __init__(self, model: FSDPModule, cfg: SyncConfig,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
+        self.model, self.cfg, self.optimizer = model, cfg, optimizer
+        self.group = exchange_group(model)
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.global_ranks = dist.get_process_group_ranks(self.group)
+        self.tracked = [(n, p) for n, p in model.named_parameters()
+                        if p.requires_grad and isinstance(p, DTensor)]
+        self.names = [n for n, _ in self.tracked]
+        self._ids = {id(p) for _, p in self.tracked}
+        self._full_shapes = Counter(tuple(p.shape) for _, p in self.tracked)
+        mesh = _mesh(model)
+        hsdp = mesh.ndim == 2 and mesh.size(0) > 1  # replicas of each shard exist
+        self.replica_of = mesh.get_coordinate()[-1] + 1 if hsdp else 0
+        self.replicas = ReplicaSlices(self._local_shards(), cfg.replica_slices if hsdp else 0)
+        self.counts = [0] * len(self.tracked)  # reductions since the last optimizer step
+        self.local_sums: list[torch.Tensor] = []
+        self.backwards = self.opt_steps = self.backwards_at_step = 0
+        self.block = torch.zeros(self.world_size, len(Field), dtype=torch.int64)
+        self.events: list = []
+        self.handles: list = []
+        self.watchdog: Watchdog | None = None
+        self.closed = False
+        self.exchanges = self.passed = self.extra_forward_exchanges = 0
+        self._task = -2
+
+    # -- registration ---------------------------------------------------------------------------
+    def install(self) -> None:
+        """Register the hooks of the module docstring (1-5); every one is undone by ``close``."""
+        for i, (_, p) in enumerate(self.tracked):
+            self.handles.append(p.register_post_accumulate_grad_hook(self._reduced(i)))
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                self._wrap_reduce_scatter(module)
+        self.handles.append(self.model.register_forward_pre_hook(self._forward_pre,
+                                                                 prepend=True))
+        self.handles.append(self.model.register_forward_hook(self._forward_post))
+        self.handles.append(register_optimizer_step_pre_hook(self._optimizer_step))
+
+    def _wrap_reduce_scatter(self, module: FSDPModule) -> None:
+        groups = module._get_fsdp_state()._fsdp_param_groups
+        if len(groups) != 1:  # none (no parameters of its own), or per-parameter meshes
+            return
+        comm = CheckedReduceScatter(groups[0]._reduce_scatter_comm, self.local_sums)
+        module.set_custom_reduce_scatter(comm)
+        self.handles.append(_Restore(module, comm))
+
+    def _reduced(self, i: int):
+        """Parameter ``i``'s post-accumulate-grad hook: FSDP2 runs it once per reduction of its
+        gradient (module docstring, 1), never on a no-sync backward."""
+        counts = self.counts
+
+        def reduced(p: torch.Tensor) -> None:
+            counts[i] += 1
+        return reduced
+
+    # -- the step -------------------------------------------------------------------------------
+    def _forward_pre(self, module, args) -> None:
+        """Ahead of FSDP2's own pre-forward (its all-gathers): the extra forward's exchange
+        (module docstring, 5), and a watchdog diagnosis left from the last exchange."""
+        if self.closed or not torch.is_grad_enabled():
+            return
+        if self.watchdog is not None:
+            self.watchdog.check()
+        if any(self.counts):  # a reduced backward, and no optimizer step since
+            self.extra_forward_exchanges += 1
+            self._exchange(Exchange.EXTRA_FORWARD, None, True)
+
+    def _forward_post(self, module, args, output) -> None:
+        """Count the backward of this output once it starts (module docstring, 3): one per
+        graph task, so an output used twice in one loss is one backward."""
+        if self.closed or not torch.is_grad_enabled():
+            return
+        out = next((t for t in _leaves(output) if t.grad_fn is not None), None)
+        if out is not None:
+            out.grad_fn.register_prehook(lambda grads: self._backward_started())
+
+    def _backward_started(self) -> None:
+        task = torch._C._current_graph_task_id()
+        if task != self._task:
+            self._task = task
+            self.backwards += 1
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        """The step's exchange, for the model's optimizer: the one passed to ``harden``, or
+        one that holds the model's parameters, or one that holds tensors shaped like all of
+        them but none of them (the optimizer built before ``fully_shard``)."""
+        if self.closed or (self.optimizer is not None and optimizer is not self.optimizer):
+            return
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        owns = any(id(p) in self._ids for p in held)
+        if not owns and not (self.optimizer is not None or self._shaped_like_model(held)):
+            return  # another model's optimizer
+        self._exchange(Exchange.OPTIMIZER_STEP, optimizer, owns)
+        self.opt_steps += 1
+        self.backwards_at_step = self.backwards
+        self.counts[:] = [0] * len(self.counts)
+        self.local_sums.clear()
+
+    def _shaped_like_model(self, held: list[torch.Tensor]) -> bool:
+        shapes = Counter(tuple(p.shape) for p in held if not isinstance(p, DTensor))
+        return bool(shapes) and shapes == self._full_shapes
+
+    def _row(self, kind: Exchange, optimizer, owns: bool) -> list[int]:
+        row = [0] * len(Field)
+        row[Field.KIND] = kind
+        row[Field.OPT_STEPS] = self.opt_steps
+        row[Field.BACKWARDS] = self.backwards
+        row[Field.REDUCED] = reduced_digest(self.names, self.counts)
+        row[Field.NOT_REDUCED] = int(self.backwards > self.backwards_at_step
+                                     and not any(self.counts))
+        row[Field.NONFINITE] = int(self._nonfinite())
+        row[Field.OPT_OWNS] = int(owns)
+        row[Field.HYPER] = hyper_digest(optimizer) if optimizer is not None else 0
+        if kind is Exchange.OPTIMIZER_STEP and self.replicas.enabled:
+            self.replicas.named = self._local_shards()  # FSDP2 may re-seat them (lazy init)
+            row[Field.REPLICA_OF] = self.replica_of
+            row[Field.REPLICA] = int(self.replicas.digest_slice(self.opt_steps))
+        return row
+
+    def manifest(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, parameter) for the start-up check, each name carrying its FSDP group's
+        ``MixedPrecisionPolicy``: a policy that differs on one rank gives that rank all-gathers
+        of another size, which gloo answers by aborting the process at the first forward."""
+        policy = {}
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                for group in module._get_fsdp_state()._fsdp_param_groups:
+                    for fsdp_param in group.fsdp_params:
+                        policy[id(fsdp_param.sharded_param)] = _policy_text(group.mp_policy)
+        return [(f"{n} [{policy.get(id(p), '?')}]", p) for n, p in self.tracked]
+
+    def _local_shards(self) -> list[tuple[str, torch.Tensor]]:
+        """This rank's shard of every guarded parameter, as plain tensors (HSDP: equal on the
+        ranks that share its shard coordinate, bitwise, between optimizer steps)."""
+        with torch.no_grad():
+            return [(n, p.to_local().detach()) for n, p in self.tracked]
+
+    def _nonfinite(self) -> bool:
+        if not self.local_sums:
+            return False
+        return not all(math.isfinite(v) for v in torch.stack(self.local_sums).tolist())
+
+    def _exchange(self, kind: Exchange, optimizer, owns: bool) -> None:
+        """Send this rank's row, wait (under the watchdog and the group's timeout), judge."""
+        self.block.zero_()
+        self.block[self.rank] = torch.tensor(self._row(kind, optimizer, owns))
+        step = self.opt_steps
+        work = dist.all_reduce(self.block, group=self.group, async_op=True)
+        if self.watchdog is not None:
+            self.watchdog.issued(step, STEP_EXCHANGE, work)
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            if self.watchdog is not None:
+                self.watchdog.check(exc)
+            raise CollectiveFailed(backend_message(exc), step=step) from exc
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.settled(step)
+        self.exchanges += 1
+        error, events = judge(self.block.tolist(), self.global_ranks,
+                              self.cfg.nonfinite is NonFinitePolicy.RAISE,
+                              max(self.replicas.k, 1))
+        self.events.extend(events)
+        if error is not None:
+            self._raise(error)
+        self.passed += 1
+
+    def _raise(self, error: ConsistencyError) -> None:
+        self.events.append(error.event())
+        raise error
+
+    # -- the user's entry points (as the DDP guard's) --------------------------------------------
+    def begin_step(self, step: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.check()
+
+    def finish_step(self, step: int | None = None) -> bool:
+        return True
+
+    def step_metrics(self) -> dict:
+        return {"exchanges": self.exchanges}
+
+    def held_bytes(self) -> int:
+        return self.block.numel() * self.block.element_size()
+
+    def summary(self) -> dict:
+        return {"guard": self.cfg.guard.value, "wrapper": type(self.model).__name__,
+                "checks_run": self.exchanges, "checks_passed": self.passed,
+                "replica_checks": self.opt_steps if self.replicas.enabled else 0,
+                "optimizer_steps": self.opt_steps, "backwards": self.backwards,
+                "extra_forward_exchanges": self.extra_forward_exchanges,
+                "nonfinite": self.cfg.nonfinite.value}
+
+    def close(self) -> None:
+        """Remove every hook, put FSDP2's own reduce-scatter comm back, stop the watchdog;
+        idempotent."""
+        self.closed = True
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        if self.watchdog is not None:
+            self.watchdog.close()
+
+
+def _policy_text(mp) -> str:
+    return ",".join(f"{k}={getattr(mp, k)}" for k in
+                    ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"))
+
+
+def _leaves(output) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]

@@ -1,0 +1,82 @@
+"""The FSDP2 guard's verdict (``fsdp_facts.judge``) from hand-written rows: it reads nothing but
+the rows, so these are the cases every rank decides alike — which check fires first, which
+ranks it names (by global rank), and what is never compared."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from openclaw_ref.sync.errors import (
+    ClockMismatch,
+    MissingGradient,
+    OptimizerMismatch,
+    ReplicaDivergence,
+)
+from openclaw_ref.sync.fsdp_facts import Exchange, Field, hyper_digest, judge
+
+
+def _row(**values: int) -> list[int]:
+    row = [0] * len(Field)
+    row[Field.KIND], row[Field.OPT_STEPS], row[Field.BACKWARDS] = Exchange.OPTIMIZER_STEP, 3, 3
+    row[Field.REDUCED], row[Field.OPT_OWNS], row[Field.HYPER] = 11, 1, 22
+    for name, v in values.items():
+        row[Field[name]] = v
+    return row
+
+
+def test_ranks_that_agree_get_no_verdict():
+    assert judge([_row(), _row(), _row()], [0, 1, 2], True) == (None, [])
+
+
+def test_a_rank_at_another_clock_is_a_clock_mismatch_naming_its_global_rank():
+    error, _ = judge([_row(), _row(), _row(KIND=Exchange.EXTRA_FORWARD, OPT_STEPS=2)],
+                     [4, 5, 6], True)
+    assert isinstance(error, ClockMismatch) and error.ranks == [6] and error.step == 3
+    assert "forward after a reduced backward" in error.detail
+
+
+def test_a_rank_that_reduced_other_parameters_is_a_missing_gradient():
+    error, _ = judge([_row(), _row(REDUCED=12), _row()], [0, 1, 2], True)
+    assert isinstance(error, MissingGradient) and error.ranks == [1]
+
+
+def test_replicas_are_compared_only_among_ranks_holding_the_same_shards():
+    rows = [_row(REPLICA_OF=1, REPLICA=7), _row(REPLICA_OF=2, REPLICA=8),
+            _row(REPLICA_OF=1, REPLICA=7), _row(REPLICA_OF=2, REPLICA=8)]
+    assert judge(rows, [0, 1, 2, 3], True) == (None, [])
+    rows[3][Field.REPLICA] = 9
+    error, _ = judge(rows, [0, 1, 2, 3], True, slices=16)
+    assert isinstance(error, ReplicaDivergence) and error.ranks == [3]
+    assert "slice 3 of 16" in error.detail
+
+
+def test_an_extra_forward_exchange_never_judges_the_optimizer():
+    rows = [_row(KIND=Exchange.EXTRA_FORWARD, OPT_OWNS=0, HYPER=0)] * 2
+    assert judge(rows, [0, 1], True) == (None, [])
+
+
+def test_an_optimizer_without_the_models_parameters_is_named_on_every_rank_it_steps():
+    error, _ = judge([_row(OPT_OWNS=0), _row(OPT_OWNS=0)], [0, 1], True)
+    assert isinstance(error, OptimizerMismatch) and error.ranks == [0, 1]
+
+
+def test_a_nonfinite_flag_under_skip_is_an_event_not_an_error():
+    error, events = judge([_row(), _row(NONFINITE=1)], [0, 1], False)
+    assert error is None and [(e.kind, e.ranks) for e in events] == [("NonFiniteGradient", [1])]
+
+
+def test_a_learning_rate_one_ulp_off_has_another_digest():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    a = torch.optim.AdamW(p, lr=1e-3)
+    b = torch.optim.AdamW(p, lr=math.nextafter(1e-3, 1.0))
+    assert hyper_digest(a) != hyper_digest(b)
+    assert hyper_digest(a) == hyper_digest(torch.optim.AdamW(p, lr=1e-3))
+
+
+def test_a_two_rank_disagreement_says_there_is_no_majority():
+    error, _ = judge([_row(), _row(HYPER=23)], [0, 1], True)
+    assert error.ranks == [1] and "no majority" in error.detail
+    error, _ = judge([_row(), _row(), _row(HYPER=23)], [0, 1, 2], True)
+    assert error.ranks == [2] and "no majority" not in error.detail
