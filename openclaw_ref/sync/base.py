@@ -256,5 +256,7 @@ class SyncStrategy(abc.ABC):
         gradients (the fault injector overrides one rank's exponent through it); else None."""
         return None
 
-    def close(self) -> None:
-        """Release hooks and threads; must not block on other ranks."""
+    def close(self, verify: bool = True) -> None:
+        """Release hooks and threads. ``verify``: the run ended cleanly on every rank, so a
+        strategy may run a last collective check (``hardened``: every replica slice); with
+        ``verify=False`` (a failed run) it must not block on other ranks."""

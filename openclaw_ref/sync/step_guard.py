@@ -68,6 +68,7 @@ from openclaw_ref.sync.errors import (
 )
 from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.precision import ScalePolicy, finite_sum
+from openclaw_ref.sync.replica_close import close_check
 from openclaw_ref.sync.replica_slices import ReplicaSlices
 from openclaw_ref.sync.step_setup import Unset
 from openclaw_ref.sync.watchdog import STEP_EXCHANGE, Watchdog
@@ -111,6 +112,7 @@ class StepGuard:
         self.watchdog: Watchdog | None = None
         self.handles: list = []
         self.closed = False
+        self.failed = False  # the guard raised: no close-time check (``replica_close``)
         self.clock = 0
         self.step_t0 = time.perf_counter()
         self._device_t0 = self._device_ready = None  # CUDA events of the ready time
@@ -261,6 +263,7 @@ class StepGuard:
 
     def _fail(self, exc: RuntimeError, step: int) -> None:
         """A failed collective: the watchdog's diagnosis if it has one, else the backend's."""
+        self.failed = True
         if self.watchdog is not None:
             self.watchdog.check(exc)
         raise CollectiveFailed(backend_message(exc), step=step) from exc
@@ -330,6 +333,7 @@ class StepGuard:
                 self.ledger.last["device_ready_ms"] = {
                     "step": self._device_t0.elapsed_time(self._device_ready)}
         except ConsistencyError as exc:
+            self.failed = True
             if cause is not None and isinstance(exc, MissingGradient):
                 raise GradientsNotAveraged(cause[0].value, step=step, ranks=exc.ranks,
                                            params=cause[1]) from None
@@ -368,7 +372,11 @@ class StepGuard:
     # -- the user's entry points -----------------------------------------------------------
     def _enter(self) -> None:
         if self.watchdog is not None:
-            self.watchdog.check()
+            try:
+                self.watchdog.check()
+            except BaseException:
+                self.failed = True
+                raise
         self._settle()
 
     def before_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -400,9 +408,17 @@ class StepGuard:
                 "nonfinite": self.cfg.nonfinite.value, "scale_mode": self.cfg.scale_mode.value,
                 "guard": self.cfg.guard.value, "shadow_steps": self.shadow_steps}
 
-    def close(self) -> None:
-        """Remove what ``harden()`` added and stop the watchdog; idempotent. The wire (DDP's
-        own reduction) is untouched."""
+    def close(self, verify: bool = True) -> None:
+        """Compare every replica slice once (``replica_close``: a collective, skipped after a
+        failure or with ``verify=False``), then remove what ``harden()`` added and stop the
+        watchdog, also when the check raises; idempotent. The wire (DDP's own reduction) is
+        untouched."""
+        try:
+            close_check(self, verify)
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
         self.closed = True
         self._pending = None
         for handle in self.handles:
