@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from openclaw_ref.cli.failure import details, failure_line, report_failure
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.sync.errors import NonFiniteGradient
@@ -82,6 +84,7 @@ def test_replicas_that_differ_after_their_slices_last_visit_exit_3_naming_rank_a
     assert "at close()" in first and "layer.5.ffn.w1.weight" in first
 
 
+@pytest.mark.slow  # torchrun's own start-up: 13-14 s on the loaded 2-core machine
 def test_under_torchrun_the_failure_line_is_printed_once():
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2", "-m", "openclaw_ref")
