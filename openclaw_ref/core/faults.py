@@ -166,6 +166,13 @@ def _check_step(name: str, step: int) -> None:
                        f":{step} cannot be honoured; leave out :STEP (or give :0)")
 
 
+def fault_text(name: str, value: str | None, step: int) -> str:
+    """The ``--inject`` text of fault ``name`` at ``step``; a construction-time fault gets no
+    STEP (it acts when the model is built, and ``parse_fault`` refuses any other than 0)."""
+    when = "" if name in CONSTRUCTION_TIME else f":{step}"
+    return f"{name}{'=' + value if value else ''}{when}"
+
+
 def parse_fault(text: str) -> FaultSpec:
     """Parse ``NAME[=VALUE][@RANK][:STEP]``; unknown names list the known ones, a STEP the
     fault cannot honour is refused (module docstring)."""
