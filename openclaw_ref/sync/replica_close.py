@@ -10,14 +10,17 @@ full replica comparison), so the detection window is: a divergence is caught wit
 Invariant. The check is a collective: it runs only where every rank runs it — on a guard that
 has finished at least one digested step, has not raised, is closed with ``verify`` left True,
 and is not being closed while an exception propagates (a ``finally:`` after a failure, where a
-peer may never arrive). A peer that died makes the gather fail at once (the backend's error,
-raised as ``CollectiveFailed`` after the watchdog's diagnosis if it has one); one that hangs is
-bounded by the process group's timeout and the launcher's deadline, as any step's exchange.
+peer may never arrive). A rank cannot know that a peer failed without a collective, so the
+gather may still meet a peer that died or stopped (it failed, or left its loop early): the
+backend's error comes at once for a dead peer, at the process group's timeout for one that never
+arrives, and the check is then recorded as not run (a ``NOT_RUN`` event and a warning), not
+raised — the close of a run whose peer already failed must not replace that failure.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -25,9 +28,11 @@ import torch.distributed as dist
 from torch import nn
 
 from openclaw_ref.sync import checks
-from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
+from openclaw_ref.sync.errors import ConsistencyError, Event, backend_message
 from openclaw_ref.sync.replica_slices import ReplicaSlices
 from openclaw_ref.sync.watchdog import Watchdog
+
+NOT_RUN = "CloseCheckNotRun"  # Event kind: the close-time gather failed (a peer gone)
 
 
 class ClosingGuard(Protocol):
@@ -40,6 +45,7 @@ class ClosingGuard(Protocol):
     global_ranks: list[int]
     replicas: ReplicaSlices
     watchdog: Watchdog | None
+    events: list[Event]
 
 
 def check_due(guard: ClosingGuard, verify: bool) -> bool:
@@ -51,8 +57,8 @@ def check_due(guard: ClosingGuard, verify: bool) -> bool:
 
 def verify_replicas(guard: ClosingGuard) -> None:
     """Compare every synchronized parameter across the guard's ranks; raises
-    ``ReplicaDivergence`` (global ranks; the differing parameters, the first first) or
-    ``CollectiveFailed``."""
+    ``ReplicaDivergence`` (global ranks; the differing parameters, the first first); a failed
+    gather is recorded, not raised (module docstring)."""
     named: Sequence[tuple[str, nn.Parameter]] = guard.replicas.named
     step = max(guard.clock - 1, 0)  # the last step run (the clock has moved past it)
     try:
@@ -62,9 +68,9 @@ def verify_replicas(guard: ClosingGuard) -> None:
         raise type(err)(f"{err.detail} at close(), after the optimizer step (every slice "
                         f"compared)", step=step, ranks=err.ranks, params=err.params) from None
     except RuntimeError as exc:
-        if guard.watchdog is not None:
-            guard.watchdog.check(exc)
-        raise CollectiveFailed(backend_message(exc), step=step) from exc
+        detail = f"replica check at close() not run: {backend_message(exc)}"
+        guard.events.append(Event(NOT_RUN, step, detail=detail))
+        warnings.warn(f"openclaw: {detail}", RuntimeWarning, stacklevel=2)
 
 
 def close_check(guard: ClosingGuard, verify: bool) -> None:
