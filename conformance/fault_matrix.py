@@ -26,7 +26,14 @@ import torch.distributed as dist
 
 from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
-from openclaw_ref.core.faults import FAULTS, GROUP_KILLING, FaultSpec, parse_duration_s, parse_fault
+from openclaw_ref.core.faults import (
+    FAULTS,
+    GROUP_KILLING,
+    FaultSpec,
+    fault_text,
+    parse_duration_s,
+    parse_fault,
+)
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig, WatchdogAction, harden_defaults
@@ -62,7 +69,7 @@ class MatrixSettings:
 
     def fault_text(self, fault: str) -> str:
         value = {"late-rank": self.late_rank_value, "hang": self.hang_value}.get(fault)
-        return f"{fault}{'=' + value if value else ''}:{self.fault_step}"
+        return fault_text(fault, value, self.fault_step)
 
     def sync_config(self, strategy: str) -> SyncConfig:
         """Stock DDP, with or without one of PyTorch's hooks, as users get it (``as_shipped``);

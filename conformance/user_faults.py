@@ -42,7 +42,7 @@ from openclaw_ref.conformance.user_checks import strategy_label
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.corpus_faults import CORPUS, CorpusFault, Reach, pattern
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
-from openclaw_ref.core.faults import FaultSpec, parse_fault
+from openclaw_ref.core.faults import FaultSpec, fault_text, parse_fault
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.sync.base import SyncStrategy
 from openclaw_ref.sync.errors import BadInput, ConsistencyError
@@ -116,7 +116,7 @@ class UserFaultSettings:
 
     def fault_text(self, fault: str) -> str:
         value = {"late-rank": self.late_rank_value, "hang": self.hang_value}.get(fault)
-        return f"{fault}{'=' + value if value else ''}:{self.fault_step}"
+        return fault_text(fault, value, self.fault_step)
 
 
 def swappable_pair(model: nn.Module) -> tuple[str, str] | None:

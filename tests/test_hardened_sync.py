@@ -181,7 +181,7 @@ def test_a_fired_check_still_writes_the_run_json_with_its_event(pools, tmp_path)
 
     out = tmp_path / "run.json"
     sync = SyncConfig("hardened", wire="fp16", guard="bucket")  # the guard that sees a scale
-    scale_mismatch = (parse_fault("scale-mismatch=10@1"),)  # rank 1 pre-scales by 2^10
+    scale_mismatch = (parse_fault("scale-mismatch=10@1:0"),)  # rank 1 pre-scales by 2^10
     with pytest.raises(RankFailed) as err:
         pools.get(2).run(record_of, train_cfg(2, sync, steps=3, out=str(out),
                                               faults=scale_mismatch))

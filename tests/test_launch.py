@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -93,6 +95,16 @@ def test_a_hung_rank_ends_in_a_timeout_naming_unfinished_ranks():
     assert info.value.ranks == [0, 1]  # both: rank 0 waits in the barrier for rank 1
     assert info.value.exit_code == 4
     assert _all_dead(pids)
+
+
+def test_past_the_deadline_each_unfinished_rank_writes_its_stacks_to_its_own_file():
+    pool = RankPool(LaunchConfig(2, backend="gloo", timeout_s=3))
+    with pytest.raises(LaunchTimeout) as info:
+        pool.run(hang_on_last_rank)
+    stacks = Path(info.value.stacks_dir)
+    assert sorted(p.name for p in stacks.glob("rank*.txt")) == ["rank0.txt", "rank1.txt"]
+    assert "hang_on_last_rank" in (stacks / "rank1.txt").read_text()  # its own stack, whole
+    shutil.rmtree(stacks)
 
 
 def test_a_rank_killed_by_a_signal_is_named():

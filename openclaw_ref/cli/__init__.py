@@ -17,8 +17,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from openclaw_ref.core.errors import RankFailed, exit_code_for
-from openclaw_ref.sync.errors import EXIT_BAD_INPUT, BadInput, OpenClawError
+from openclaw_ref.cli.failure import report_failure
+from openclaw_ref.sync.errors import EXIT_BAD_INPUT, OpenClawError
 
 DESCRIPTION = ("openclaw-sync: benchmark and conformance suite for gradient synchronization of "
                "a dynamically sparse model under data-parallel training. Exit codes: 0 ok, "
@@ -75,20 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; a failure is worded by ``cli/failure.py`` (one first line; details
+    only with ``--verbose`` where the subcommand has it, always where it has not)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except BadInput as exc:
-        sys.stderr.write(f"openclaw-bench: error: {exc}\n")
-        return EXIT_BAD_INPUT
-    except RankFailed as exc:
-        sys.stderr.write(f"openclaw-bench: {exc}\n")
-        if exc.traceback_text:
-            sys.stderr.write(exc.traceback_text)
-        return exc.exit_code
     except OpenClawError as exc:
-        sys.stderr.write(f"openclaw-bench: {exc}\n")
-        return exit_code_for(exc)
+        return report_failure(exc, verbose=getattr(args, "verbose", True))
 
 
 def console_main(entry: Callable[[], int] = main) -> None:

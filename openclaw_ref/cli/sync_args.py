@@ -41,9 +41,10 @@ def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_e
                    help="bucketed: compare the replicas' parameters every K steps (0: never)")
     p.add_argument("--replica-slices", type=int, default=replica_slices, metavar="K",
                    help="hardened: every parameter's replica compared within K steps, one "
-                        "slice per step in the step's control block (1: all every step; 0: "
-                        "off; default here: " + (str(replica_slices) if replica_slices
-                                                 is not None else "harden()'s") + ")")
+                        "slice per step in the step's control block, and all of them when the "
+                        "run ends (1: all every step; 0: off; default here: "
+                        + (str(replica_slices) if replica_slices is not None else "harden()'s")
+                        + ")")
     p.add_argument("--watchdog-s", type=float, default=60.0,
                    help="a bucket's allreduce unfinished this long gets a diagnosis of the "
                         "late ranks")

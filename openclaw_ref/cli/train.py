@@ -44,6 +44,10 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                    help="validation loss every N steps (0: only at the end)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar on stderr")
+    p.add_argument("--verbose", action="store_true",
+                   help="after a failure's one-line summary, print the failing rank's "
+                        "traceback and, past the deadline, each unfinished rank's stacks "
+                        "(without it: the folder of the stacks)")
     p.add_argument("--out", default=None, help="write the run JSON here (rank 0)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics on HOST:PORT+rank (0: a free port per "

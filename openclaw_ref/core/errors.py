@@ -28,14 +28,20 @@ class RankFailed(OpenClawError):
 
 
 class LaunchTimeout(SyncTimeout):
-    """The launcher's own deadline passed; ``ranks`` had not finished."""
+    """The launcher's own deadline passed; ``ranks`` had not finished. ``stacks_dir``: where
+    each of them wrote its stacks (``rank_process.stacks_file``), if they were asked."""
+
+    def __init__(self, detail: str, *, ranks: list[int] | None = None,
+                 stacks_dir: str | None = None) -> None:
+        super().__init__(detail, ranks=ranks)
+        self.stacks_dir = stacks_dir
 
     def __reduce__(self):
-        return (_rebuild_launch_timeout, (self.detail, self.ranks))
+        return (_rebuild_launch_timeout, (self.detail, self.ranks, self.stacks_dir))
 
 
-def _rebuild_launch_timeout(detail, ranks):
-    return LaunchTimeout(detail, ranks=ranks)
+def _rebuild_launch_timeout(detail, ranks, stacks_dir=None):
+    return LaunchTimeout(detail, ranks=ranks, stacks_dir=stacks_dir)
 
 
 def exit_code_for(exc: BaseException) -> int:

@@ -2,6 +2,9 @@
 
 CLI syntax: ``--inject NAME[=VALUE][@RANK][:STEP]`` (repeatable). The training loop calls the
 injector at fixed points; a fault acts only on its rank. Defaults: rank = the last rank, step = 2.
+Invariant: a fault's first effect is at its STEP, or the parser refuses the STEP (the
+construction-time faults, ``CONSTRUCTION_TIME``, take only ``:0`` or none) — a STEP is never
+silently ignored.
 
 The injector is a loop callback (``core/callbacks.py``); the hook points it uses:
   ``setup(model, sync)``      reorders the model's registration and may change this rank's
@@ -18,10 +21,11 @@ The faults (VALUE in brackets, with its default):
 ``local-buckets[=0.05]``   the seed's rank-local bucketing: under ``bucketed`` the rank plans with
                            ``norm-ema`` on its own local norms; under DDP-based strategies the rank
                            gets bucket cap VALUE MB, so its bucket layout differs from the others'.
-                           Construction-time: in effect from step 0.
+                           Construction-time: in effect from step 0 (a STEP other than 0 is
+                           refused).
 ``scale-mismatch[=10]``    the rank pre-scales FP16 gradients by 2^VALUE while the others use the
                            configured scale (2^12, the seed's M4). Strategies with a pre-scale
-                           get it on their scale policy once wrapped (from step 0). Stock DDP
+                           get it on their scale policy from the forward of STEP on. Stock DDP
                            and harden()'s step guard have none, so it is simulated from STEP
                            on: the rank multiplies its local gradients by 2^(VALUE-12) before
                            the allreduce and divides the averaged result by the same factor
@@ -33,6 +37,7 @@ The faults (VALUE in brackets, with its default):
 ``permuted-params[=layer.3.attn.q_proj,layer.3.attn.v_proj]``  two same-shaped submodules swap
                            their registration order on the rank, so two pairs of same-shaped
                            parameters (weight, bias) swap positions in ``parameters()``.
+                           Construction-time (a STEP other than 0 is refused).
 ``bitflip[=layer.5.ffn.w1.weight]``  after the optimizer step of STEP, bit 22 (the top mantissa bit:
                            the value stays finite) of element 0 of the parameter is flipped.
 ``nan-grad[=layer.3.attn.v_proj.weight]``  at STEP element 0 of the rank's local gradient of the
@@ -59,6 +64,7 @@ from torch import nn
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.sync.base import ScaleMode, SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.precision import ScalePolicy
 
 FAULTS: tuple[str, ...] = ("late-rank", "local-buckets", "scale-mismatch", "missing-grad",
                            "permuted-params", "bitflip", "nan-grad", "crash", "hang")
@@ -152,13 +158,31 @@ def _check_value(spec: FaultSpec) -> None:
         raise BadInput(f"bad value {v!r} for fault {spec.name}") from None
 
 
+def _check_step(name: str, step: int) -> None:
+    """Refuse a STEP the fault cannot honour: a construction-time fault is in effect from step 0
+    whatever STEP says, and a run reporting it at step 0 after ``:3`` was asked misleads."""
+    if name in CONSTRUCTION_TIME and step != 0:
+        raise BadInput(f"fault {name} acts when the model is built (in effect from step 0), so "
+                       f":{step} cannot be honoured; leave out :STEP (or give :0)")
+
+
+def fault_text(name: str, value: str | None, step: int) -> str:
+    """The ``--inject`` text of fault ``name`` at ``step``; a construction-time fault gets no
+    STEP (it acts when the model is built, and ``parse_fault`` refuses any other than 0)."""
+    when = "" if name in CONSTRUCTION_TIME else f":{step}"
+    return f"{name}{'=' + value if value else ''}{when}"
+
+
 def parse_fault(text: str) -> FaultSpec:
-    """Parse ``NAME[=VALUE][@RANK][:STEP]``; unknown names list the known ones."""
+    """Parse ``NAME[=VALUE][@RANK][:STEP]``; unknown names list the known ones, a STEP the
+    fault cannot honour is refused (module docstring)."""
     m = _SPEC.match(text.strip())
     if not m:
         raise BadInput(f"bad --inject {text!r}; expected NAME[=VALUE][@RANK][:STEP]")
     if m["name"] not in FAULTS:
         raise BadInput(f"unknown fault {m['name']!r}; choose one of {', '.join(FAULTS)}")
+    if m["step"]:
+        _check_step(m["name"], int(m["step"]))
     spec = FaultSpec(m["name"], int(m["rank"]) if m["rank"] else None,
                      int(m["step"]) if m["step"] else 2, m["value"])
     _check_value(spec)
@@ -218,7 +242,8 @@ class FaultInjector(Callback):
         self._handles: list = []  # tensor hooks removed after the step they act on
         self._restore: list[Callable[[], None]] = []
         self._unscale: float | None = None  # stock-DDP scale-mismatch: divide synced grads
-        self._prescaled = False  # the strategy's own pre-scale took the scale fault
+        self._prescaled = False  # the strategy's own pre-scale takes the scale fault
+        self._policy: ScalePolicy | None = None
         self._base_exponent = DEFAULT_SCALE_EXPONENT
 
     def _active(self, name: str, step: int | None = None) -> list[FaultSpec]:
@@ -246,11 +271,12 @@ class FaultInjector(Callback):
     def on_wrapped(self, strategy: SyncStrategy) -> None:
         policy = strategy.scale_policy() if strategy.name in PRESCALING_STRATEGIES else None
         self._prescaled = policy is not None
-        for s in self._active("scale-mismatch"):
-            if policy is not None:
-                policy.override(self.rank, int(s.resolved_value))
+        self._policy = policy
 
     def before_forward(self, step: int, model: nn.Module) -> None:
+        if self._policy is not None:  # from STEP on, this rank's pre-scale departs
+            for s in self._active("scale-mismatch", step):
+                self._policy.override(self.rank, int(s.resolved_value))
         for s in self._active("missing-grad", step):
             p = _named_param(model, s.resolved_value)
             p.requires_grad_(False)  # autograd leaves it out: no gradient at all on this rank

@@ -15,7 +15,8 @@ Failure contract (what the parent guarantees):
   - a rank that dies without a word (SIGABRT from gloo on a size mismatch, ``os._exit``) is named
     with its exit code or signal;
   - a task past its deadline makes the pending ranks dump their stacks (faulthandler, SIGUSR1),
-    then all ranks are killed and ``LaunchTimeout`` names the ranks that had not finished;
+    each into its own file, then all ranks are killed and ``LaunchTimeout`` names the ranks that
+    had not finished and the folder of their stacks (the CLI prints them only with --verbose);
   - no rank outlives the parent (``PR_SET_PDEATHSIG``) or a broken pool.
 The rank's end of the pipe (its messages, last words and exit) is ``rank_process``.
 """
@@ -23,13 +24,13 @@ The rank's end of the pipe (its messages, last words and exit) is ``rank_process
 from __future__ import annotations
 
 import datetime
-import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
-import signal
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,8 @@ from openclaw_ref.core.rank_process import (
     exit_with,
     failure_message,
     fatal_reporter,
+    register_stack_dump,
+    request_stacks,
     send,
 )
 from openclaw_ref.core.triage import FailureTriage, Report
@@ -140,11 +143,11 @@ def _device_for(cuda: bool, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.Connection) -> None:
+def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.Connection,
+               stacks_dir: str) -> None:
     """A spawned rank: join the group, then serve tasks until told to stop."""
     die_with_parent()
-    faulthandler.enable()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    register_stack_dump(stacks_dir, rank)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: gloo pairs on loopback too
     _set_threads(cfg, cfg.world_size)
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # NCCL errors abort, not hang
@@ -196,6 +199,8 @@ class RankPool:
         self._conns: list[mpc.Connection] = []
         self._broken = False
         self._closed = False
+        self._stacks_dir = tempfile.mkdtemp(prefix="openclaw-stacks-")  # kept if one is dumped
+        self._stacks_dumped = False
         listener = _loopback_listener(cfg.host)
         port = listener.getsockname()[1]
         self._store = dist.TCPStore(
@@ -205,7 +210,8 @@ class RankPool:
         ctx = mp.get_context("spawn")
         for rank in range(cfg.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_rank_main, args=(rank, cfg, self.backend, port, child_end),
+            p = ctx.Process(target=_rank_main, args=(rank, cfg, self.backend, port, child_end,
+                                                         self._stacks_dir),
                             name=f"openclaw-rank{rank}", daemon=True)
             p.start()
             child_end.close()
@@ -260,9 +266,11 @@ class RankPool:
                 raise RankFailed(blame.rank, blame.summary, blame.traceback_text, blame.cause)
             if now >= deadline:
                 unfinished = sorted(set(range(self.cfg.world_size)) - set(results))
-                self._dump_stacks(unfinished)
+                self._stacks_dumped = True
+                request_stacks([self._procs[r].pid for r in unfinished
+                                if self._procs[r].is_alive() and self._procs[r].pid])
                 raise LaunchTimeout(f"{what} did not finish within {timeout_s:.0f} s",
-                                    ranks=unfinished)
+                                    ranks=unfinished, stacks_dir=self._stacks_dir)
             wake = min(deadline, triage.wake_at() or deadline)
             for obj in mpc.wait(list(listening) + list(alive), timeout=max(0.0, wake - now)):
                 if obj in listening:
@@ -294,16 +302,6 @@ class RankPool:
         triage.finish(rank)
         del listening[conn]
 
-    def _dump_stacks(self, ranks: list[int]) -> None:
-        for r in ranks:
-            p = self._procs[r]
-            if p.is_alive() and p.pid:
-                try:
-                    os.kill(p.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
-        time.sleep(0.5)
-
     def close(self, grace_s: float = 10.0) -> None:
         """Stop every rank: politely when healthy, by SIGKILL otherwise. Idempotent."""
         if self._closed:
@@ -326,6 +324,8 @@ class RankPool:
             p.join(5)
         for conn in self._conns:
             conn.close()
+        if not self._stacks_dumped:
+            shutil.rmtree(self._stacks_dir, ignore_errors=True)
         self._store = None  # the store owns the listening socket and closes it with itself
 
     def kill(self) -> None:

@@ -5,17 +5,23 @@ wedged in a collective). The launcher's pool (``launch.RankPool``) is the other 
 
 Messages to the parent: ``("ready",)``, ``("ok", result)``, and ``("error", summary, traceback,
 cause)`` where ``cause`` is the exception itself when it survives pickling, else None.
+
+Stacks on request: SIGUSR1 makes a rank write every thread's stack to its own file
+(``stacks_file``) in a folder the parent chose, never to the stderr the ranks share, so two
+ranks' dumps never interleave; the parent decides whether anyone sees them.
 """
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import multiprocessing.connection as mpc
 import os
 import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 
@@ -27,6 +33,33 @@ def die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
             pass
+
+
+_STACK_FILES: list = []  # kept open: faulthandler writes to the descriptor from a signal handler
+
+
+def stacks_file(stacks_dir: str, rank: int) -> str:
+    """Where ``rank`` writes its stacks when asked."""
+    return os.path.join(stacks_dir, f"rank{rank}.txt")
+
+
+def register_stack_dump(stacks_dir: str, rank: int) -> None:
+    """SIGUSR1 dumps every thread's stack into this rank's own file (module docstring); a
+    fatal signal's dump still goes to stderr."""
+    faulthandler.enable()
+    f = open(stacks_file(stacks_dir, rank), "w")  # noqa: SIM115 - lives as long as the process
+    _STACK_FILES.append(f)
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+
+
+def request_stacks(pids: list[int]) -> None:
+    """Ask the ranks ``pids`` for their stacks, and give them half a second to write them."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
 
 
 def send(conn: mpc.Connection, message: tuple, lock: threading.Lock | None = None) -> None:

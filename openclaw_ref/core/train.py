@@ -217,10 +217,13 @@ def train_model(ctx: RankContext, cfg: TrainConfig, callbacks: Sequence[Callback
 
 
 def _run_steps(run: Run) -> None:
-    """Every step and the final validation; a check that stops the run is reported to the
-    callbacks and recorded (rank 0) before it propagates."""
+    """Every step, the final validation and the strategy's close — with its last check on a
+    run every rank finished (``hardened``: every replica slice, so a divergence after the last
+    visit of its slice still ends the run with ``ReplicaDivergence``, exit 3); a check that
+    stops the run is reported to the callbacks and recorded (rank 0) before it propagates."""
     ctx, cfg = run.ctx, run.cfg
     bar = _progress(ctx, cfg)
+    ended = False  # every rank finished every step: the strategy's close may check (a collective)
     try:
         for step in range(cfg.steps):
             _train_step(run, step)
@@ -230,6 +233,11 @@ def _run_steps(run: Run) -> None:
                 bar.update(1)
                 bar.set_postfix_str(f"rank 0 loss {run.log.loss[-1]:.3f}")
         run.val_curve.append((cfg.steps - 1, validation_loss(run.model, run.ds, ctx.device)))
+        ended = True
+        if bar is not None:
+            bar.close()
+            bar = None
+        run.strategy.close()  # hardened: every replica slice compared once (exit 3 if not)
     except (ConsistencyError, SyncTimeout) as exc:
         run.callbacks.on_event(exc.event())
         if ctx.is_main and cfg.out:
@@ -239,7 +247,8 @@ def _run_steps(run: Run) -> None:
     finally:
         if bar is not None:
             bar.close()
-        run.strategy.close()
+        if not ended:
+            run.strategy.close(verify=False)  # a failed run: a peer may never arrive
 
 
 def _train_step(run: Run, step: int) -> None:

@@ -179,7 +179,9 @@ class SyncConfig:
     bucket_cap_mb: float = 25.0  # torch DDP's default
     replica_check_every: int = 0  # bucketed engine: steps between replica checks; 0 = off
     # hardened: the synchronized parameters are cut into K slices, one digested per step in the
-    # step's control block, so every parameter is compared every K steps; 0 = off
+    # step's control block, so every parameter is compared every K steps, and all of them once
+    # more at close(): a divergence is caught within K (16) steps, or at close() for the rest;
+    # 0 = off
     replica_slices: int = 16
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
     watchdog_action: WatchdogAction = WatchdogAction.RAISE
@@ -263,5 +265,7 @@ class SyncStrategy(abc.ABC):
         gradients (the fault injector overrides one rank's exponent through it); else None."""
         return None
 
-    def close(self) -> None:
-        """Release hooks and threads; must not block on other ranks."""
+    def close(self, verify: bool = True) -> None:
+        """Release hooks and threads. ``verify``: the run ended cleanly on every rank, so a
+        strategy may run a last collective check (``hardened``: every replica slice); with
+        ``verify=False`` (a failed run) it must not block on other ranks."""

@@ -248,6 +248,6 @@ class Bucketed(SyncStrategy):
     def scale_policy(self) -> ScalePolicy | None:
         return self.engine.policy if hasattr(self, "engine") else None
 
-    def close(self) -> None:
+    def close(self, verify: bool = True) -> None:
         if hasattr(self, "engine"):
             self.engine.close()

@@ -46,7 +46,7 @@ class DetailDDP(StockDDP):
     def summary(self) -> dict:
         return {"debug_level": "DETAIL", "gradient_group": "ProcessGroupWrapper"}
 
-    def close(self) -> None:
+    def close(self, verify: bool = True) -> None:
         group = getattr(self, "group", None)
         if group is not None:
             self.group = None

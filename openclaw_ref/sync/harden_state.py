@@ -33,6 +33,7 @@ from openclaw_ref.sync.control_layout import (
 from openclaw_ref.sync.errors import CollectiveFailed, backend_message
 from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.precision import ScalePolicy
+from openclaw_ref.sync.replica_close import close_check
 from openclaw_ref.sync.replica_slices import ReplicaSlices
 from openclaw_ref.sync.watchdog import Watchdog
 
@@ -91,6 +92,7 @@ class HardenState:
         self._device_marks: list[tuple[int, object]] = []
         self.handles: list = []  # the hooks harden() added (``RemovableHandle``), for close()
         self.closed = False  # after close() the comm hook is a plain allreduce
+        self.failed = False  # the guard raised: no close-time check (``replica_close``)
         self.averaging: AveragingWatch | None = None  # were the gradients averaged? (harden())
         # sends the buckets this rank's DDP never issued this step (harden())
         self.complete_unissued: Callable[[], None] | None = None
@@ -231,18 +233,25 @@ class HardenState:
     def forward_started(self) -> None:
         """Forward pre-hook of the DDP model: the ready-time origin of the next step (a
         previous backward that never issued its last bucket is reported first)."""
-        if self.watchdog is not None:
-            self.watchdog.check()
+        self._check_watchdog()
         if self._records:
             self._settle()
         self._start_clock()
+
+    def _check_watchdog(self) -> None:
+        """Raise the watchdog's diagnosis, if it has one for this rank (marks the guard failed)."""
+        if self.watchdog is not None:
+            try:
+                self.watchdog.check()
+            except BaseException:
+                self.failed = True
+                raise
 
     def begin_step(self, step: int) -> None:
         """Name the step (the clock every rank must agree on). A caller of this protocol reads
         each step's verdict from ``finish_step``, so a wire overflow's gradients are no longer
         dropped for it (``Ledger`` step 5)."""
-        if self.watchdog is not None:
-            self.watchdog.check()
+        self._check_watchdog()
         if self._records:
             self._settle()
         self.ledger.drop_overflowed = False
@@ -253,8 +262,7 @@ class HardenState:
     def finish_step(self, step: int | None = None) -> bool:
         """The verdict of the step the last backward settled: False = every rank skips this
         optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
-        if self.watchdog is not None:
-            self.watchdog.check()
+        self._check_watchdog()
         if self._records:  # a backward that never issued DDP's last bucket
             self._settle()
         verdict, self._verdict = self._verdict, None
@@ -279,6 +287,7 @@ class HardenState:
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
                                                counted=blocks)
         except Exception as exc:  # a failed collective: the watchdog's diagnosis, if it has one
+            self.failed = True
             if self.watchdog is not None:
                 self.watchdog.check(exc)
             failed = _failed_collective(records, step) if isinstance(exc, RuntimeError) else None
@@ -306,10 +315,18 @@ class HardenState:
                 "scale_mode": self.cfg.scale_mode.value,
                 "shadow_buckets": self.shadow_buckets}
 
-    def close(self) -> None:
-        """Stop checking: remove the hooks harden() added, stop the watchdog; the comm hook,
-        which DDP cannot unregister, becomes a plain allreduce. Idempotent. Keeps no reference
-        to the DDP model, so a model dropped after an error is freed (README "After an error")."""
+    def close(self, verify: bool = True) -> None:
+        """Compare every replica slice once (``replica_close``: a collective, skipped after a
+        failure or with ``verify=False``), then stop checking — also when that check raises:
+        remove the hooks harden() added, stop the watchdog; the comm hook, which DDP cannot
+        unregister, becomes a plain allreduce. Idempotent. Keeps no reference to the DDP
+        model, so a model dropped after an error is freed (README "After an error")."""
+        try:
+            close_check(self, verify)
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
         self.closed = True
         if self.averaging is not None:
             self.averaging.closed = True

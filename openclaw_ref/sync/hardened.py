@@ -396,6 +396,7 @@ class Hardened(SyncStrategy):
             return None
         return self.state.policy
 
-    def close(self) -> None:
+    def close(self, verify: bool = True) -> None:
+        """Every replica slice compared once (the guard's close-time check), then closed."""
         if hasattr(self, "state"):
-            self.state.close()
+            self.state.close(verify)

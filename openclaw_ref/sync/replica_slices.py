@@ -71,6 +71,7 @@ class ReplicaSlices:
         self.last: torch.Tensor | list[int] | None = None  # per-piece digests, last slice
         self.on_host = all(p.device.type == "cpu" for _, p in self.named)
         self.last_slice = -1
+        self.digested = 0  # slices digested so far (the close-time check needs one step run)
         if self.enabled:  # every slice's plan now: none is built (copied to a GPU) in backward
             for j in range(k):
                 self.digest.prepare(self._pieces(j))
@@ -88,6 +89,7 @@ class ReplicaSlices:
         with ~20 fewer small torch ops per step); elsewhere a 0-dim int64 tensor on the
         parameters' device (no host synchronisation)."""
         self.last_slice = clock % self.k
+        self.digested += 1
         pieces = self._pieces(self.last_slice)
         if self.on_host:
             self.last = self.digest.digests_on_host(pieces)

@@ -99,7 +99,7 @@ class SeedF5(SyncStrategy):
                 "grads_rescaled": h.rescaled if h else 0,
                 "assertions_over_present_grads": h.asserted_present if h else 0}
 
-    def close(self) -> None:
+    def close(self, verify: bool = True) -> None:
         for handle in getattr(self, "_handles", []):
             handle.remove()
         self._handles = []

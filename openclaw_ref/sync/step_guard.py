@@ -68,8 +68,9 @@ from openclaw_ref.sync.errors import (
 )
 from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.precision import ScalePolicy, finite_sum
+from openclaw_ref.sync.replica_close import close_check
 from openclaw_ref.sync.replica_slices import ReplicaSlices
-from openclaw_ref.sync.step_setup import Unset
+from openclaw_ref.sync.step_setup import JoinedExchange, Unset, cuda_mark, queue_callback
 from openclaw_ref.sync.watchdog import STEP_EXCHANGE, Watchdog
 
 
@@ -111,6 +112,7 @@ class StepGuard:
         self.watchdog: Watchdog | None = None
         self.handles: list = []
         self.closed = False
+        self.failed = False  # the guard raised: no close-time check (``replica_close``)
         self.clock = 0
         self.step_t0 = time.perf_counter()
         self._device_t0 = self._device_ready = None  # CUDA events of the ready time
@@ -140,7 +142,7 @@ class StepGuard:
         self.handles.append(self.ddp.register_forward_pre_hook(self._wrapper_forward))
         self.handles.append(self.ddp.module.register_forward_hook(self._module_forward))
         original = self.ddp.join_hook
-        self.ddp.join_hook = lambda **kwargs: _JoinedExchange(original(**kwargs), self)
+        self.ddp.join_hook = lambda **kwargs: JoinedExchange(original(**kwargs), self)
         self.handles.append(Unset(self.ddp, "join_hook"))
 
     def _arrived(self, i: int, p: nn.Parameter, sums: bool):
@@ -174,7 +176,7 @@ class StepGuard:
         (the host clock there measures kernel launches; the event is read after the step's
         host sync, as ``device_ready_ms``)."""
         self.step_t0 = time.perf_counter()
-        self._device_t0 = _cuda_mark() if self.on_cuda else None
+        self._device_t0 = cuda_mark() if self.on_cuda else None
 
     def _module_forward(self, module, args, output) -> None:
         """Forward hook of ``ddp.module``: arm the exchange for the backward of an output that
@@ -199,7 +201,7 @@ class StepGuard:
         if task == self._task or self.closed:
             return
         self._task = task
-        _queue(self._exchange)
+        queue_callback(self._exchange)
 
     def _exchange(self) -> None:
         """The end of the backward (callback 1): the step's facts, sent (module docstring).
@@ -230,7 +232,7 @@ class StepGuard:
             self.ledger.replica_checks += 1
         write_counts(self.block, self.layout, self.rank, [slot], flags, replica)
         self._sent, self._flags = slot, flags
-        self._device_ready = _cuda_mark() if self._device_t0 is not None else None
+        self._device_ready = cuda_mark() if self._device_t0 is not None else None
         work = dist.all_reduce(self.block, group=self.group, async_op=True)
         if self.watchdog is not None:
             self.watchdog.issued(self.clock, STEP_EXCHANGE, work)
@@ -244,7 +246,7 @@ class StepGuard:
             # and it is raised as the failed collective it is (DDP's own wait would raise a
             # bare RuntimeError). The buckets still in flight complete meanwhile.
             self._wait(work)
-            _queue(self._settle)  # after DDP's finalize, queued during the backward
+            queue_callback(self._settle)  # after DDP's finalize, queued during the backward
 
     def _received_elsewhere(self) -> bool:
         """No accumulator DDP hooked ran: did some parameter of the module get a gradient in
@@ -261,6 +263,7 @@ class StepGuard:
 
     def _fail(self, exc: RuntimeError, step: int) -> None:
         """A failed collective: the watchdog's diagnosis if it has one, else the backend's."""
+        self.failed = True
         if self.watchdog is not None:
             self.watchdog.check(exc)
         raise CollectiveFailed(backend_message(exc), step=step) from exc
@@ -330,6 +333,7 @@ class StepGuard:
                 self.ledger.last["device_ready_ms"] = {
                     "step": self._device_t0.elapsed_time(self._device_ready)}
         except ConsistencyError as exc:
+            self.failed = True
             if cause is not None and isinstance(exc, MissingGradient):
                 raise GradientsNotAveraged(cause[0].value, step=step, ranks=exc.ranks,
                                            params=cause[1]) from None
@@ -368,7 +372,11 @@ class StepGuard:
     # -- the user's entry points -----------------------------------------------------------
     def _enter(self) -> None:
         if self.watchdog is not None:
-            self.watchdog.check()
+            try:
+                self.watchdog.check()
+            except BaseException:
+                self.failed = True
+                raise
         self._settle()
 
     def before_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -400,9 +408,17 @@ class StepGuard:
                 "nonfinite": self.cfg.nonfinite.value, "scale_mode": self.cfg.scale_mode.value,
                 "guard": self.cfg.guard.value, "shadow_steps": self.shadow_steps}
 
-    def close(self) -> None:
-        """Remove what ``harden()`` added and stop the watchdog; idempotent. The wire (DDP's
-        own reduction) is untouched."""
+    def close(self, verify: bool = True) -> None:
+        """Compare every replica slice once (``replica_close``: a collective, skipped after a
+        failure or with ``verify=False``), then remove what ``harden()`` added and stop the
+        watchdog, also when the check raises; idempotent. The wire (DDP's own reduction) is
+        untouched."""
+        try:
+            close_check(self, verify)
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
         self.closed = True
         self._pending = None
         for handle in self.handles:
@@ -410,30 +426,4 @@ class StepGuard:
         self.handles.clear()
         if self.watchdog is not None:
             self.watchdog.close()
-
-
-class _JoinedExchange:
-    """DDP's join hook, then the joined rank's slot of each step the others still run."""
-
-    def __init__(self, hook, guard: StepGuard) -> None:
-        self.hook, self.guard = hook, guard
-
-    def main_hook(self) -> None:
-        self.hook.main_hook()
-        if not self.guard.closed:
-            self.guard.joined_exchange()
-
-    def post_hook(self, is_last_joiner: bool) -> None:
-        self.hook.post_hook(is_last_joiner)
-
-
-def _cuda_mark():
-    """A timing event recorded now on the current CUDA stream."""
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
-
-
-def _queue(callback) -> None:
-    torch.autograd.Variable._execution_engine.queue_callback(callback)
 

@@ -1,9 +1,12 @@
 """What ``harden()`` sets on a DDP model for the step guard besides the guard itself: the wire
 refused or registered before any hook (the step guard has no Python comm hook, so it can send
-only what DDP's C++ path sends), and the handle that undoes an attribute it set."""
+only what DDP's C++ path sends), the handle that undoes an attribute it set, the join hook of a
+joined rank, and the two engine helpers the guard's step uses (a CUDA timing mark, a callback at
+the end of the backward's graph task)."""
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -41,3 +44,31 @@ class Unset:
 
     def remove(self) -> None:
         self.obj.__dict__.pop(self.name, None)
+
+
+class JoinedExchange:
+    """DDP's join hook, then the joined rank's slot of each step the others still run."""
+
+    def __init__(self, hook, guard) -> None:
+        self.hook, self.guard = hook, guard
+
+    def main_hook(self) -> None:
+        self.hook.main_hook()
+        if not self.guard.closed:
+            self.guard.joined_exchange()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        self.hook.post_hook(is_last_joiner)
+
+
+def cuda_mark():
+    """A timing event recorded now on the current CUDA stream."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def queue_callback(callback) -> None:
+    """Run ``callback`` when the current autograd graph task ends."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
