@@ -43,3 +43,16 @@ def test_pytest_collects_the_suite_from_one_path():
     testpaths = PYPROJECT["tool"]["pytest"]["ini_options"]["testpaths"]
     assert testpaths == ["tests", "conformance/suite"]
     assert not list((ROOT / "tests").rglob("test_zoo.py"))
+
+
+def test_the_repository_tracks_nothing_the_readme_commands_create():
+    """The README's commands (and CI) make ``.venv`` and ``.tox`` in a clean clone: a tracked
+    file of either name makes ``python3 -m venv .venv`` fail there, so CI could not start."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "--", ".venv", ".tox", "results/*/.partial"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert tracked.split() == []
