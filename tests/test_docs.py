@@ -81,3 +81,17 @@ def test_no_user_facing_text_names_an_internal_work_item():
              for m in WORK_ITEM.finditer(f.read_text(encoding="utf-8"))]
     assert found == []
     assert WORK_ITEM.search("as issue 21 aims") and not WORK_ITEM.search("pytorch#104336")
+
+
+def test_the_readmes_speed_figure_is_the_published_records():
+    """The README's one speed figure (harden() defaults ÷ stock DDP on the MLP, with its
+    interval) is read from results/, never typed: it must equal the committed record's."""
+    import json
+
+    record = json.loads((ROOT / "results" / "cpu2-gloo" / "raw.json").read_text())
+    hardened = record["hook_cost"]["jobs"]["mlp"]["summary"]["hardened"]
+    figure = re.search(r"Latest measured: \*\*([\d.]+)× \[([\d.]+), ([\d.]+)\]\*\*",
+                       README.read_text())
+    assert figure is not None
+    assert [float(v) for v in figure.groups()] == [
+        round(hardened[k], 3) for k in ("ratio", "ratio_low", "ratio_high")]
