@@ -15,8 +15,9 @@ Hook points, per rank (torch 2.13, measured in ``docs/hardening.md``'s FSDP2 sec
   4. the optimizer step pre-hook (``torch.optim``'s global one, or only ``optimizer``'s when
      ``harden(model, optimizer=…)`` names it): the step's exchange (``fsdp_facts.Field``) —
      clock (optimizer steps, backwards), what was reduced, the non-finite flag, whether the
-     optimizer holds the model's parameters, its hyperparameters' digest — one int64 allreduce
-     of ``world × 8`` elements; every rank judges the same rows (``fsdp_facts.judge``);
+     optimizer holds the model's parameters, its hyperparameters' digest, on HSDP a replica
+     slice's digest — one int64 allreduce of ``world × len(Field)`` (10) elements; every rank
+     judges the same rows (``fsdp_facts.judge``);
   5. the root's forward pre-hook (ahead of FSDP2's own): a forward that follows a reduced
      backward with no optimizer step between (an extra micro-batch) sends its row first, so a
      rank running one more forward/backward meets its peers' optimizer-step exchange, with the

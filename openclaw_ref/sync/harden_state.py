@@ -33,7 +33,7 @@ from openclaw_ref.sync.control_layout import (
 from openclaw_ref.sync.errors import CollectiveFailed, backend_message
 from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.precision import ScalePolicy
-from openclaw_ref.sync.replica_close import close_check
+from openclaw_ref.sync.replica_close import check_watchdog, close_check
 from openclaw_ref.sync.replica_slices import ReplicaSlices
 from openclaw_ref.sync.watchdog import Watchdog
 
@@ -233,25 +233,16 @@ class HardenState:
     def forward_started(self) -> None:
         """Forward pre-hook of the DDP model: the ready-time origin of the next step (a
         previous backward that never issued its last bucket is reported first)."""
-        self._check_watchdog()
+        check_watchdog(self)
         if self._records:
             self._settle()
         self._start_clock()
-
-    def _check_watchdog(self) -> None:
-        """Raise the watchdog's diagnosis, if it has one for this rank (marks the guard failed)."""
-        if self.watchdog is not None:
-            try:
-                self.watchdog.check()
-            except BaseException:
-                self.failed = True
-                raise
 
     def begin_step(self, step: int) -> None:
         """Name the step (the clock every rank must agree on). A caller of this protocol reads
         each step's verdict from ``finish_step``, so a wire overflow's gradients are no longer
         dropped for it (``Ledger`` step 5)."""
-        self._check_watchdog()
+        check_watchdog(self)
         if self._records:
             self._settle()
         self.ledger.drop_overflowed = False
@@ -262,7 +253,7 @@ class HardenState:
     def finish_step(self, step: int | None = None) -> bool:
         """The verdict of the step the last backward settled: False = every rank skips this
         optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
-        self._check_watchdog()
+        check_watchdog(self)
         if self._records:  # a backward that never issued DDP's last bucket
             self._settle()
         verdict, self._verdict = self._verdict, None

@@ -73,6 +73,17 @@ def verify_replicas(guard: ClosingGuard) -> None:
         warnings.warn(f"openclaw: {detail}", RuntimeWarning, stacklevel=2)
 
 
+def check_watchdog(guard: ClosingGuard) -> None:
+    """Raise the watchdog's diagnosis, if it has one for this rank, marking the guard failed
+    (so its ``close()`` runs no collective a dead peer would never join)."""
+    if guard.watchdog is not None:
+        try:
+            guard.watchdog.check()
+        except BaseException:
+            guard.failed = True
+            raise
+
+
 def close_check(guard: ClosingGuard, verify: bool) -> None:
     """The check at ``close()``, where due; a failure marks the guard failed."""
     if not check_due(guard, verify):

@@ -68,7 +68,7 @@ from openclaw_ref.sync.errors import (
 )
 from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.precision import ScalePolicy, finite_sum
-from openclaw_ref.sync.replica_close import close_check
+from openclaw_ref.sync.replica_close import check_watchdog, close_check
 from openclaw_ref.sync.replica_slices import ReplicaSlices
 from openclaw_ref.sync.step_setup import JoinedExchange, Unset, cuda_mark, queue_callback
 from openclaw_ref.sync.watchdog import STEP_EXCHANGE, Watchdog
@@ -371,12 +371,7 @@ class StepGuard:
 
     # -- the user's entry points -----------------------------------------------------------
     def _enter(self) -> None:
-        if self.watchdog is not None:
-            try:
-                self.watchdog.check()
-            except BaseException:
-                self.failed = True
-                raise
+        check_watchdog(self)
         self._settle()
 
     def before_optimizer_step(self, optimizer, args, kwargs) -> None:
