@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -29,11 +30,18 @@ PARTIAL_DIR = ".partial"
 _NOT_IN_FINGERPRINT = ("sections", "out_root", "tag")
 
 
+def figure_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The compare settings (``asdict`` of a ``CompareConfig``, or a record's copy) that shape
+    a section's figures, as JSON holds them (tuples as lists): the one definition the
+    ``--resume`` fingerprint and the partial-run merge (``merge.conflicts``) compare."""
+    return json.loads(json.dumps({k: v for k, v in config.items()
+                                  if k not in _NOT_IN_FINGERPRINT}))
+
+
 def fingerprint(cfg: CompareConfig, variants: tuple[Variant, ...]) -> dict[str, Any]:
     """What a section's figures depend on, as JSON would hold it."""
-    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_FINGERPRINT}
     return json.loads(json.dumps({
-        "compare_config": config,
+        "compare_config": figure_settings(dataclasses.asdict(cfg)),
         "variants": [[v.label, dataclasses.asdict(v.sync)] for v in variants],
         "git_sha": git_sha(),
     }))

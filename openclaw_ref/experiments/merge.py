@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from openclaw_ref.experiments.checkpoint import figure_settings
 from openclaw_ref.experiments.registry import SECTIONS
 from openclaw_ref.reporting.record import RAW_NAME, RunRecord, load_record
 from openclaw_ref.sync.errors import BadInput
@@ -40,9 +40,9 @@ from openclaw_ref.sync.errors import BadInput
 if TYPE_CHECKING:
     from openclaw_ref.experiments.compare import CompareConfig
 
-# Where the results go, which sections run and how the backend was spelled ("auto" or the one
-# it resolves to: the environment's backend is compared instead) do not change any figure.
-_NOT_SETTINGS = ("sections", "out_root", "tag", "backend")
+# How the backend was spelled ("auto" or the one it resolves to) is no conflict: the
+# environment's backend is compared instead (HARDWARE).
+_SPELLING = ("backend",)
 # The hardware a record's capacity (ranks ≤ cores, GPUs under NCCL) is judged from.
 HARDWARE = ("backend", "cpu_count", "gpu_count", "gpu_models")
 
@@ -53,8 +53,8 @@ def is_partial(sections: tuple[str, ...] | list[str]) -> bool:
 
 
 def _settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings that shape figures, as JSON holds them (tuples as lists)."""
-    return json.loads(json.dumps({k: v for k, v in config.items() if k not in _NOT_SETTINGS}))
+    """The settings that shape figures (``checkpoint.figure_settings``), backend aside."""
+    return {k: v for k, v in figure_settings(config).items() if k not in _SPELLING}
 
 
 def conflicts(record: RunRecord, config: Mapping[str, Any],
