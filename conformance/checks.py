@@ -44,7 +44,7 @@ from openclaw_ref.core.faults import GROUP_KILLING, FaultSpec, parse_fault
 from openclaw_ref.core.launch import RankContext
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence, ShapeMismatch, SyncTimeout
-from openclaw_ref.sync.vote import plurality
+from openclaw_ref.sync.evidence.vote import plurality
 
 
 def compare_manifests(per_rank: Sequence[Sequence[tuple]], step: int) -> ShapeMismatch | None:

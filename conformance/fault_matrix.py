@@ -372,7 +372,7 @@ def self_exited_ranks(pool: RankPool) -> list[int]:
 def as_shipped(strategy: str) -> bool:
     """Whether ``strategy`` is run with no settings of ours: no sync at all, or DDP plus at
     most one of PyTorch's comm hooks (``sync.ddp.is_stock``)."""
-    from openclaw_ref.sync.ddp import is_stock
+    from openclaw_ref.sync.strategies.ddp import is_stock
 
     return strategy == "local" or is_stock(STRATEGIES.get(strategy_name(strategy)))
 

@@ -18,7 +18,7 @@ from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.launch import RankContext
 from openclaw_ref.core.metrics import GradientProbe
 from openclaw_ref.sync.base import RankInfo, SyncStrategy
-from openclaw_ref.sync.checks import tensor_digest
+from openclaw_ref.sync.evidence.checks import tensor_digest
 
 
 def observed_run(ctx: RankContext, cfg, *recorders: Callback,
@@ -139,7 +139,7 @@ class BucketLayouts(Callback):
     def wrap(self, model: nn.Module, ctx: RankInfo, strategy: SyncStrategy) -> nn.Module | None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        from openclaw_ref.sync.ddp import is_stock, wrap_ddp
+        from openclaw_ref.sync.strategies.ddp import is_stock, wrap_ddp
 
         # DDP plus at most one of PyTorch's hooks (``StockDDP.comm_hook``), nothing else: its
         # hook is run inside the recorder.

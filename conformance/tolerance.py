@@ -27,7 +27,7 @@ from __future__ import annotations
 from openclaw_ref.core.train import SGD_MOMENTUM
 from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig, Wire
-from openclaw_ref.sync.ddp import POWERSGD_START_ITER
+from openclaw_ref.sync.strategies.ddp import POWERSGD_START_ITER
 
 # fp32 differs only by the allreduce's summation order; FP16/BF16 wires round every averaged
 # gradient element.

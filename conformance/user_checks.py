@@ -49,7 +49,7 @@ from openclaw_ref.core.collectives import gather
 from openclaw_ref.core.faults import FaultSpec
 from openclaw_ref.sync.base import Wire
 from openclaw_ref.sync.errors import ReplicaDivergence
-from openclaw_ref.sync.vote import plurality
+from openclaw_ref.sync.evidence.vote import plurality
 
 NO_BUFFER_BROADCAST = "broadcast_buffers=False"
 DDP_OPTION_SETS: dict[str, LoopOptions] = {

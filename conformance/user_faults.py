@@ -203,7 +203,7 @@ def user_case_task(ctx: RankContext, spec: TargetSpec, job: CaseJob,
     first, so a factory that draws its weights starts every case from the same ones."""
     from openclaw_ref.conformance.user_run import LoopOptions, train_target
     from openclaw_ref.core.collectives import gather
-    from openclaw_ref.sync.checks import params_digest
+    from openclaw_ref.sync.evidence.checks import params_digest
 
     torch.manual_seed(settings.seed)
     observer = RunObserver()

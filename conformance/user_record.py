@@ -25,8 +25,8 @@ from openclaw_ref.conformance.user_run import LoopOptions, snapshot, train_refer
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.faults import FaultSpec
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
-from openclaw_ref.sync.checks import params_digest, tensor_digest
 from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.evidence.checks import params_digest, tensor_digest
 
 VALUE_STEPS = 2  # steps whose bucket values are kept: before and after DDP's bucket rebuild
 BucketValues = tuple[int, torch.Tensor, torch.Tensor]  # (bucket index, local, hook's result)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from openclaw_ref.sync.control_counts import CountLayout
-from openclaw_ref.sync.control_counts_write import write_counts
-from openclaw_ref.sync.control_layout import SLOT_FIELDS, encode_slot, joined_slot
+from openclaw_ref.sync.evidence.control_counts import CountLayout
+from openclaw_ref.sync.evidence.control_counts_write import write_counts
+from openclaw_ref.sync.evidence.control_layout import SLOT_FIELDS, encode_slot, joined_slot
 
 WIRES = [torch.float32, torch.float16, torch.bfloat16]
 SILENT = [0] * SLOT_FIELDS  # a slot no rank wrote: it counts nothing

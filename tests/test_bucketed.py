@@ -13,15 +13,15 @@ from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset
 from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.bucket_plan import (
+from openclaw_ref.sync.errors import BucketMisalignment, ConsistencyError
+from openclaw_ref.sync.strategies.bucket_plan import (
     AgreedNormEmaPlanner,
     BucketPlan,
     NormEmaPlanner,
     ParamInfo,
     cut_frames,
 )
-from openclaw_ref.sync.bucketed import BucketedEngine
-from openclaw_ref.sync.errors import BucketMisalignment, ConsistencyError
+from openclaw_ref.sync.strategies.bucketed import BucketedEngine
 from tests.helpers import record_of, train_cfg
 
 

@@ -34,7 +34,7 @@ from openclaw_ref.experiments.sections.overflow import OVERFLOW_WORKLOADS, scale
 from openclaw_ref.reporting.record import SCHEMA_VERSION, load_record
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.seed_f5 import SEED_SCALE
+from openclaw_ref.sync.strategies.seed_f5 import SEED_SCALE
 
 CPU = torch.device("cpu")
 TINY = preset("tiny", seed=1)

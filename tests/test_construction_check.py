@@ -17,10 +17,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.experiments.startup_scale import exchange_bytes, synthesized_manifest
-from openclaw_ref.sync import checks
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.hardening import harden
 
 BASE = [("a.weight", (4, 4), "torch.float32"), ("a.bias", (4,), "torch.float32"),
         ("b.weight", (4, 4), "torch.float32")]

@@ -8,8 +8,15 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from openclaw_ref.sync.control import READY_DETAIL_MAX_RANKS, check_blocks, verify
-from openclaw_ref.sync.control_layout import (
+from openclaw_ref.sync.errors import (
+    BucketMisalignment,
+    ClockMismatch,
+    ConsistencyError,
+    MissingGradient,
+    ScaleMismatch,
+)
+from openclaw_ref.sync.evidence.control import READY_DETAIL_MAX_RANKS, check_blocks, verify
+from openclaw_ref.sync.evidence.control_layout import (
     SLOT_FIELDS,
     block_size,
     decode_block,
@@ -18,13 +25,6 @@ from openclaw_ref.sync.control_layout import (
     membership_digest,
     unissued_slot,
     write_block,
-)
-from openclaw_ref.sync.errors import (
-    BucketMisalignment,
-    ClockMismatch,
-    ConsistencyError,
-    MissingGradient,
-    ScaleMismatch,
 )
 
 WIRES = [torch.float32, torch.float16, torch.bfloat16]

@@ -10,8 +10,9 @@ from count_blocks import PERTURB, WIRES, contribution, perturbed, slot, summed
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from openclaw_ref.sync.control import verify
-from openclaw_ref.sync.control_counts import (
+from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.evidence.control import verify
+from openclaw_ref.sync.evidence.control_counts import (
     DETAIL_MAX_RANKS,
     HIST_BINS,
     HIST_PER_OCTAVE,
@@ -22,9 +23,8 @@ from openclaw_ref.sync.control_counts import (
     hist_bin,
     ready_bin,
 )
-from openclaw_ref.sync.control_counts_write import write_counts
-from openclaw_ref.sync.control_layout import READY_UNIT_US, decode_block, joined_slot
-from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.evidence.control_counts_write import write_counts
+from openclaw_ref.sync.evidence.control_layout import READY_UNIT_US, decode_block, joined_slot
 
 CAUSE = {"ClockMismatch": {"clock"}, "BucketMisalignment": {"missing", "bucket", "digest"},
          "ScaleMismatch": {"scale"}, "MissingGradient": {"absent"}}

@@ -10,8 +10,8 @@ from count_blocks import PERTURB, WIRES, step_block
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from openclaw_ref.sync import control_counts, control_counts_host
-from openclaw_ref.sync.control_counts import (
+from openclaw_ref.sync.evidence import control_counts, control_counts_host
+from openclaw_ref.sync.evidence.control_counts import (
     HOST_CHECK_MAX_ELEMENTS,
     STEP_FIELDS,
     CountLayout,
@@ -22,7 +22,7 @@ from openclaw_ref.sync.control_counts import (
     check_counts_tensor,
     spread,
 )
-from openclaw_ref.sync.control_counts_host import check_counts_host
+from openclaw_ref.sync.evidence.control_counts_host import check_counts_host
 
 NAN, INF = float("nan"), float("inf")
 # detail layout (W ≤ 64), its edge, the histogram layout, and bf16's two groups of 256 ranks

@@ -21,7 +21,7 @@ from openclaw_ref.core.faults import FAULTS, FaultInjector, FaultSpec, parse_fau
 from openclaw_ref.core.model import build_model, preset
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput, ScaleMismatch
-from openclaw_ref.sync.precision import ScalePolicy
+from openclaw_ref.sync.evidence.precision import ScalePolicy
 from tests.helpers import record_of, train_cfg
 
 STEP = 3

@@ -25,8 +25,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.hardened import harden
-from openclaw_ref.sync.ledger import WIRE_OVERFLOW
+from openclaw_ref.sync.evidence.ledger import WIRE_OVERFLOW
+from openclaw_ref.sync.hardening import harden
 
 STEPS = 20
 OVERFLOW_AT = 2

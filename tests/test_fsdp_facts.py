@@ -1,4 +1,4 @@
-"""The FSDP2 guard's verdict (``fsdp_facts.judge``) from hand-written rows: it reads nothing but
+"""The FSDP2 guard's verdict (``facts.judge``) from hand-written rows: it reads nothing but
 the rows, so these are the cases every rank decides alike — which check fires first, which
 ranks it names (by global rank), and what is never compared."""
 
@@ -14,7 +14,7 @@ from openclaw_ref.sync.errors import (
     OptimizerMismatch,
     ReplicaDivergence,
 )
-from openclaw_ref.sync.fsdp_facts import Exchange, Field, hyper_digest, judge
+from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge
 
 
 def _row(**values: int) -> list[int]:

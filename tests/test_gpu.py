@@ -27,7 +27,7 @@ from openclaw_ref.experiments.ddp_option_matrix import PlainNet, batch
 from openclaw_ref.experiments.hook_cost import bucket_count
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import SyncTimeout
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 
 def _gpus() -> int:
@@ -131,7 +131,11 @@ def nonfinite_task(ctx) -> str:
 def digest_task(ctx) -> list[tuple[str, bool]]:
     """(dtype, CUDA digest == CPU digest of the same bytes) for tensors that span several
     digest rows and blocks, odd lengths and every dtype a parameter takes."""
-    from openclaw_ref.sync.replica_digest import DEVICE_BLOCK_WORDS, ROW_WORDS, ReplicaDigest
+    from openclaw_ref.sync.evidence.replica_digest import (
+        DEVICE_BLOCK_WORDS,
+        ROW_WORDS,
+        ReplicaDigest,
+    )
 
     g = torch.Generator().manual_seed(7)
     cpu = [torch.randn(3 * ROW_WORDS + 5, generator=g).to(d)
@@ -182,7 +186,7 @@ def sync_free_backward_task(ctx) -> dict:
 
 def replica_task(ctx, perturb_rank: int | None) -> str:
     """``replica_check`` over the group; ``perturb_rank`` changes one element of one parameter."""
-    from openclaw_ref.sync.checks import replica_check
+    from openclaw_ref.sync.evidence.checks import replica_check
 
     torch.manual_seed(0)
     net = PlainNet().to(ctx.device)

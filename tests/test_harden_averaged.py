@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.errors import GradientsNotAveraged
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 STEPS = 4
 

@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 STEPS = 4
 

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 SETUPS = ("no_sync", "join", "static_graph", "checkpoint", "grad_scaler")
 STEPS = 4

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from openclaw_ref.core.launch import LaunchConfig, RankPool
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput, ConsistencyError, SyncTimeout
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 STEPS = 3
 FAULT_STEP = 1

@@ -15,7 +15,7 @@ from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from openclaw_ref.sync.base import NonFinitePolicy, Planner, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 from openclaw_ref.sync.target import process_backend, reducible_dtypes, validate_target
 
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 LAST_GOOD_STEP = 1
 

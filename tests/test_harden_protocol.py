@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError, MissingGradient
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 
 class TwoStage(nn.Module):

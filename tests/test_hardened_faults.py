@@ -17,7 +17,6 @@ from openclaw_ref.core.errors import RankFailed
 from openclaw_ref.core.launch import LaunchConfig, RankPool
 from openclaw_ref.core.model import build_model, preset
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.ddp import wrap_ddp
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ClockMismatch,
@@ -28,7 +27,8 @@ from openclaw_ref.sync.errors import (
     ScaleMismatch,
     SyncTimeout,
 )
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
+from openclaw_ref.sync.strategies.ddp import wrap_ddp
 
 WATCHED = "layer.3.attn.v_proj.weight"  # the seed's C2 parameter
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from openclaw_ref.sync.base import ScaleMode, SyncConfig
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.precision import (
+from openclaw_ref.sync.evidence.precision import (
     OverflowStats,
     ScalePolicy,
     count_nonfinite,

@@ -11,8 +11,8 @@ from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.control_counts import CountLayout
-from openclaw_ref.sync.costs import recorded_collectives, step_cost
+from openclaw_ref.sync.evidence.control_counts import CountLayout
+from openclaw_ref.sync.strategies.costs import recorded_collectives, step_cost
 from tests.helpers import record_of, train_cfg
 
 # Tolerances of the reduced-precision wires against fp32 (final loss after 10 SGD steps,

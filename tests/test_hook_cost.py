@@ -18,9 +18,9 @@ from openclaw_ref.experiments.hook_cost import (
 )
 from openclaw_ref.experiments.verify_scale import block_bytes, block_share, synthesized_blocks
 from openclaw_ref.reporting.section_tables import hook_cost_table
-from openclaw_ref.sync.control import check_blocks
-from openclaw_ref.sync.control_layout import SLOT_FIELDS
 from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.evidence.control import check_blocks
+from openclaw_ref.sync.evidence.control_layout import SLOT_FIELDS
 
 
 def _raw(step_ms: dict[str, list[float]], buckets: int = 8) -> dict:

@@ -13,12 +13,17 @@ import pytest
 import torch
 
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.control_counts import CountLayout
-from openclaw_ref.sync.control_counts_write import write_counts
-from openclaw_ref.sync.control_layout import block_size, encode_slot, joined_slot, write_block
 from openclaw_ref.sync.errors import ClockMismatch, NonFiniteGradient
-from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger
-from openclaw_ref.sync.precision import ScalePolicy
+from openclaw_ref.sync.evidence.control_counts import CountLayout
+from openclaw_ref.sync.evidence.control_counts_write import write_counts
+from openclaw_ref.sync.evidence.control_layout import (
+    block_size,
+    encode_slot,
+    joined_slot,
+    write_block,
+)
+from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger
+from openclaw_ref.sync.evidence.precision import ScalePolicy
 
 
 def reduced_block(world: int, *, clock: int = 4, ahead: int | None = None,

@@ -16,9 +16,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.sync import checks
 from openclaw_ref.sync.errors import ConsistencyError, ParameterMismatch
-from openclaw_ref.sync.replica_digest import ROW_WORDS, ReplicaDigest
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.replica_digest import ROW_WORDS, ReplicaDigest
 
 # --- the digest, re-derived from its definition in replica_digest.py with Python integers ----
 M64 = (1 << 64) - 1

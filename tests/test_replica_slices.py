@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from openclaw_ref.sync.replica_slices import ReplicaSlices, partition
+from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices, partition
 
 
 @given(shapes=st.lists(st.tuples(st.integers(0, 50), st.sampled_from([1, 2, 4, 8])),

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import SyncTimeout
-from openclaw_ref.sync.watchdog import Watchdog
+from openclaw_ref.sync.evidence.watchdog import Watchdog
 
 
 class EnqueuedWork:

@@ -24,7 +24,7 @@ from openclaw_ref.core.errors import RankFailed
 from openclaw_ref.core.launch import LaunchConfig, RankPool
 from openclaw_ref.sync.base import SyncConfig, WatchdogAction
 from openclaw_ref.sync.errors import SyncTimeout
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 STEPS = 4
 STOP_AT = 2  # after DDP's bucket rebuild (step 1's forward), which the watchdog does not watch

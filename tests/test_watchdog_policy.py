@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from openclaw_ref.sync.base import SyncConfig, WatchdogAction
 from openclaw_ref.sync.errors import BadInput, SyncTimeout
-from openclaw_ref.sync.watchdog import BLIND, SIGHTED, Watchdog
+from openclaw_ref.sync.evidence.watchdog import BLIND, SIGHTED, Watchdog
 
 DEADLINE_S = 0.3
 

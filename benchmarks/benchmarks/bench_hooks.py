@@ -25,8 +25,8 @@ from openclaw_ref.experiments.verify_scale import (
     synthesized_blocks,
     synthesized_counts,
 )
-from openclaw_ref.sync.control import check_blocks
-from openclaw_ref.sync.control_counts import CountLayout, check_counts
+from openclaw_ref.sync.evidence.control import check_blocks
+from openclaw_ref.sync.evidence.control_counts import CountLayout, check_counts
 
 from . import common
 from .common import need

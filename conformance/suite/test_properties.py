@@ -19,14 +19,14 @@ from openclaw_ref.core.config import TRAIN_PRESETS, ModelSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset, sparsity_at, validate_sparsity_range
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.bucket_plan import ParamInfo, cut_frames, make_planner
-from openclaw_ref.sync.precision import (
+from openclaw_ref.sync.evidence.precision import (
     count_nonfinite,
     finite_sum,
     from_wire,
     has_nonfinite,
     to_wire,
 )
+from openclaw_ref.sync.strategies.bucket_plan import ParamInfo, cut_frames, make_planner
 
 pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 

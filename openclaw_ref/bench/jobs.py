@@ -8,7 +8,7 @@ One sync job is one fresh ``RankPool`` that runs, in this order:
    strategy's median step minus this one's, both from the same job;
    (1 and 2 alternate ``rounds`` times, so drifting machine load hits both alike);
 3. one step of the strategy again, to read its exact per-step costs (collectives, bytes on the
-   wire, host syncs) off the live layout with ``openclaw_ref.sync.costs.step_cost``;
+   wire, host syncs) off the live layout with ``openclaw_ref.sync.strategies.costs.step_cost``;
 4. a raw flat allreduce of those bytes in the wire dtype: time, algbw = bytes / time and
    busbw = algbw × 2(n−1)/n (nccl-tests' allreduce definition).
 

@@ -64,7 +64,7 @@ from torch import nn
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.sync.base import ScaleMode, SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.precision import ScalePolicy
+from openclaw_ref.sync.evidence.precision import ScalePolicy
 
 FAULTS: tuple[str, ...] = ("late-rank", "local-buckets", "scale-mismatch", "missing-grad",
                            "permuted-params", "bitflip", "nan-grad", "crash", "hang")

@@ -38,8 +38,8 @@ from openclaw_ref.core.progress import progress_bar
 from openclaw_ref.ops.prometheus import MetricsConfig, metrics_callbacks
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
-from openclaw_ref.sync.checks import params_digest
 from openclaw_ref.sync.errors import BadInput, ConsistencyError, SyncTimeout
+from openclaw_ref.sync.evidence.checks import params_digest
 
 OPTIMIZERS = ("adamw", "sgd")
 # Seed 004's AMP (claim L3): bf16 autocast on CPU, fp16 on GPU. Forward and loss only; no

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 IN_CHANNELS, LENGTH, CLASSES = 4, 16, 5
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}

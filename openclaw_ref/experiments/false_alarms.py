@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 RELATIVE_LIMIT = 1e-6  # beyond 2 ranks: the summation order may differ from stock DDP's
 # Beyond 2 ranks on an fp16 wire: gloo's ring splits a buffer by its length, and the hardened

@@ -106,7 +106,7 @@ def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unus
           as_view: bool = False):
     """(DDP model, hardened state or None) of one arm."""
     from openclaw_ref.sync.base import SyncConfig
-    from openclaw_ref.sync.hardened import harden
+    from openclaw_ref.sync.hardening import harden
 
     ddp = DDP(model, bucket_cap_mb=cap_mb, find_unused_parameters=find_unused,
               gradient_as_bucket_view=as_view,

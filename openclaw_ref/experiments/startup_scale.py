@@ -12,7 +12,7 @@ from __future__ import annotations
 import pickle
 import zlib
 
-from openclaw_ref.sync.checks import DIGEST_BYTES, Manifest, encode_manifest
+from openclaw_ref.sync.evidence.checks import DIGEST_BYTES, Manifest, encode_manifest
 
 WORLD_SIZES = (8, 64, 1024, 8192)
 MANIFEST_BYTES = 200_000

@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from openclaw_ref.sync.control import check_blocks, verify
-from openclaw_ref.sync.control_counts import (
+from openclaw_ref.sync.evidence.control import check_blocks, verify
+from openclaw_ref.sync.evidence.control_counts import (
     COUNT_FIELDS,
     DIGEST_BITS,
     HIST_BINS,
@@ -36,11 +36,16 @@ from openclaw_ref.sync.control_counts import (
     check_counts,
     hist_bin,
 )
-from openclaw_ref.sync.control_counts_write import (
+from openclaw_ref.sync.evidence.control_counts_write import (
     count_rows,
     write_counts,
 )
-from openclaw_ref.sync.control_layout import SLOT_FIELDS, block_size, decode_block, encode_slot
+from openclaw_ref.sync.evidence.control_layout import (
+    SLOT_FIELDS,
+    block_size,
+    decode_block,
+    encode_slot,
+)
 
 WORLD_SIZES = (8, 64, 1024, 8192)
 BUCKETS = 16

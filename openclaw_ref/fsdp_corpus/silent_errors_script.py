@@ -50,7 +50,7 @@ from openclaw_ref.fsdp_corpus.outcome import (
 )
 from openclaw_ref.fsdp_corpus.patterns import CLEAN, FAULT_STEP, Column, Mesh, acts_on, pattern
 from openclaw_ref.sync.errors import BadInput, ConsistencyError
-from openclaw_ref.sync.hardened import harden
+from openclaw_ref.sync.hardening import harden
 
 STEPS = 6
 LR = 1e-2

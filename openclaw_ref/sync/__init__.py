@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+    from openclaw_ref.sync.ddp.harden_state import HardenState
     from openclaw_ref.sync.errors import (
         BadInput,
         BucketMisalignment,
@@ -33,17 +34,16 @@ if TYPE_CHECKING:
         ShapeMismatch,
         SyncTimeout,
     )
-    from openclaw_ref.sync.harden_state import HardenState
-    from openclaw_ref.sync.hardened import harden
-    from openclaw_ref.sync.strategies import STRATEGIES, make_strategy
+    from openclaw_ref.sync.hardening import harden
+    from openclaw_ref.sync.strategies.registry import STRATEGIES, make_strategy
 
 _HOME = {
-    "STRATEGIES": "strategies",
-    "HardenState": "harden_state",
+    "STRATEGIES": "strategies.registry",
+    "HardenState": "ddp.harden_state",
     "SyncConfig": "base",
     "SyncStrategy": "base",
-    "harden": "hardened",
-    "make_strategy": "strategies",
+    "harden": "hardening",
+    "make_strategy": "strategies.registry",
     # errors.py imports only the standard library: catching one of these loads no torch
     **dict.fromkeys(("BadInput", "BucketMisalignment", "ClockMismatch", "CollectiveFailed",
                      "ConsistencyError", "GradientsNotAveraged", "MissingGradient",

@@ -145,7 +145,7 @@ def parse_scale(scale: str) -> tuple[ScaleMode, int | None]:
 
 
 if TYPE_CHECKING:
-    from openclaw_ref.sync.precision import ScalePolicy
+    from openclaw_ref.sync.evidence.precision import ScalePolicy
 
 
 class RankInfo(Protocol):

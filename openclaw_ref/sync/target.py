@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import Guard, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.precision import WIRE_DTYPES
+from openclaw_ref.sync.evidence.precision import WIRE_DTYPES
 
 HARDENED_MARK = "_openclaw_guard"  # set on a DDP model while a harden() state guards it
 

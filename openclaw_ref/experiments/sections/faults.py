@@ -25,8 +25,8 @@ from openclaw_ref.conformance.fault_matrix import (
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.sync import STRATEGIES
-from openclaw_ref.sync.ddp import POWERSGD_EPSILON, POWERSGD_RANK, POWERSGD_START_ITER
 from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.strategies.ddp import POWERSGD_EPSILON, POWERSGD_RANK, POWERSGD_START_ITER
 
 if TYPE_CHECKING:
     from openclaw_ref.experiments.compare import CompareConfig, Progress
@@ -95,9 +95,9 @@ def _clean_outcome(runner: MatrixRunner, pools: PoolCache) -> CaseOutcome:
 
 def seed_f5_cases(runner: MatrixRunner, pools: PoolCache, progress: Progress,
                   faults: tuple[str, ...] = FAULTS) -> list[dict]:
-    """The seed's F5 hook as written (``sync/seed_f5.py``) through the same fault matrix, plus
-    a fault-free case (fault ``none``): no-effect when it trains exactly like stock ``ddp``
-    (same parameter digest), detected when its assertion fires (a false alarm), crash /
+    """The seed's F5 hook as written (``sync/strategies/seed_f5.py``) through the same fault
+    matrix, plus a fault-free case (fault ``none``): no-effect when it trains exactly like stock
+    ``ddp`` (same parameter digest), detected when its assertion fires (a false alarm), crash /
     hang-timeout when a rank dies or stalls, silent-corruption when it changes the result."""
     cases = [_case(_clean_outcome(runner, pools), "none")]
     progress.tick(f"fault none × {SEED_F5}")

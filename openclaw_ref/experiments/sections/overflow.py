@@ -42,7 +42,7 @@ def scale_mismatch_rank(ctx: RankContext, tcfg: TrainConfig,
     rank pre-scaling by 2^10 and the others by 2^12 (the seed's pair). Every rank returns the
     same counts per workload (per-rank flags are gathered; an allreduce is corrupted if any
     rank's average is off)."""
-    from openclaw_ref.sync.ddp import wrap_ddp
+    from openclaw_ref.sync.strategies.ddp import wrap_ddp
 
     w = ctx.world_size
     exponents = [12] * (w - 1) + [10]

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from openclaw_ref.sync.control_layout import (
+from openclaw_ref.sync.errors import (
+    BucketMisalignment,
+    ClockMismatch,
+    MissingGradient,
+    ScaleMismatch,
+)
+from openclaw_ref.sync.evidence.control_layout import (
     ABSENT,
     CHUNK,
     MAGIC,
@@ -33,13 +39,7 @@ from openclaw_ref.sync.control_layout import (
     Slot,
     units_to_ms,
 )
-from openclaw_ref.sync.errors import (
-    BucketMisalignment,
-    ClockMismatch,
-    MissingGradient,
-    ScaleMismatch,
-)
-from openclaw_ref.sync.vote import plurality
+from openclaw_ref.sync.evidence.vote import plurality
 
 
 def split_view(values: Sequence[object], differing: Sequence[int],

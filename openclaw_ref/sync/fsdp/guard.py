@@ -13,11 +13,11 @@ Hook points, per rank (torch 2.13, measured in ``docs/hardening.md``'s FSDP2 sec
      dimension has more than one rank;
   3. the root's output: a pre-hook on its ``grad_fn`` counts backwards (one per graph task);
   4. the optimizer step pre-hook (``torch.optim``'s global one, or only ``optimizer``'s when
-     ``harden(model, optimizer=…)`` names it): the step's exchange (``fsdp_facts.Field``) —
+     ``harden(model, optimizer=…)`` names it): the step's exchange (``facts.Field``) —
      clock (optimizer steps, backwards), what was reduced, the non-finite flag, whether the
      optimizer holds the model's parameters, its hyperparameters' digest, on HSDP a replica
      slice's digest — one int64 allreduce of ``world × len(Field)`` (10) elements; every rank
-     judges the same rows (``fsdp_facts.judge``);
+     judges the same rows (``facts.judge``);
   5. the root's forward pre-hook (ahead of FSDP2's own): a forward that follows a reduced
      backward with no optimizer step between (an extra micro-batch) sends its row first, so a
      rank running one more forward/backward meets its peers' optimizer-step exchange, with the
@@ -44,15 +44,15 @@ from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
-from openclaw_ref.sync import checks
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
+from openclaw_ref.sync.ddp.step_setup import Unset
 from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
-from openclaw_ref.sync.fsdp_facts import Exchange, Field, hyper_digest, judge, reduced_digest
-from openclaw_ref.sync.precision import finite_sum
-from openclaw_ref.sync.replica_slices import ReplicaSlices
-from openclaw_ref.sync.step_setup import Unset
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.precision import finite_sum
+from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
+from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE, Watchdog
+from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge, reduced_digest
 from openclaw_ref.sync.target import HARDENED_MARK, validate_fsdp_target
-from openclaw_ref.sync.watchdog import STEP_EXCHANGE, Watchdog
 
 
 class CheckedReduceScatter(ReduceScatter):

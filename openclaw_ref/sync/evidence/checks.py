@@ -20,7 +20,6 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from openclaw_ref.sync.control import split_view
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ConsistencyError,
@@ -28,8 +27,9 @@ from openclaw_ref.sync.errors import (
     ReplicaDivergence,
     ShapeMismatch,
 )
-from openclaw_ref.sync.replica_digest import ReplicaDigest
-from openclaw_ref.sync.vote import plurality
+from openclaw_ref.sync.evidence.control import split_view
+from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
+from openclaw_ref.sync.evidence.vote import plurality
 
 
 def tensor_digest(t: torch.Tensor) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from openclaw_ref.sync.control_counts import (
+from openclaw_ref.sync.evidence.control_counts import (
     ACTIVE,
     COUNT_FIELDS,
     DETAIL_FIELDS,
@@ -22,7 +22,13 @@ from openclaw_ref.sync.control_counts import (
     CountLayout,
     ready_bin,
 )
-from openclaw_ref.sync.control_layout import CHUNK_BITS, MAGIC, MAGIC_JOINED, NONFINITE, READY
+from openclaw_ref.sync.evidence.control_layout import (
+    CHUNK_BITS,
+    MAGIC,
+    MAGIC_JOINED,
+    NONFINITE,
+    READY,
+)
 
 _BIT_BYTES = [bytes((c >> s) & 1 for s in range(CHUNK_BITS - 1, -1, -1))
               for c in range(1 << CHUNK_BITS)]

@@ -1,4 +1,5 @@
-"""``hardened``: stock DDP plus one comm hook that makes every bucket's sync verifiable.
+"""``Guard.BUCKET``, the forensic mode of ``harden()`` on DDP: one comm hook that makes every
+bucket's sync verifiable.
 
 ``harden(ddp_model, cfg)`` works on any ``DistributedDataParallel`` model — on its own process
 group (a sub-group or a DeviceMesh dimension included), under our launcher, under ``torchrun``,
@@ -68,9 +69,8 @@ without naming ranks: the joined rank takes no part in the gather). Replica dive
 from __future__ import annotations
 
 import functools
-import os
 import time
-import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -78,27 +78,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from openclaw_ref.sync import checks
-from openclaw_ref.sync.averaged import AveragingWatch
-from openclaw_ref.sync.base import Guard, RankInfo, SyncConfig, SyncStrategy, harden_defaults
-from openclaw_ref.sync.control_counts_write import write_counts
-from openclaw_ref.sync.control_layout import joined_slot, unissued_slot
-from openclaw_ref.sync.ddp import wrap_ddp
-from openclaw_ref.sync.fsdp_guard import FSDPGuard, FSDPModule, harden_fsdp
-from openclaw_ref.sync.harden_state import HardenState
-from openclaw_ref.sync.ledger import BucketRecord
-from openclaw_ref.sync.precision import (
-    ScalePolicy,
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.ddp.harden_state import HardenState
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.averaged import AveragingWatch
+from openclaw_ref.sync.evidence.control_counts_write import write_counts
+from openclaw_ref.sync.evidence.control_layout import joined_slot, unissued_slot
+from openclaw_ref.sync.evidence.ledger import BucketRecord
+from openclaw_ref.sync.evidence.precision import (
     divide,
     finite_sum,
     from_wire,
     refuse_grad_scaler,
     to_wire,
 )
-from openclaw_ref.sync.step_guard import StepGuard
-from openclaw_ref.sync.step_setup import Unset, refuse_unsupported, register_wire
-from openclaw_ref.sync.target import HARDENED_MARK, bucket_sizes, validate_target
-from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
+from openclaw_ref.sync.evidence.watchdog import Watchdog
 
 
 def _in_backward() -> bool:
@@ -252,89 +246,13 @@ def _presence_hook(present: set[int], key: int):
     return lambda grad: present.add(key)
 
 
-def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
-           ctx: RankInfo | None = None, *, check_construction: bool = True,
-           optimizer: torch.optim.Optimizer | None = None) -> HardenState | StepGuard | FSDPGuard:
-    """Make a DDP model's gradient sync verifiable; returns the state (see module docstring).
-    An FSDP2 (``fully_shard``) root module gets ``fsdp_guard``'s guard (``optimizer``: its own).
-
-    ``cfg.guard`` picks how: ``step`` (the default, ``step_guard``: DDP's own C++ reduction and
-    one small exchange per step) or ``bucket`` (this module's per-bucket comm hook: the
-    forensic mode, and the only one that pre-scales an fp16 wire or sends bf16). Everything
-    runs on ``ddp_model.process_group``. ``ctx`` (any ``RankInfo``, e.g. our launcher's) gives
-    the store for the watchdog and the way to report a hang from its thread; without it the
-    default store and ``os._exit`` are used. ``check_construction=False`` skips the cross-rank
-    parameter check (tests use it to show that the in-band membership digest alone still
-    catches a swapped registration). Raises ``BadInput`` before registering anything and before
-    any collective when the model cannot be hardened: a comm hook already registered (Python or
-    C++ built-in), a process group with no backend for the gradients' device, a wire dtype the
-    backend cannot reduce, a wire or pre-scale the chosen guard cannot send; and from the first
-    optimizer step a ``torch.amp.GradScaler`` runs over a pre-scaled fp16 wire
-    (``precision.refuse_grad_scaler``).
-
-    ``state.close()`` removes what this added (forward hooks, gradient-presence hooks, the
-    optimizer step pre-hooks, the watchdog thread) on the rank it runs on. Under ``bucket``
-    DDP cannot unregister the comm hook: after ``close()`` it is inert — a plain allreduce
-    average like PyTorch's ``allreduce_hook``, no control block, no check — so close every
-    rank of the group. Under ``step`` the wire is DDP's own and stays as it was.
-
-    After an error. A ``ConsistencyError`` (or a failed collective) is raised from inside
-    DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of this DDP
-    model fails on DDP's own internal assert. The model cannot be used again. Close the state
-    and drop the model (its reducer's hooks on the parameters go with it), then either build a
-    new ``DistributedDataParallel`` around the same module (its parameters are broadcast from
-    rank 0 again) and harden that, or restore a checkpoint — on every rank.
-    """
-    cfg = cfg or harden_defaults()
-    if isinstance(ddp_model, FSDPModule):
-        return harden_fsdp(ddp_model, cfg, check_construction, optimizer,
-                           lambda guard: _watchdog(guard, cfg, ctx))
-    backend = validate_target(ddp_model, cfg)
-    if cfg.guard is Guard.STEP:
-        refuse_unsupported(cfg)
-    group = ddp_model.process_group
-    named = list(ddp_model.module.named_parameters())
-    if check_construction:
-        checks.construction_check(named, group=group, layout=bucket_sizes(ddp_model))
-    synchronized = checks.synchronized_parameters(ddp_model)
-    if cfg.guard is Guard.STEP:
-        state = StepGuard(ddp_model, cfg, named, synchronized)
-        state.watchdog = _watchdog(state, cfg, ctx)
-        register_wire(ddp_model, cfg)
-        state.install(checks.required_gradient_names(ddp_model.module))
-    else:
-        state = _harden_buckets(ddp_model, cfg, ctx, named, synchronized)
-    if check_construction:
-        state.ledger.count_check(True)
-    setattr(ddp_model, HARDENED_MARK, state)
-    state.handles.append(Unset(ddp_model, HARDENED_MARK))
-    state.handles.append(register_optimizer_step_pre_hook(state.before_optimizer_step))
-    if backend == "nccl" and os.environ.get(
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
-        warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
-                      "was created; a failed collective may hang instead of aborting",
-                      stacklevel=2)
-    return state
-
-
-def _watchdog(state: HardenState | StepGuard | FSDPGuard, cfg: SyncConfig, ctx: RankInfo | None
-              ) -> Watchdog:
-    """The state's hang watchdog, on ``ctx``'s store (the default store without one)."""
-    store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()
-    report = ctx.report_fatal if ctx is not None else exit_fatal
-    global_rank = state.global_ranks[state.rank]
-    return Watchdog(store, state.rank, state.world_size, cfg.watchdog_s,
-                    namespace_for(store, global_rank, group_ranks=state.global_ranks),
-                    on_timeout=report, global_ranks=state.global_ranks,
-                    action=cfg.watchdog_action, events=state.events)
-
-
-def _harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
-                    named: list[tuple[str, nn.Parameter]],
-                    synchronized: list[tuple[str, nn.Parameter]]) -> HardenState:
+def harden_buckets(ddp_model: DDP, cfg: SyncConfig,
+                   make_watchdog: Callable[[HardenState], Watchdog],
+                   named: list[tuple[str, nn.Parameter]],
+                   synchronized: list[tuple[str, nn.Parameter]]) -> HardenState:
     """``Guard.BUCKET``: register ``hardened_hook`` and what it needs (module docstring)."""
     state = HardenState(cfg, ddp_model.process_group, named, synchronized)
-    state.watchdog = _watchdog(state, cfg, ctx)
+    state.watchdog = make_watchdog(state)
     try:
         ddp_model.register_comm_hook(state, hardened_hook)
     except BaseException:
@@ -361,42 +279,3 @@ def _harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
     state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
     return state
 
-
-class Hardened(SyncStrategy):
-    """``hardened``: DDP (same buckets, same collectives) + ``harden``."""
-
-    name = "hardened"
-
-    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
-        self.ddp = wrap_ddp(model, ctx, self.cfg)
-        self.state = harden(self.ddp, self.cfg, ctx)
-        self.events = self.state.events
-        return self.ddp
-
-    def begin_step(self, step: int) -> None:
-        self.state.begin_step(step)
-
-    def finish_step(self, step: int) -> bool:
-        return self.state.finish_step(step)
-
-    def step_metrics(self) -> dict:
-        return self.state.step_metrics()
-
-    def bucket_layout(self) -> list[tuple[int, list[str]]]:
-        """(bucket index, member names) of the last verified step, as this rank saw them."""
-        return self.state.last_layout
-
-    def summary(self) -> dict:
-        return self.state.summary()
-
-    def scale_policy(self) -> ScalePolicy | None:
-        """The pre-scale policy of the per-bucket guard (the fault injector's handle on one
-        rank's exponent); None under the step guard, which never pre-scales."""
-        if not hasattr(self, "state") or self.cfg.guard is Guard.STEP:
-            return None
-        return self.state.policy
-
-    def close(self, verify: bool = True) -> None:
-        """Every replica slice compared once (the guard's close-time check), then closed."""
-        if hasattr(self, "state"):
-            self.state.close(verify)

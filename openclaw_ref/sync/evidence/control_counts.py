@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from openclaw_ref.sync.control_layout import (
+from openclaw_ref.sync.evidence.control_layout import (
     CHUNK_BITS,
     NONFINITE,
     READY_UNIT_US,
@@ -233,7 +233,7 @@ def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
     (``check_counts_host``: a few dozen tensor operations cost more there than the
     arithmetic), any other on its own device (``check_counts_tensor``). Same answer."""
     if block.is_cpu and block.numel() <= HOST_CHECK_MAX_ELEMENTS:
-        from openclaw_ref.sync.control_counts_host import check_counts_host  # imports us
+        from openclaw_ref.sync.evidence.control_counts_host import check_counts_host  # imports us
         return check_counts_host(block, layout, buckets, extra)
     return check_counts_tensor(block, layout, buckets, extra)
 

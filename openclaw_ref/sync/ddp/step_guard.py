@@ -40,7 +40,6 @@ and a bf16 wire (refused here with ``BadInput``).
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -49,15 +48,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
-from openclaw_ref.sync.averaged import Cause, _accumulates, _accumulator
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt, Wire
-from openclaw_ref.sync.control_counts import CountLayout
-from openclaw_ref.sync.control_counts_write import write_counts
-from openclaw_ref.sync.control_layout import (
-    MAGIC_UNISSUED,
-    encode_slot,
-    joined_slot,
-    membership_digest,
+from openclaw_ref.sync.ddp.step_setup import (
+    JoinedExchange,
+    Unset,
+    cuda_mark,
+    queue_callback,
+    send_unissued,
 )
 from openclaw_ref.sync.errors import (
     CollectiveFailed,
@@ -66,12 +63,20 @@ from openclaw_ref.sync.errors import (
     MissingGradient,
     backend_message,
 )
-from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
-from openclaw_ref.sync.precision import ScalePolicy, finite_sum
-from openclaw_ref.sync.replica_close import check_watchdog, close_check
-from openclaw_ref.sync.replica_slices import ReplicaSlices
-from openclaw_ref.sync.step_setup import JoinedExchange, Unset, cuda_mark, queue_callback
-from openclaw_ref.sync.watchdog import STEP_EXCHANGE, Watchdog
+from openclaw_ref.sync.evidence.averaged import Cause, _accumulates, _accumulator
+from openclaw_ref.sync.evidence.control_counts import CountLayout
+from openclaw_ref.sync.evidence.control_counts_write import write_counts
+from openclaw_ref.sync.evidence.control_layout import (
+    MAGIC_UNISSUED,
+    encode_slot,
+    joined_slot,
+    membership_digest,
+)
+from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
+from openclaw_ref.sync.evidence.precision import ScalePolicy, finite_sum, nonfinite_flags
+from openclaw_ref.sync.evidence.replica_close import check_watchdog, close_check
+from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
+from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE, Watchdog
 
 
 class StepGuard:
@@ -80,8 +85,13 @@ class StepGuard:
     ``begin_step``, ``finish_step``, ``step_metrics``, ``summary``, ``events``, ``close``."""
 
     def __init__(self, ddp: DDP, cfg: SyncConfig, named: list[tuple[str, nn.Parameter]],
-                 synchronized: list[tuple[str, nn.Parameter]]) -> None:
+                 synchronized: list[tuple[str, nn.Parameter]],
+                 module: nn.Module | None = None) -> None:
         self.ddp = ddp
+        # the module that is forwarded, and the one whose forward pre-hook means "through the
+        # wrapper": DDP's module and DDP itself; both the user's module under replicate()
+        self.module = module if module is not None else ddp.module
+        self.entry = module if module is not None else ddp
         self.cfg = cfg
         self.group = ddp.process_group
         self.rank = dist.get_rank(self.group)
@@ -139,8 +149,8 @@ class StepGuard:
             self.handles.append(node.register_hook(self._arrived(i, p, not as_view)))
             if as_view:  # the gradient is DDP's bucket, which it may reduce once its hook ran
                 self.handles.append(p.register_post_accumulate_grad_hook(self._summed))
-        self.handles.append(self.ddp.register_forward_pre_hook(self._wrapper_forward))
-        self.handles.append(self.ddp.module.register_forward_hook(self._module_forward))
+        self.handles.append(self.entry.register_forward_pre_hook(self._wrapper_forward))
+        self.handles.append(self.module.register_forward_hook(self._module_forward))
         original = self.ddp.join_hook
         self.ddp.join_hook = lambda **kwargs: JoinedExchange(original(**kwargs), self)
         self.handles.append(Unset(self.ddp, "join_hook"))
@@ -217,10 +227,13 @@ class StepGuard:
         t = time.perf_counter()
         prepared, self.prepared = self.prepared, False
         complete = prepared and hooked and (self._unused_allowed() or all(self.present))
-        first_unissued = 0 if complete else self._send_unissued(prepared)
+        first_unissued = 0
+        if not complete:
+            present = {id(p): bool(seen) for (_, p), seen in zip(self.tracked, self.present)}
+            first_unissued = send_unissued(self.ddp, prepared, present, self.cfg.wire, self.group)
         cause = None if complete else self._cause(prepared)
         absent = next((i for i in self.required if not self.present[i]), None)
-        flags = self._local_flags()
+        flags = nonfinite_flags(self.local_sums)
         self._forget_arrivals()
         slot = encode_slot(clock=self.clock, bucket=first_unissued, digest=self.digest,
                            scale_exp=0, ready_s=t - self.step_t0, absent=absent)
@@ -252,7 +265,7 @@ class StepGuard:
         """No accumulator DDP hooked ran: did some parameter of the module get a gradient in
         this backward anyway (a conversion or a replacement after wrapping)? Asked of the
         engine, on such backwards only."""
-        return any(_accumulates(p) for p in self.ddp.module.parameters() if p.requires_grad)
+        return any(_accumulates(p) for p in self.module.parameters() if p.requires_grad)
 
     def _wait(self, work) -> None:
         try:
@@ -273,35 +286,6 @@ class StepGuard:
         ready itself) under ``find_unused_parameters`` and a static graph."""
         return bool(self.ddp.find_unused_parameters or getattr(self.ddp, "static_graph", False))
 
-    def _local_flags(self) -> list[bool] | torch.Tensor:
-        """This rank's non-finite flag: a sum over its own gradients, NaN or ±inf iff one is."""
-        sums = self.local_sums
-        if not sums:
-            return [False]
-        total = torch.stack(sums)
-        if total.device.type == "cpu":
-            return [not all(math.isfinite(v) for v in total.tolist())]
-        nonfinite = (~torch.isfinite(total)).any().to(torch.float32)
-        return nonfinite.reshape(1)
-
-    def _send_unissued(self, prepared: bool) -> int:
-        """Zeros, in DDP's wire format, for every bucket this rank's DDP did not issue this
-        backward (DDP issues its buckets in index order, each once all its members are ready,
-        so the issued ones are a prefix); returns the first such bucket's index."""
-        first = None
-        issued = prepared
-        for bucket in self.ddp.reducer._get_zeros_like_grad_buckets():
-            issued = issued and all(self.present[self._index[id(p)]]
-                                    for p in bucket.parameters() if id(p) in self._index)
-            if issued:
-                continue
-            first = bucket.index() if first is None else first
-            wire = bucket.buffer()
-            if self.cfg.wire is Wire.FP16:
-                wire = wire.to(torch.float16)
-            dist.all_reduce(wire, group=self.group)
-        return 0 if first is None else first
-
     def _cause(self, prepared: bool) -> tuple[Cause, list[str]] | None:
         """Why DDP did not reduce, where this rank can tell, with the parameters concerned: no
         forward through the wrapper, or parameters replaced after wrapping (another Parameter
@@ -310,7 +294,7 @@ class StepGuard:
         if not prepared:
             return Cause.BYPASSED, [n for (n, _), seen in zip(self.tracked, self.present)
                                     if seen] or list(self.names)
-        current = dict(self.ddp.module.named_parameters())
+        current = dict(self.module.named_parameters())
         replaced = [n for (n, p), node in zip(self.tracked, self.accumulators)
                     if current.get(n) is not p or _accumulator(p) is not node]
         return (Cause.REPLACED, replaced) if replaced else None

@@ -27,10 +27,10 @@ from typing import Protocol
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.sync import checks
 from openclaw_ref.sync.errors import ConsistencyError, Event, backend_message
-from openclaw_ref.sync.replica_slices import ReplicaSlices
-from openclaw_ref.sync.watchdog import Watchdog
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
+from openclaw_ref.sync.evidence.watchdog import Watchdog
 
 NOT_RUN = "CloseCheckNotRun"  # Event kind: the close-time gather failed (a peer gone)
 

@@ -19,23 +19,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.sync.averaged import AveragingWatch
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
-from openclaw_ref.sync.control_counts import CountLayout
-from openclaw_ref.sync.control_counts_write import write_counts
-from openclaw_ref.sync.control_layout import (
+from openclaw_ref.sync.errors import CollectiveFailed, backend_message
+from openclaw_ref.sync.evidence.averaged import AveragingWatch
+from openclaw_ref.sync.evidence.control_counts import CountLayout
+from openclaw_ref.sync.evidence.control_counts_write import write_counts
+from openclaw_ref.sync.evidence.control_layout import (
     StepBlock,
     assemble_slot,
     clock_chunks,
     membership_digest,
     slot_middle,
 )
-from openclaw_ref.sync.errors import CollectiveFailed, backend_message
-from openclaw_ref.sync.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
-from openclaw_ref.sync.precision import ScalePolicy
-from openclaw_ref.sync.replica_close import check_watchdog, close_check
-from openclaw_ref.sync.replica_slices import ReplicaSlices
-from openclaw_ref.sync.watchdog import Watchdog
+from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
+from openclaw_ref.sync.evidence.precision import ScalePolicy
+from openclaw_ref.sync.evidence.replica_close import check_watchdog, close_check
+from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
+from openclaw_ref.sync.evidence.watchdog import Watchdog
 
 
 class HardenState:

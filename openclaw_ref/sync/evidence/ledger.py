@@ -41,21 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from openclaw_ref.sync import checks
 from openclaw_ref.sync.base import Wire
-from openclaw_ref.sync.control import BucketVerdict, check_blocks, verify
-from openclaw_ref.sync.control_counts import (
-    CountCheck,
-    CountLayout,
-    check_counts,
-    first_failing_field,
-)
-from openclaw_ref.sync.control_layout import (
-    NONFINITE,
-    READY_UNIT_US,
-    SLOT_FIELDS,
-    decode_block,
-)
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ClockMismatch,
@@ -66,7 +52,21 @@ from openclaw_ref.sync.errors import (
     ReplicaDivergence,
     ScaleMismatch,
 )
-from openclaw_ref.sync.precision import OverflowStats, ScalePolicy, count_nonfinite
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.control import BucketVerdict, check_blocks, verify
+from openclaw_ref.sync.evidence.control_counts import (
+    CountCheck,
+    CountLayout,
+    check_counts,
+    first_failing_field,
+)
+from openclaw_ref.sync.evidence.control_layout import (
+    NONFINITE,
+    READY_UNIT_US,
+    SLOT_FIELDS,
+    decode_block,
+)
+from openclaw_ref.sync.evidence.precision import OverflowStats, ScalePolicy, count_nonfinite
 
 WIRE_OVERFLOW = "WireOverflow"  # Event kind: a wire-only overflow (step 5)
 

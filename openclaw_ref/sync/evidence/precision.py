@@ -255,3 +255,15 @@ class OverflowStats:
                                        if self.elements else 0.0),
             "overflow_rate_steps": self.overflowed_steps / self.steps if self.steps else 0.0,
         }
+
+
+def nonfinite_flags(sums: list[torch.Tensor]) -> list[bool] | torch.Tensor:
+    """A rank's non-finite flag from the sums of its own gradients (``finite_sum``): NaN or
+    ±inf iff one gradient is. Read on the host on a CPU (already there); on a device, a
+    one-element tensor, so that no host sync is added."""
+    if not sums:
+        return [False]
+    total = torch.stack(sums)
+    if total.device.type == "cpu":
+        return [not all(math.isfinite(v) for v in total.tolist())]
+    return (~torch.isfinite(total)).any().to(torch.float32).reshape(1)

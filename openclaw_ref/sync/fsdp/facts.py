@@ -1,5 +1,5 @@
 """The facts ``harden()`` exchanges for an FSDP2 model, one row of integers per rank, and the
-verdict every rank reads from the same rows (``fsdp_guard`` gathers them).
+verdict every rank reads from the same rows (``fsdp.guard`` gathers them).
 
 Why integers in one row per rank: the exchange is one SUM allreduce of a ``(world, len(Field))``
 int64 block in which each rank wrote only its own row, so every rank receives every row, exactly
@@ -27,7 +27,7 @@ from openclaw_ref.sync.errors import (
     OptimizerMismatch,
     ReplicaDivergence,
 )
-from openclaw_ref.sync.vote import plurality
+from openclaw_ref.sync.evidence.vote import plurality
 
 DIGEST_BITS = 62
 

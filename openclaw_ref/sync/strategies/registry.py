@@ -8,23 +8,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
-from openclaw_ref.sync.bucketed import Bucketed
-from openclaw_ref.sync.ddp import (
+from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.strategies.bucketed import Bucketed
+from openclaw_ref.sync.strategies.ddp import (
     AllreduceHookDDP,
     BF16HookDDP,
     PowerSGDDDP,
     StockDDP,
     StockDDPFP16,
 )
-from openclaw_ref.sync.detail import DetailDDP
-from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.hardened import Hardened
-from openclaw_ref.sync.local import LocalOnly
+from openclaw_ref.sync.strategies.detail import DetailDDP
+from openclaw_ref.sync.strategies.hardened import Hardened
+from openclaw_ref.sync.strategies.local import LocalOnly
 
 
 def _seed_f5(cfg: SyncConfig) -> SyncStrategy:
     """The seed's F5 hook as written: a study exhibit, imported only when a run asks for it."""
-    from openclaw_ref.sync.seed_f5 import SeedF5
+    from openclaw_ref.sync.strategies.seed_f5 import SeedF5
 
     return SeedF5(cfg)
 

@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.precision import ScalePolicy
+from openclaw_ref.sync.evidence.precision import ScalePolicy
 
 
 def refuse_unsupported(cfg: SyncConfig) -> None:
@@ -72,3 +72,24 @@ def queue_callback(callback) -> None:
     """Run ``callback`` when the current autograd graph task ends."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
+
+
+def send_unissued(ddp: DDP, prepared: bool, present: dict[int, bool], wire: Wire,
+                  group: dist.ProcessGroup) -> int:
+    """Zeros, in DDP's wire format, for every bucket this rank's DDP did not issue this
+    backward, so that the other ranks' allreduces complete (DDP issues its buckets in index
+    order, each once all its members are ready, so the issued ones are a prefix); returns the
+    first such bucket's index. ``present``: id(parameter) → got a gradient, for the parameters
+    the guard tracks; ``prepared``: a forward through the wrapper armed the reducer."""
+    first = None
+    issued = prepared
+    for bucket in ddp.reducer._get_zeros_like_grad_buckets():
+        issued = issued and all(present[id(p)] for p in bucket.parameters() if id(p) in present)
+        if issued:
+            continue
+        first = bucket.index() if first is None else first
+        buffer = bucket.buffer()
+        if wire is Wire.FP16:
+            buffer = buffer.to(torch.float16)
+        dist.all_reduce(buffer, group=group)
+    return 0 if first is None else first

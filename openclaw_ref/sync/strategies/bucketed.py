@@ -26,9 +26,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.sync import checks
 from openclaw_ref.sync.base import Planner, RankInfo, SyncConfig, SyncStrategy
-from openclaw_ref.sync.bucket_plan import (
+from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.control_layout import block_size, encode_slot, write_block
+from openclaw_ref.sync.evidence.ledger import BucketRecord, Ledger
+from openclaw_ref.sync.evidence.precision import (
+    ScalePolicy,
+    finite_sum,
+    from_wire,
+    has_nonfinite,
+    to_wire,
+)
+from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
+from openclaw_ref.sync.strategies.bucket_plan import (
     BucketPlan,
     BucketPlanner,
     Frame,
@@ -36,17 +47,6 @@ from openclaw_ref.sync.bucket_plan import (
     cut_frames,
     make_planner,
 )
-from openclaw_ref.sync.control_layout import block_size, encode_slot, write_block
-from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.ledger import BucketRecord, Ledger
-from openclaw_ref.sync.precision import (
-    ScalePolicy,
-    finite_sum,
-    from_wire,
-    has_nonfinite,
-    to_wire,
-)
-from openclaw_ref.sync.watchdog import Watchdog, exit_fatal, namespace_for
 
 
 def cap_elements(cfg: SyncConfig, dtype: torch.dtype = torch.float32) -> int:

@@ -31,10 +31,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from openclaw_ref.sync.control import split_view
 from openclaw_ref.sync.errors import ReplicaDivergence
-from openclaw_ref.sync.replica_digest import MAX_PLANS, ReplicaDigest
-from openclaw_ref.sync.vote import plurality
+from openclaw_ref.sync.evidence.control import split_view
+from openclaw_ref.sync.evidence.replica_digest import MAX_PLANS, ReplicaDigest
+from openclaw_ref.sync.evidence.vote import plurality
 
 Piece = tuple[int, int, int]  # (parameter index, first element, end element)
 

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from openclaw_ref.sync.base import Guard, SyncStrategy, Wire
-from openclaw_ref.sync.control_counts import CountLayout
-from openclaw_ref.sync.precision import WIRE_DTYPES
+from openclaw_ref.sync.evidence.control_counts import CountLayout
+from openclaw_ref.sync.evidence.precision import WIRE_DTYPES
 
 USED_MAP_BYTES = 4  # DDP's local_used_map is int32, one per parameter tensor
 

@@ -27,7 +27,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from openclaw_ref.sync.base import RankInfo
-from openclaw_ref.sync.ddp import StockDDP
+from openclaw_ref.sync.strategies.ddp import StockDDP
 
 
 class DetailDDP(StockDDP):

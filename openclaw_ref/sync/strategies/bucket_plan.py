@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from openclaw_ref.sync.base import Planner
-from openclaw_ref.sync.control_layout import membership_digest
 from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.evidence.control_layout import membership_digest
 
 TAU = 0.85  # the seed's τ = 0.85 × EMA
 ALPHA = 0.999  # the seed's EMA decay

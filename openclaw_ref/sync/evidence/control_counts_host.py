@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from openclaw_ref.sync.control_counts import (
+from openclaw_ref.sync.evidence.control_counts import (
     COUNT_FIELDS,
     DETAIL_FIELDS,
     HIST_BINS,

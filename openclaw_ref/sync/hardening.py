@@ -1,0 +1,124 @@
+"""``harden(model)``: the one entry point of the hook library, whatever the wrapper.
+
+It picks the adapter for the wrapper it is handed, each built on the same evidence
+(``evidence/``: the per-step exchange's blocks, ledger, replica digest, watchdog, errors):
+
+- ``DistributedDataParallel``: ``ddp.step_guard`` (``Guard.STEP``, the default: DDP's own C++
+  reduction and one small exchange per step) or ``ddp.bucket_guard`` (``Guard.BUCKET``: a
+  per-bucket comm hook, the forensic mode);
+- an FSDP2 module (``fully_shard`` on a 1-D mesh, HSDP's 2-D mesh, or
+  ``replicate_with_fsdp``'s replicate mesh): ``fsdp.guard``;
+- a module given to the composable ``replicate()`` (DDP inside): ``ddp.replicate``.
+
+Invariant: every refusal (``BadInput``) comes before anything is registered and before any
+collective, so a refused ``harden()`` leaves the user's model exactly as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from openclaw_ref.sync.base import Guard, RankInfo, SyncConfig, harden_defaults
+from openclaw_ref.sync.ddp.bucket_guard import harden_buckets
+from openclaw_ref.sync.ddp.harden_state import HardenState
+from openclaw_ref.sync.ddp.replicate import replicate_state, replicated
+from openclaw_ref.sync.ddp.step_guard import StepGuard
+from openclaw_ref.sync.ddp.step_setup import Unset, refuse_unsupported, register_wire
+from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
+from openclaw_ref.sync.fsdp.guard import FSDPGuard, FSDPModule, harden_fsdp
+from openclaw_ref.sync.target import HARDENED_MARK, bucket_sizes, validate_target
+
+
+def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
+           ctx: RankInfo | None = None, *, check_construction: bool = True,
+           optimizer: torch.optim.Optimizer | None = None) -> HardenState | StepGuard | FSDPGuard:
+    """Make a DDP model's gradient sync verifiable; returns the state (see module docstring).
+    An FSDP2 (``fully_shard``) root module gets ``fsdp.guard``'s guard (``optimizer``: its own).
+
+    ``cfg.guard`` picks how: ``step`` (the default, ``step_guard``: DDP's own C++ reduction and
+    one small exchange per step) or ``bucket`` (this module's per-bucket comm hook: the
+    forensic mode, and the only one that pre-scales an fp16 wire or sends bf16). Everything
+    runs on ``ddp_model.process_group``. ``ctx`` (any ``RankInfo``, e.g. our launcher's) gives
+    the store for the watchdog and the way to report a hang from its thread; without it the
+    default store and ``os._exit`` are used. ``check_construction=False`` skips the cross-rank
+    parameter check (tests use it to show that the in-band membership digest alone still
+    catches a swapped registration). Raises ``BadInput`` before registering anything and before
+    any collective when the model cannot be hardened: a comm hook already registered (Python or
+    C++ built-in), a process group with no backend for the gradients' device, a wire dtype the
+    backend cannot reduce, a wire or pre-scale the chosen guard cannot send; and from the first
+    optimizer step a ``torch.amp.GradScaler`` runs over a pre-scaled fp16 wire
+    (``precision.refuse_grad_scaler``).
+
+    ``state.close()`` removes what this added (forward hooks, gradient-presence hooks, the
+    optimizer step pre-hooks, the watchdog thread) on the rank it runs on. Under ``bucket``
+    DDP cannot unregister the comm hook: after ``close()`` it is inert — a plain allreduce
+    average like PyTorch's ``allreduce_hook``, no control block, no check — so close every
+    rank of the group. Under ``step`` the wire is DDP's own and stays as it was.
+
+    After an error. A ``ConsistencyError`` (or a failed collective) is raised from inside
+    DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of this DDP
+    model fails on DDP's own internal assert. The model cannot be used again. Close the state
+    and drop the model (its reducer's hooks on the parameters go with it), then either build a
+    new ``DistributedDataParallel`` around the same module (its parameters are broadcast from
+    rank 0 again) and harden that, or restore a checkpoint — on every rank.
+    """
+    cfg = cfg or harden_defaults()
+    if isinstance(ddp_model, FSDPModule):
+        return harden_fsdp(ddp_model, cfg, check_construction, optimizer,
+                           lambda guard: _watchdog(guard, cfg, ctx))
+    if replicate_state(ddp_model) is not None and cfg.guard is not Guard.STEP:
+        raise BadInput("a module given to replicate() takes the step guard only (the per-bucket "
+                       "guard watches DDP.forward, which replicate() never calls)")
+    inner = replicated(ddp_model)  # replicate()'s DDP, built now if its first forward has not run
+    if inner is not None:
+        ddp_model = inner.ddp
+    backend = validate_target(ddp_model, cfg)
+    if cfg.guard is Guard.STEP:
+        refuse_unsupported(cfg)
+    group = ddp_model.process_group
+    module = inner.module if inner is not None else ddp_model.module
+    named = inner.named if inner is not None else list(module.named_parameters())
+    if check_construction:
+        checks.construction_check(named, group=group, layout=bucket_sizes(ddp_model))
+    synchronized = named if inner is not None else checks.synchronized_parameters(ddp_model)
+    if cfg.guard is Guard.STEP:
+        state = StepGuard(ddp_model, cfg, named, synchronized,
+                          module=inner.module if inner is not None else None)
+        state.watchdog = _watchdog(state, cfg, ctx)
+        register_wire(ddp_model, cfg)
+        state.install(checks.required_gradient_names(module))
+    else:
+        state = harden_buckets(ddp_model, cfg, lambda s: _watchdog(s, cfg, ctx), named,
+                               synchronized)
+    if check_construction:
+        state.ledger.count_check(True)
+    setattr(ddp_model, HARDENED_MARK, state)
+    state.handles.append(Unset(ddp_model, HARDENED_MARK))
+    state.handles.append(register_optimizer_step_pre_hook(state.before_optimizer_step))
+    if backend == "nccl" and os.environ.get(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
+        warnings.warn("TORCH_NCCL_ASYNC_ERROR_HANDLING was not set before the NCCL process group "
+                      "was created; a failed collective may hang instead of aborting",
+                      stacklevel=2)
+    return state
+
+
+def _watchdog(state: HardenState | StepGuard | FSDPGuard, cfg: SyncConfig, ctx: RankInfo | None
+              ) -> Watchdog:
+    """The state's hang watchdog, on ``ctx``'s store (the default store without one)."""
+    store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()
+    report = ctx.report_fatal if ctx is not None else exit_fatal
+    global_rank = state.global_ranks[state.rank]
+    return Watchdog(store, state.rank, state.world_size, cfg.watchdog_s,
+                    namespace_for(store, global_rank, group_ranks=state.global_ranks),
+                    on_timeout=report, global_ranks=state.global_ranks,
+                    action=cfg.watchdog_action, events=state.events)
+

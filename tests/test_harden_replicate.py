@@ -1,0 +1,85 @@
+"""``harden()`` on a module given to the composable ``replicate()`` (DDP inside, driven by the
+module's own forward hooks; 2 gloo ranks): it trains bitwise like replicate() without the guard,
+a fault is named with the rank and the module's own parameter name (not the ``ParameterList``
+index replicate's DDP sees), and what the guard cannot do there is refused before any
+collective."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._composable.replicate import replicate
+
+from openclaw_ref.sync.base import Guard, SyncConfig
+from openclaw_ref.sync.errors import BadInput, ReplicaDivergence
+from openclaw_ref.sync.hardening import harden
+
+STEPS = 4
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def _train(model: nn.Module, rank: int, drift_at: int | None = None) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        model(torch.randn(8, 6, generator=g) * (1 + rank)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step == drift_at:
+            with torch.no_grad():
+                model[2].bias.add_(1e-3)  # this rank's replica drifts after the update
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def replicate_task(ctx) -> dict:
+    stock = _train(replicate(_net()), ctx.rank)
+    model = replicate(_net())
+    guard = harden(model, SyncConfig(name="hardened"), ctx)  # before the first forward
+    try:
+        hardened = _train(model, ctx.rank)
+        summary = guard.summary()
+    finally:
+        guard.close()
+    model = replicate(_net())
+    guard = harden(model, SyncConfig(name="hardened", replica_slices=1), ctx)
+    error = None
+    try:
+        _train(model, ctx.rank, drift_at=1 if ctx.rank == 1 else None)
+    except ReplicaDivergence as exc:
+        error = {"ranks": exc.ranks, "message": str(exc)}
+    finally:
+        guard.close(verify=False)
+    dist.barrier()
+    return {"exact": all(torch.equal(a, b) for a, b in zip(stock, hardened)),
+            "events": list(guard.events), "checks": summary["checks_run"],
+            "steps": summary["steps"], "error": error}
+
+
+@pytest.fixture(scope="module")
+def replies(pools) -> list[dict]:
+    return pools.get(2).run(replicate_task)
+
+
+def test_a_replicated_module_trains_bitwise_like_replicate_without_the_guard(replies):
+    for reply in replies:
+        assert reply["exact"] and reply["events"] == [], reply
+        assert reply["steps"] == STEPS and reply["checks"] == STEPS + 1, reply
+
+
+def test_a_drifting_replica_is_named_by_rank_and_by_the_modules_own_parameter_name(replies):
+    for reply in replies:
+        assert reply["error"] is not None, reply
+        assert reply["error"]["ranks"] in ([1], [0, 1]), reply  # 2 ranks: no majority
+        assert "2.bias" in reply["error"]["message"], reply
+
+
+def test_the_per_bucket_guard_on_a_replicated_module_is_refused_before_any_collective():
+    model = replicate(_net())  # no process group: a collective here would raise another error
+    with pytest.raises(BadInput, match="step guard only"):
+        harden(model, SyncConfig(name="hardened", guard=Guard.BUCKET))
