@@ -306,10 +306,11 @@ HARDENED = {
     "extra-backward-one-rank": ("detected", [1], "ClockMismatch at step 2"),
     "lr-one-rank": ("detected", [1], "OptimizerMismatch at step 2"),
     "mixed-precision-differs": ("detected", [1], "ParameterMismatch at ranks [1]"),
-    # not caught yet (docs/hardening.md, "FSDP2"): no replica to compare on a 1-D mesh, no
-    # norm agreement, and no exchange before FSDP2's own collectives of the backward
-    "clip-local-norm": ("silent-corruption", [], None),
-    "load-one-rank": ("silent-corruption", [], None),
+    "clip-local-norm": ("detected", [0, 1], "ScaleMismatch at step 2"),  # each its own factor
+    "load-one-rank": ("detected", [0], "CheckpointMismatch at step 0"),  # the rank that loaded
+    # not caught under harden()'s defaults (docs/hardening.md, "FSDP2"): both diverge inside
+    # FSDP2's own collectives of the backward; SyncConfig(fsdp_reduce_check=True) names them
+    # (tests/test_harden_fsdp_gaps.py)
     "no-sync-one-rank": ("hang-timeout", None, None),
     "unused-param-one-rank": ("crash", [1], None),
 }
@@ -340,14 +341,16 @@ def test_hardened_fsdp2_on_two_ranks(hardened, name):
         assert set(out["per_rank"].values()) == {"detected"}, out
 
 
-# HSDP (2 x 2), 4 ranks: replicas exist, so a one-rank load is a ReplicaDivergence (between two
-# replicas the vote names the higher rank: rank 0 loaded, its replica rank 2 is named).
+# HSDP (2 x 2), 4 ranks: the load count names rank 0, the one that loaded, before the replica
+# digest (which would name its replica, rank 2: a tie's reference is the lower rank's digest).
+# Under local-norm clipping the replicas of a shard agree, the two shard pairs do not: a tie,
+# every rank named.
 HARDENED_HSDP = {
     **{k: v for k, v in HARDENED.items() if k in ("none", "extra-backward-one-rank",
                                                  "lr-one-rank", "mixed-precision-differs",
-                                                 "clip-local-norm")},
+                                                 "load-one-rank")},
     "optimizer-before-shard": ("detected", [0, 1, 2, 3], "OptimizerMismatch at step 0"),
-    "load-one-rank": ("detected", [2], "ReplicaDivergence at step 0"),
+    "clip-local-norm": ("detected", [0, 1, 2, 3], "ScaleMismatch at step 2"),
 }
 
 

@@ -9,18 +9,23 @@ import math
 import torch
 
 from openclaw_ref.sync.errors import (
+    CheckpointMismatch,
     ClockMismatch,
+    GradientsNotAveraged,
     MissingGradient,
     OptimizerMismatch,
     ReplicaDivergence,
+    ScaleMismatch,
 )
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge
+from openclaw_ref.sync.fsdp.scale import ScaleRecord, from_bits, to_bits, unit_roundoff
 
 
 def _row(**values: int) -> list[int]:
     row = [0] * len(Field)
     row[Field.KIND], row[Field.OPT_STEPS], row[Field.BACKWARDS] = Exchange.OPTIMIZER_STEP, 3, 3
     row[Field.REDUCED], row[Field.OPT_OWNS], row[Field.HYPER] = 11, 1, 22
+    row[Field.SCALE] = to_bits(float("nan"))
     for name, v in values.items():
         row[Field[name]] = v
     return row
@@ -80,3 +85,52 @@ def test_a_two_rank_disagreement_says_there_is_no_majority():
     assert error.ranks == [1] and "no majority" in error.detail
     error, _ = judge([_row(), _row(), _row(HYPER=23)], [0, 1, 2], True)
     assert error.ranks == [2] and "no majority" not in error.detail
+
+
+# --- the later checks: loads, reduce check, scale ---------------------------------------------
+
+def test_a_load_on_one_of_two_ranks_names_the_rank_that_loaded():
+    error, _ = judge([_row(LOADS=1), _row()], [0, 1], True)
+    assert isinstance(error, CheckpointMismatch) and error.ranks == [0]
+    assert "rank 0: 1, rank 1: 0" in error.detail
+    error, _ = judge([_row(LOADS=1), _row(), _row(), _row()], [0, 1, 2, 3], True)
+    assert error.ranks == [0]
+    assert judge([_row(LOADS=2)] * 3, [0, 1, 2], True) == (None, [])
+
+
+def test_the_reduce_check_names_another_input_size_and_a_rank_that_skips_sync():
+    rs = dict(KIND=Exchange.REDUCE_SCATTER, RS_SEQ=4, RS_NUMEL=96)
+    error, _ = judge([_row(**rs), _row(**{**rs, "RS_NUMEL": 80}), _row(**rs)], [0, 1, 2], True)
+    assert isinstance(error, MissingGradient) and error.ranks == [1]
+    back = dict(KIND=Exchange.BACKWARD, SYNCING=3)
+    error, _ = judge([_row(**back), _row(**{**back, "SYNCING": 0})], [0, 1], True)
+    assert isinstance(error, GradientsNotAveraged) and error.ranks == [1]
+    error, _ = judge([_row(**back), _row(KIND=Exchange.OPTIMIZER_STEP)], [0, 1], True)
+    assert isinstance(error, ClockMismatch) and "start of a backward" in error.detail
+
+
+def _scaled(*factors: float) -> list[list[int]]:
+    return [_row(SCALE=to_bits(f)) for f in factors]
+
+
+def test_ranks_scaled_by_their_own_factors_are_a_scale_mismatch():
+    error, _ = judge(_scaled(0.1, 0.13), [0, 1], True)
+    assert isinstance(error, ScaleMismatch) and error.ranks == [0, 1] and "×0.13" in error.detail
+    error, _ = judge(_scaled(0.5, 0.5, 1.0, 0.5), [0, 1, 2, 3], True)
+    assert error.ranks == [2]
+
+
+def test_one_factor_within_rounding_or_a_rank_not_judged_is_no_verdict():
+    assert judge(_scaled(0.5, 0.5 * (1 + 1e-6), 0.5), [0, 1, 2], True) == (None, [])
+    assert judge(_scaled(0.5, float("nan"), 0.7), [0, 1, 2], True)[0].ranks == [0, 2]
+    assert judge(_scaled(float("nan"), 0.7), [0, 1], True) == (None, [])
+
+
+def test_a_uniform_factor_is_told_from_a_change_that_is_not_a_scaling():
+    g = torch.randn(1000, dtype=torch.float32)
+    rec = ScaleRecord(1, unit_roundoff([torch.float32]))
+    rec.reduced(0, g.clone())
+    assert abs(rec.factor([g * 0.37]) - 0.37) < 1e-6
+    assert math.isnan(rec.factor([g.clamp(-1.0, 1.0)]))  # clip_grad_value_
+    assert math.isnan(ScaleRecord(1, 1e-7).factor([g]))  # nothing reduced
+    assert from_bits(to_bits(0.37)) == 0.37

@@ -144,10 +144,11 @@ class Progress:
 
 
 def clip_local_norm(model: nn.Module) -> None:
-    """The mistake: each rank clips its shards by the norm of its shards alone."""
+    """The mistake: each rank clips its shards by the norm of its shards alone (the local
+    shards are views of the gradients: scaling them scales this rank's part of each one)."""
     local = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(local)
-    torch.nn.utils.clip_grads_with_norm_(local, MAX_NORM, norm)
+    coef = (MAX_NORM / (torch.nn.utils.get_total_norm(local) + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_(local, coef)
 
 
 def train(name: str, faulty: bool, column: Column, mesh_kind: Mesh, progress: Progress,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from openclaw_ref.sync.errors import (
         BadInput,
         BucketMisalignment,
+        CheckpointMismatch,
         ClockMismatch,
         CollectiveFailed,
         ConsistencyError,
@@ -45,9 +46,9 @@ _HOME = {
     "harden": "hardening",
     "make_strategy": "strategies.registry",
     # errors.py imports only the standard library: catching one of these loads no torch
-    **dict.fromkeys(("BadInput", "BucketMisalignment", "ClockMismatch", "CollectiveFailed",
-                     "ConsistencyError", "GradientsNotAveraged", "MissingGradient",
-                     "NonFiniteGradient", "OpenClawError", "OptimizerMismatch",
+    **dict.fromkeys(("BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch",
+                     "CollectiveFailed", "ConsistencyError", "GradientsNotAveraged",
+                     "MissingGradient", "NonFiniteGradient", "OpenClawError", "OptimizerMismatch",
                      "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch",
                      "SyncTimeout"),
                     "errors"),
@@ -64,7 +65,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy",
-    "BadInput", "BucketMisalignment", "ClockMismatch", "CollectiveFailed", "ConsistencyError",
+    "BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch", "CollectiveFailed",
+    "ConsistencyError",
     "GradientsNotAveraged", "MissingGradient", "NonFiniteGradient", "OpenClawError",
     "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch",
     "ShapeMismatch", "SyncTimeout",

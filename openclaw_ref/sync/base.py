@@ -188,6 +188,10 @@ class SyncConfig:
     nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
     verdict_at: VerdictAt = VerdictAt.AUTO  # hardened: where the step's verdict is read
     guard: Guard = Guard.STEP  # hardened: one exchange per step, or the per-bucket hook
+    # hardened FSDP2, opt-in: the step's exchange also before each reduce-scatter (one more
+    # small collective per FSDP group per synced backward): names a rank that skips gradient
+    # sync or lacks a gradient before FSDP2's own collective hangs or aborts
+    fsdp_reduce_check: bool = False
     # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
     # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
     ddp_options: dict[str, Any] = field(default_factory=dict)

@@ -102,7 +102,9 @@ class BucketMisalignment(ConsistencyError):
 
 
 class ScaleMismatch(ConsistencyError):
-    """Ranks pre-scaled FP16 gradients by different factors (the seed's M4)."""
+    """Ranks pre-scaled FP16 gradients by different factors (the seed's M4); or, under FSDP2,
+    scaled their reduced gradient shards by different factors before the optimizer step
+    (clipping by each rank's local norm)."""
 
 
 class ShapeMismatch(ConsistencyError):
@@ -133,6 +135,12 @@ class NonFiniteGradient(ConsistencyError):
 class OptimizerMismatch(ConsistencyError):
     """The optimizer that steps a hardened FSDP2 model holds none of its parameters (built
     before ``fully_shard``), or its hyperparameters differ between ranks (one rank's lr)."""
+
+
+class CheckpointMismatch(ConsistencyError):
+    """Ranks loaded a state dict into the hardened model a different number of times (a
+    checkpoint loaded on one rank only): under FSDP2 each rank holds other shards, so nothing
+    else can tell that one rank's shards come from another state."""
 
 
 class CollectiveFailed(OpenClawError):

@@ -1,5 +1,5 @@
 """The facts ``harden()`` exchanges for an FSDP2 model, one row of integers per rank, and the
-verdict every rank reads from the same rows (``fsdp.guard`` gathers them).
+verdict every rank reads from the same rows (``guard`` gathers them).
 
 Why integers in one row per rank: the exchange is one SUM allreduce of a ``(world, len(Field))``
 int64 block in which each rank wrote only its own row, so every rank receives every row, exactly
@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from openclaw_ref.sync.errors import (
+    CheckpointMismatch,
     ClockMismatch,
     ConsistencyError,
     Event,
@@ -26,8 +27,10 @@ from openclaw_ref.sync.errors import (
     NonFiniteGradient,
     OptimizerMismatch,
     ReplicaDivergence,
+    ScaleMismatch,
 )
 from openclaw_ref.sync.evidence.vote import plurality
+from openclaw_ref.sync.fsdp.scale import FACTOR, factor_text, from_bits, judge_scales
 
 DIGEST_BITS = 62
 
@@ -45,6 +48,11 @@ class Field(enum.IntEnum):
     HYPER = 7  # digest of the optimizer's hyperparameters (every param group, no tensors)
     REPLICA_OF = 8  # HSDP: 1 + this rank's shard coordinate (its replicas share it); 0: none
     REPLICA = 9  # HSDP: digest of slice (OPT_STEPS mod K) of its local shards, before the step
+    LOADS = 10  # load_state_dict calls into the model since harden()
+    SCALE = 11  # float64 bits: the uniform factor applied to the reduced shards (NaN: none)
+    RS_SEQ = 12  # reduce check (opt-in): 1 + this reduce-scatter's index in the backward
+    RS_NUMEL = 13  # reduce check: this reduce-scatter's input elements (gradients present)
+    SYNCING = 14  # reduce check, at a backward's start: FSDP groups that will reduce
 
 
 class Exchange(enum.IntEnum):
@@ -54,6 +62,8 @@ class Exchange(enum.IntEnum):
 
     OPTIMIZER_STEP = 1  # the step's exchange: the optimizer step pre-hook
     EXTRA_FORWARD = 2  # a forward after a reduced backward, with no optimizer step between
+    REDUCE_SCATTER = 3  # opt-in (SyncConfig.fsdp_reduce_check): before each reduce-scatter
+    BACKWARD = 4  # opt-in, the same: at each backward's start
 
 
 def digest(parts: Iterable[str]) -> int:
@@ -90,15 +100,18 @@ def hyper_digest(optimizer: torch.optim.Optimizer) -> int:
 
 
 def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: bool,
-          slices: int = 1) -> tuple[ConsistencyError | None, list[Event]]:
-    """The verdict of one exchange: the first error (clock, what was reduced, replicas,
-    non-finite, optimizer), with the ranks that differ from the plurality named by their global
-    rank, and the non-fatal findings (a non-finite gradient under ``nonfinite="skip"``).
-    ``slices``: K, the replica digest's slice count (for the message)."""
+          slices: int = 1, scale_tol: float = FACTOR
+          ) -> tuple[ConsistencyError | None, list[Event]]:
+    """The verdict of one exchange: the first error (clock, loads, the reduce-scatter's input,
+    what was reduced, replicas, non-finite, scale, optimizer), with the ranks that differ from
+    the plurality named by their global rank, and the non-fatal findings (a non-finite gradient
+    under ``nonfinite="skip"``). ``slices``: K, the replica digest's slice count (for the
+    message); ``scale_tol``: the scale check's relative tolerance (``scale.tolerance``)."""
     def ranks(group_ranks: Iterable[int]) -> list[int]:
         return [global_ranks[r] for r in group_ranks]
 
-    clock = plurality([(r[Field.KIND], r[Field.OPT_STEPS], r[Field.BACKWARDS]) for r in rows])
+    clock = plurality([(r[Field.KIND], r[Field.OPT_STEPS], r[Field.BACKWARDS], r[Field.RS_SEQ])
+                       for r in rows])
     step = clock.reference[1]
     if clock.differing:
         told = "; ".join(f"rank {global_ranks[r]}: {_clock_text(rows[r])}"
@@ -107,18 +120,50 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
         return ClockMismatch(f"{told}; the others: {others} (a rank ran another "
                              f"forward/backward or optimizer step?){_no_majority(clock, rows)}",
                              step=step, ranks=ranks(clock.differing)), []
+    loaded = _loaders([r[Field.LOADS] for r in rows])
+    if loaded:
+        counts = ", ".join(f"rank {global_ranks[r]}: {row[Field.LOADS]}"
+                           for r, row in enumerate(rows))
+        return CheckpointMismatch(f"ranks called load_state_dict on the model a different "
+                                  f"number of times since harden() ({counts}): a checkpoint "
+                                  "loaded on some ranks only? (named: the ranks that loaded "
+                                  "more often than the others)", step=step,
+                                  ranks=ranks(loaded)), []
+    kind = Exchange(rows[0][Field.KIND])
+    if kind is Exchange.REDUCE_SCATTER:
+        numel = plurality([r[Field.RS_NUMEL] for r in rows])
+        if numel.differing:
+            sizes = ", ".join(f"rank {global_ranks[r]}: {row[Field.RS_NUMEL]}"
+                              for r, row in enumerate(rows))
+            return MissingGradient(f"reduce-scatter {rows[0][Field.RS_SEQ]} of this backward "
+                                   f"has another input size on these ranks ({sizes} "
+                                   "elements): a parameter without a gradient (unused in the "
+                                   f"forward?){_no_majority(numel, rows)}", step=step,
+                                   ranks=ranks(numel.differing)), []
+        return None, []
+    if kind is Exchange.BACKWARD:
+        skipping = _fewer([r[Field.SYNCING] for r in rows])
+        if skipping:
+            told = ", ".join(f"rank {global_ranks[r]}: {row[Field.SYNCING]}"
+                             for r, row in enumerate(rows))
+            return GradientsNotAveraged("ranks will reduce the gradients of different numbers "
+                                        f"of FSDP groups in this backward ({told}): "
+                                        "set_requires_gradient_sync differs between ranks (the "
+                                        "reduce-scatter would hang)", step=step,
+                                        ranks=ranks(skipping)), []
+        return None, []
     reduced = plurality([r[Field.REDUCED] for r in rows])
     if reduced.differing:
         return MissingGradient("these ranks reduced other sharded parameters, or as often, "
                                f"since the last optimizer step{_no_majority(reduced, rows)}",
                                step=step,
                                ranks=ranks(reduced.differing)), []
-    kind = Exchange(rows[0][Field.KIND])
     if kind is Exchange.OPTIMIZER_STEP:
         diverged = replica_divergence(rows)
         if diverged:
             return ReplicaDivergence(
-                f"HSDP replicas of the same shards differ bitwise (slice {step % slices} of "
+                f"replicas of the same shards (HSDP, replicate_with_fsdp) differ bitwise (slice "
+                f"{step % slices} of "
                 f"{slices}, digested before this optimizer step); a rank is named when its "
                 "digest differs from the plurality of its replicas, and with two replicas from "
                 "the lower rank's: either may be the faulty one", step=step,
@@ -137,10 +182,37 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
             return err, []
         events.append(err.event())
     if kind is Exchange.OPTIMIZER_STEP:
+        factors = [from_bits(r[Field.SCALE]) for r in rows]
+        scaled = judge_scales(factors, scale_tol)
+        if scaled:
+            return ScaleMismatch("ranks scaled their reduced gradient shards by different "
+                                 "factors before the optimizer step "
+                                 f"({factor_text(factors, global_ranks)}): clipping by each "
+                                 "rank's local norm? Clip by the global norm "
+                                 "(clip_grad_norm_ on the DTensor gradients)", step=step,
+                                 ranks=ranks(scaled)), events
         error = _optimizer_verdict(rows, ranks, step)
         if error is not None:
             return error, events
     return None, events
+
+
+def _loaders(counts: Sequence[int]) -> list[int]:
+    """The ranks whose load count differs from the plurality's; without a majority (two
+    ranks: rank 0 loaded, rank 1 did not) those that loaded more often than the fewest."""
+    vote = plurality(list(counts))
+    if not vote.differing or 2 * len(vote.differing) < len(counts):
+        return list(vote.differing)
+    return [r for r, c in enumerate(counts) if c > min(counts)]
+
+
+def _fewer(counts: Sequence[int]) -> list[int]:
+    """The ranks whose count differs from the plurality's; without a majority those with
+    fewer than the most (the ranks that skip what the others do)."""
+    vote = plurality(list(counts))
+    if not vote.differing or 2 * len(vote.differing) < len(counts):
+        return list(vote.differing)
+    return [r for r, c in enumerate(counts) if c < max(counts)]
 
 
 def replica_divergence(rows: list[list[int]]) -> list[int]:
@@ -185,7 +257,10 @@ def _first_agreeing(vote, world: int) -> int:
 
 
 def _clock_text(row: list[int]) -> str:
-    where = ("at the optimizer step" if row[Field.KIND] == Exchange.OPTIMIZER_STEP
-             else "at a forward after a reduced backward")
+    where = {Exchange.OPTIMIZER_STEP: "at the optimizer step",
+             Exchange.EXTRA_FORWARD: "at a forward after a reduced backward",
+             Exchange.REDUCE_SCATTER: f"at reduce-scatter {row[Field.RS_SEQ]} of a backward",
+             Exchange.BACKWARD: "at the start of a backward",
+             }.get(row[Field.KIND], f"at exchange kind {row[Field.KIND]}")
     return (f"{where} after {row[Field.OPT_STEPS]} optimizer steps and "
             f"{row[Field.BACKWARDS]} backwards")

@@ -5,26 +5,41 @@ optimizer step's pre-hook, before the optimizer applies anything.
 Hook points, per rank (torch 2.13, measured in ``docs/hardening.md``'s FSDP2 section):
   1. a post-accumulate-grad hook on every sharded (DTensor) parameter, which FSDP2 runs after
      the reduce-scatter (and HSDP's all-reduce) of its group: counts how often each parameter's
-     gradient was reduced since the last optimizer step (no-sync micro-steps reduce nothing);
+     gradient was reduced since the last optimizer step (no-sync micro-steps reduce nothing),
+     and records the L1/L2 norms of this rank's shard of it (``scale``);
   2. the reduce-scatter itself (``FSDPModule.set_custom_reduce_scatter``), wrapped, not
-     replaced: the wrapper sums this rank's own flattened gradients (NaN/±inf iff one is: the
-     local non-finite flag, before the sum mixes the ranks) and calls FSDP2's own comm with the
-     same arguments — the same collective, bit for bit. FSDP2 calls it only where the shard
-     dimension has more than one rank;
+     replaced (``hooks``): the wrapper sums this rank's own flattened gradients (NaN/±inf
+     iff one is: the local non-finite flag, before the sum mixes the ranks) and calls FSDP2's
+     own comm with the same arguments — the same collective, bit for bit. FSDP2 calls it only
+     where the shard dimension has more than one rank. With ``fsdp_reduce_check`` (opt-in) it
+     first sends this rank's row (kind ``REDUCE_SCATTER``: its index in the backward and its
+     input's size), so a rank that brings another size (a parameter without a gradient) is
+     named before gloo aborts on the size mismatch;
   3. the root's output: a pre-hook on its ``grad_fn`` counts backwards (one per graph task);
+     with ``fsdp_reduce_check`` each backward first sends this rank's row (kind ``BACKWARD``:
+     how many FSDP groups will reduce), so a rank whose ``set_requires_gradient_sync``
+     differs is named before the first reduce-scatter — there, not at the reduce-scatter: a
+     rank that skips its reduce-scatters runs ahead through FSDP2's backward all-gathers,
+     which its peers issue only after their reduce-scatters;
   4. the optimizer step pre-hook (``torch.optim``'s global one, or only ``optimizer``'s when
      ``harden(model, optimizer=…)`` names it): the step's exchange (``facts.Field``) —
-     clock (optimizer steps, backwards), what was reduced, the non-finite flag, whether the
-     optimizer holds the model's parameters, its hyperparameters' digest, on HSDP a replica
-     slice's digest — one int64 allreduce of ``world × len(Field)`` (10) elements; every rank
-     judges the same rows (``facts.judge``);
+     clock (optimizer steps, backwards), ``load_state_dict`` calls, what was reduced, the
+     non-finite flag, the uniform factor applied to the reduced gradients since
+     (``scale``), whether the optimizer holds the model's parameters, its
+     hyperparameters' digest, on HSDP a replica slice's digest — one int64 allreduce of
+     ``world × len(Field)`` (15) elements; every rank judges the same rows
+     (``facts.judge``);
   5. the root's forward pre-hook (ahead of FSDP2's own): a forward that follows a reduced
      backward with no optimizer step between (an extra micro-batch) sends its row first, so a
      rank running one more forward/backward meets its peers' optimizer-step exchange, with the
-     same collective, and is named — before its all-gathers pair with their next step's.
+     same collective, and is named — before its all-gathers pair with their next step's;
+  6. ``load_state_dict`` post-hooks on every module (``hooks.LoadCounter``);
+  7. ``close()`` on HSDP: every shard compared once more across its replicas
+     (``close``, as the DDP guards' ``replica_close``), so a drift after the last
+     digested slice is not lost when the run ends.
 
 Invariant: every rank issues the same exchanges in the same order unless its clock differs,
-and then the first exchange where it differs is one its peers issue too (4 or 5), so the
+and then the first exchange where it differs is one its peers issue too (2, 4 or 5), so the
 mismatch is raised on every rank instead of gloo aborting a process or timing out.
 """
 
@@ -39,7 +54,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
@@ -48,44 +62,36 @@ from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
 from openclaw_ref.sync.ddp.step_setup import Unset
 from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
 from openclaw_ref.sync.evidence import checks
-from openclaw_ref.sync.evidence.precision import finite_sum
+from openclaw_ref.sync.evidence.replica_close import check_watchdog
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
 from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE, Watchdog
+from openclaw_ref.sync.fsdp import close as fsdp_close
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge, reduced_digest
+from openclaw_ref.sync.fsdp.hooks import CheckedReduceScatter, LoadCounter, Restore
+from openclaw_ref.sync.fsdp.scale import ScaleRecord, to_bits, tolerance, unit_roundoff
 from openclaw_ref.sync.target import HARDENED_MARK, validate_fsdp_target
-
-
-class CheckedReduceScatter(ReduceScatter):
-    """FSDP2's reduce-scatter comm with this rank's non-finite sum taken first (module
-    docstring, 2): allocation and the collective are the wrapped comm's own."""
-
-    def __init__(self, inner: ReduceScatter, sums: list[torch.Tensor]) -> None:
-        self.inner, self.sums = inner, sums
-        self.active = True
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return self.inner.allocate(size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, op, async_op: bool = False):
-        if self.active:
-            self.sums.append(finite_sum(input_tensor))
-        return self.inner(output_tensor, input_tensor, group, op, async_op)
-
-
-class _Restore:
-    """Handle that puts an FSDP module's own reduce-scatter comm back (``close()``)."""
-
-    def __init__(self, module: FSDPModule, comm: CheckedReduceScatter) -> None:
-        self.module, self.comm = module, comm
-
-    def remove(self) -> None:
-        self.comm.active = False
-        self.module.set_custom_reduce_scatter(self.comm.inner)
 
 
 def _mesh(model: nn.Module) -> DeviceMesh:
     return next(p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
+
+
+def replica_coordinate(model: nn.Module) -> int:
+    """1 + this rank's position among the shards (ranks with the same number hold replicas of
+    the same shard), or 0 when no shard has a replica: replicas exist along the mesh dims whose
+    placement is ``Replicate`` (HSDP's dim 0; ``replicate_with_fsdp``'s only dim), the shard
+    index is the coordinate along the ``Shard`` dims (none under ``replicate_with_fsdp``: every
+    rank holds the whole parameter, all replicas of one another)."""
+    p = next(p for p in model.parameters() if isinstance(p, DTensor))
+    mesh, coordinate = p.device_mesh, p.device_mesh.get_coordinate()
+    replicated = [d for d, pl in enumerate(p.placements) if pl.is_replicate()]
+    if not any(mesh.size(d) > 1 for d in replicated):
+        return 0
+    shard = 0
+    for d in range(mesh.ndim):
+        if d not in replicated:
+            shard = shard * mesh.size(d) + coordinate[d]
+    return shard + 1
 
 
 def exchange_group(model: nn.Module) -> dist.ProcessGroup:
@@ -132,19 +138,23 @@ class FSDPGuard:
         self.names = [n for n, _ in self.tracked]
         self._ids = {id(p) for _, p in self.tracked}
         self._full_shapes = Counter(tuple(p.shape) for _, p in self.tracked)
-        mesh = _mesh(model)
-        hsdp = mesh.ndim == 2 and mesh.size(0) > 1  # replicas of each shard exist
-        self.replica_of = mesh.get_coordinate()[-1] + 1 if hsdp else 0
-        self.replicas = ReplicaSlices(self._local_shards(), cfg.replica_slices if hsdp else 0)
+        self.replica_of = replica_coordinate(model)
+        self.replicas = ReplicaSlices(self._local_shards(),
+                                      cfg.replica_slices if self.replica_of else 0)
         self.counts = [0] * len(self.tracked)  # reductions since the last optimizer step
+        u = unit_roundoff([p.dtype for _, p in self.tracked])
+        self.scales, self.scale_tol = ScaleRecord(len(self.tracked), u), tolerance(u)
+        self.loads: LoadCounter | None = None
         self.local_sums: list[torch.Tensor] = []
         self.backwards = self.opt_steps = self.backwards_at_step = 0
         self.block = torch.zeros(self.world_size, len(Field), dtype=torch.int64)
         self.events: list = []
         self.handles: list = []
         self.watchdog: Watchdog | None = None
-        self.closed = False
-        self.exchanges = self.passed = self.extra_forward_exchanges = 0
+        self.closed = self.failed = False
+        self.exchanges = self.passed = self.extra_forward_exchanges = self.reduce_exchanges = 0
+        self.rs_seq = 0  # reduce-scatters in the current backward (the reduce check's clock)
+        self._rs_backward = -1
         self._task = -2
 
     # -- registration ---------------------------------------------------------------------------
@@ -152,6 +162,8 @@ class FSDPGuard:
         """Register the hooks of the module docstring (1-5); every one is undone by ``close``."""
         for i, (_, p) in enumerate(self.tracked):
             self.handles.append(p.register_post_accumulate_grad_hook(self._reduced(i)))
+        self.loads = LoadCounter(self.model)
+        self.handles.append(self.loads)
         for module in self.model.modules():
             if isinstance(module, FSDPModule):
                 self._wrap_reduce_scatter(module)
@@ -164,17 +176,31 @@ class FSDPGuard:
         groups = module._get_fsdp_state()._fsdp_param_groups
         if len(groups) != 1:  # none (no parameters of its own), or per-parameter meshes
             return
-        comm = CheckedReduceScatter(groups[0]._reduce_scatter_comm, self.local_sums)
+        before = self._before_reduce_scatter if self.cfg.fsdp_reduce_check else None
+        comm = CheckedReduceScatter(groups[0]._reduce_scatter_comm, self.local_sums, before)
         module.set_custom_reduce_scatter(comm)
-        self.handles.append(_Restore(module, comm))
+        self.handles.append(Restore(module, comm))
+
+    def _before_reduce_scatter(self, numel: int) -> None:
+        """The opt-in reduce check (module docstring, 2): this reduce-scatter's row, sent
+        before FSDP2's own collective."""
+        if self.closed:
+            return
+        if self._rs_backward != self.backwards:
+            self._rs_backward, self.rs_seq = self.backwards, 0
+        self.rs_seq += 1
+        self.reduce_exchanges += 1
+        self._exchange(Exchange.REDUCE_SCATTER, None, True, numel)
 
     def _reduced(self, i: int):
         """Parameter ``i``'s post-accumulate-grad hook: FSDP2 runs it once per reduction of its
-        gradient (module docstring, 1), never on a no-sync backward."""
-        counts = self.counts
+        gradient (module docstring, 1), never on a no-sync backward; the norms of this rank's
+        shard of it, overwritten at each accumulation."""
+        counts, scales = self.counts, self.scales
 
         def reduced(p: torch.Tensor) -> None:
             counts[i] += 1
+            scales.reduced(i, _local_grad(p))
         return reduced
 
     # -- the step -------------------------------------------------------------------------------
@@ -183,8 +209,7 @@ class FSDPGuard:
         (module docstring, 5), and a watchdog diagnosis left from the last exchange."""
         if self.closed or not torch.is_grad_enabled():
             return
-        if self.watchdog is not None:
-            self.watchdog.check()
+        check_watchdog(self)
         if any(self.counts):  # a reduced backward, and no optimizer step since
             self.extra_forward_exchanges += 1
             self._exchange(Exchange.EXTRA_FORWARD, None, True)
@@ -203,6 +228,16 @@ class FSDPGuard:
         if task != self._task:
             self._task = task
             self.backwards += 1
+            if self.cfg.fsdp_reduce_check and not self.closed:
+                self.reduce_exchanges += 1
+                self._exchange(Exchange.BACKWARD, None, True, self._syncing_groups())
+
+    def _syncing_groups(self) -> int:
+        """The FSDP groups that will reduce their gradients in this backward (FSDP2's
+        ``set_requires_gradient_sync`` sets ``reduce_grads`` on each)."""
+        return sum(bool(group.reduce_grads) for module in self.model.modules()
+                   if isinstance(module, FSDPModule)
+                   for group in module._get_fsdp_state()._fsdp_param_groups)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         """The step's exchange, for the model's optimizer: the one passed to ``harden``, or
@@ -218,13 +253,14 @@ class FSDPGuard:
         self.opt_steps += 1
         self.backwards_at_step = self.backwards
         self.counts[:] = [0] * len(self.counts)
+        self.scales.clear()
         self.local_sums.clear()
 
     def _shaped_like_model(self, held: list[torch.Tensor]) -> bool:
         shapes = Counter(tuple(p.shape) for p in held if not isinstance(p, DTensor))
         return bool(shapes) and shapes == self._full_shapes
 
-    def _row(self, kind: Exchange, optimizer, owns: bool) -> list[int]:
+    def _row(self, kind: Exchange, optimizer, owns: bool, numel: int) -> list[int]:
         row = [0] * len(Field)
         row[Field.KIND] = kind
         row[Field.OPT_STEPS] = self.opt_steps
@@ -235,6 +271,14 @@ class FSDPGuard:
         row[Field.NONFINITE] = int(self._nonfinite())
         row[Field.OPT_OWNS] = int(owns)
         row[Field.HYPER] = hyper_digest(optimizer) if optimizer is not None else 0
+        row[Field.LOADS] = self.loads.count if self.loads is not None else 0
+        if kind is Exchange.REDUCE_SCATTER:
+            row[Field.RS_SEQ], row[Field.RS_NUMEL] = self.rs_seq, numel
+        if kind is Exchange.BACKWARD:
+            row[Field.SYNCING] = numel
+        if kind is Exchange.OPTIMIZER_STEP:
+            row[Field.SCALE] = to_bits(self.scales.factor([_local_grad(p)
+                                                           for _, p in self.tracked]))
         if kind is Exchange.OPTIMIZER_STEP and self.replicas.enabled:
             self.replicas.named = self._local_shards()  # FSDP2 may re-seat them (lazy init)
             row[Field.REPLICA_OF] = self.replica_of
@@ -264,10 +308,10 @@ class FSDPGuard:
             return False
         return not all(math.isfinite(v) for v in torch.stack(self.local_sums).tolist())
 
-    def _exchange(self, kind: Exchange, optimizer, owns: bool) -> None:
+    def _exchange(self, kind: Exchange, optimizer, owns: bool, numel: int = 0) -> None:
         """Send this rank's row, wait (under the watchdog and the group's timeout), judge."""
         self.block.zero_()
-        self.block[self.rank] = torch.tensor(self._row(kind, optimizer, owns))
+        self.block[self.rank] = torch.tensor(self._row(kind, optimizer, owns, numel))
         step = self.opt_steps
         work = dist.all_reduce(self.block, group=self.group, async_op=True)
         if self.watchdog is not None:
@@ -275,6 +319,7 @@ class FSDPGuard:
         try:
             work.wait()
         except RuntimeError as exc:
+            self.failed = True
             if self.watchdog is not None:
                 self.watchdog.check(exc)
             raise CollectiveFailed(backend_message(exc), step=step) from exc
@@ -284,20 +329,20 @@ class FSDPGuard:
         self.exchanges += 1
         error, events = judge(self.block.tolist(), self.global_ranks,
                               self.cfg.nonfinite is NonFinitePolicy.RAISE,
-                              max(self.replicas.k, 1))
+                              max(self.replicas.k, 1), self.scale_tol)
         self.events.extend(events)
         if error is not None:
             self._raise(error)
         self.passed += 1
 
     def _raise(self, error: ConsistencyError) -> None:
+        self.failed = True
         self.events.append(error.event())
         raise error
 
     # -- the user's entry points (as the DDP guard's) --------------------------------------------
     def begin_step(self, step: int) -> None:
-        if self.watchdog is not None:
-            self.watchdog.check()
+        check_watchdog(self)
 
     def finish_step(self, step: int | None = None) -> bool:
         return True
@@ -314,11 +359,21 @@ class FSDPGuard:
                 "replica_checks": self.opt_steps if self.replicas.enabled else 0,
                 "optimizer_steps": self.opt_steps, "backwards": self.backwards,
                 "extra_forward_exchanges": self.extra_forward_exchanges,
+                "reduce_exchanges": self.reduce_exchanges,
                 "nonfinite": self.cfg.nonfinite.value}
 
-    def close(self) -> None:
-        """Remove every hook, put FSDP2's own reduce-scatter comm back, stop the watchdog;
-        idempotent."""
+    def close(self, verify: bool = True) -> None:
+        """On HSDP, compare every replica slice once more across the replica dimension (module
+        docstring, 7: a collective, skipped after a failure, while an exception propagates, or
+        with ``verify=False``); then remove every hook, put FSDP2's own reduce-scatter comm
+        back and stop the watchdog, also when the check raises; idempotent."""
+        try:
+            if fsdp_close.due(self, verify):
+                fsdp_close.close_replica_check(self)
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
         self.closed = True
         for handle in self.handles:
             handle.remove()
@@ -330,6 +385,12 @@ class FSDPGuard:
 def _policy_text(mp) -> str:
     return ",".join(f"{k}={getattr(mp, k)}" for k in
                     ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"))
+
+
+def _local_grad(p: torch.Tensor) -> torch.Tensor | None:
+    """This rank's shard of ``p``'s gradient (a DTensor under FSDP2), or None."""
+    g = p.grad
+    return g.to_local() if isinstance(g, DTensor) else g
 
 
 def _leaves(output) -> list[torch.Tensor]:
