@@ -18,7 +18,7 @@ from openclaw_ref.sync.errors import (
     ScaleMismatch,
 )
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge
-from openclaw_ref.sync.fsdp.scale import ScaleRecord, from_bits, to_bits, unit_roundoff
+from openclaw_ref.sync.fsdp.scale import ScaleRecord, from_bits, sampled, to_bits, unit_roundoff
 
 
 def _row(**values: int) -> list[int]:
@@ -128,9 +128,19 @@ def test_one_factor_within_rounding_or_a_rank_not_judged_is_no_verdict():
 
 def test_a_uniform_factor_is_told_from_a_change_that_is_not_a_scaling():
     g = torch.randn(1000, dtype=torch.float32)
-    rec = ScaleRecord(1, unit_roundoff([torch.float32]))
+    rec = ScaleRecord([g.numel()], unit_roundoff([torch.float32]))
     rec.reduced(0, g.clone())
     assert abs(rec.factor([g * 0.37]) - 0.37) < 1e-6
     assert math.isnan(rec.factor([g.clamp(-1.0, 1.0)]))  # clip_grad_value_
-    assert math.isnan(ScaleRecord(1, 1e-7).factor([g]))  # nothing reduced
+    assert math.isnan(ScaleRecord([g.numel()], 1e-7).factor([g]))  # nothing reduced
     assert from_bits(to_bits(0.37)) == 0.37
+
+
+def test_the_scale_factor_is_measured_on_the_smallest_parameters_up_to_the_sample():
+    sizes = [1 << 20, 16, 1 << 15, 4, 1 << 16]
+    assert sampled(sizes, budget=1 << 16) == {3, 1, 2, 4}  # smallest first until covered
+    assert sampled(sizes, budget=10) == {3, 1}
+    rec = ScaleRecord(sizes, unit_roundoff([torch.float32]))
+    big = torch.randn(8)
+    rec.reduced(0, big)  # not sampled: not recorded, so a change to it alone is not judged
+    assert math.isnan(rec.factor([big * 0.5, None, None, None, None]))

@@ -143,7 +143,8 @@ class FSDPGuard:
                                       cfg.replica_slices if self.replica_of else 0)
         self.counts = [0] * len(self.tracked)  # reductions since the last optimizer step
         u = unit_roundoff([p.dtype for _, p in self.tracked])
-        self.scales, self.scale_tol = ScaleRecord(len(self.tracked), u), tolerance(u)
+        self.scales = ScaleRecord([p.numel() for _, p in self.tracked], u)
+        self.scale_tol = tolerance(u)
         self.loads: LoadCounter | None = None
         self.local_sums: list[torch.Tensor] = []
         self.backwards = self.opt_steps = self.backwards_at_step = 0
@@ -277,8 +278,10 @@ class FSDPGuard:
         if kind is Exchange.BACKWARD:
             row[Field.SYNCING] = numel
         if kind is Exchange.OPTIMIZER_STEP:
-            row[Field.SCALE] = to_bits(self.scales.factor([_local_grad(p)
-                                                           for _, p in self.tracked]))
+            watched = self.scales.watched
+            row[Field.SCALE] = to_bits(self.scales.factor(
+                [_local_grad(p) if i in watched else None for i, (_, p) in
+                 enumerate(self.tracked)]))
         if kind is Exchange.OPTIMIZER_STEP and self.replicas.enabled:
             self.replicas.named = self._local_shards()  # FSDP2 may re-seat them (lazy init)
             row[Field.REPLICA_OF] = self.replica_of

@@ -18,6 +18,13 @@ gradient's dtype: 2^-24 for fp32) relative, so each norm ratio is within u of th
 (``UNIFORM`` = 4u), and ranks scaled by one factor agree within 2u. Ranks are compared at
 ``FACTOR`` = max(1e-3, 4u): a fault that changes the step by less than 0.1% is not named.
 
+Cost. The factor is measured on a sample, not the whole model: the smallest parameters (by
+global size, then registration order: the same on every rank) up to ``SAMPLE`` elements in
+all. A rank's clipping, unscaling or local-norm clipping scales every gradient by one factor,
+so any nonzero part shows it; measuring all of them cost about four passes over the local
+gradients per step (8.5 + 5.1 ms per million elements here under load), the sample a few
+microseconds. What the sample gives up: a rank that rescales only parameters outside it.
+
 Invariant: ``judge_scales`` reads only the exchanged rows, so every rank names the same ranks.
 """
 
@@ -30,6 +37,7 @@ from collections.abc import Sequence
 import torch
 
 FACTOR = 1e-3  # the relative difference between two ranks' factors that is named
+SAMPLE = 1 << 16  # global elements the factor is measured on (module docstring, Cost)
 NOT_JUDGED = float("nan")
 
 
@@ -48,16 +56,31 @@ def unit_roundoff(dtypes: Sequence[torch.dtype]) -> float:
     return max((torch.finfo(d).eps / 2 for d in dtypes if d.is_floating_point), default=0.0)
 
 
-class ScaleRecord:
-    """One rank's norms of its reduced gradient shards since the last optimizer step."""
+def sampled(sizes: Sequence[int], budget: int = SAMPLE) -> frozenset[int]:
+    """Indices of the parameters the factor is measured on: smallest global size first (ties:
+    registration order), until ``budget`` elements are covered — the same set on every rank,
+    which the start-up check proves hold the same parameters."""
+    picked, total = [], 0
+    for i in sorted(range(len(sizes)), key=lambda i: (sizes[i], i)):
+        if total >= budget:
+            break
+        picked.append(i)
+        total += sizes[i]
+    return frozenset(picked)
 
-    def __init__(self, n: int, u: float) -> None:
-        self.at_reduce: list[torch.Tensor | None] = [None] * n  # (L1, L2) per parameter
+
+class ScaleRecord:
+    """One rank's norms of its reduced gradient shards since the last optimizer step, on the
+    sampled parameters (``sampled``; module docstring, Cost)."""
+
+    def __init__(self, sizes: Sequence[int], u: float) -> None:
+        self.at_reduce: list[torch.Tensor | None] = [None] * len(sizes)  # (L1, L2) each
+        self.watched = sampled(sizes)
         self.u = u
 
     def reduced(self, i: int, grad: torch.Tensor | None) -> None:
         """Parameter ``i``'s gradient was just reduced (``grad``: this rank's local shard)."""
-        if grad is None:
+        if grad is None or i not in self.watched:
             return
         self.at_reduce[i] = torch.stack(
             [torch.linalg.vector_norm(grad, 1, dtype=torch.float64),
@@ -66,7 +89,8 @@ class ScaleRecord:
     def factor(self, local_grads: Sequence[torch.Tensor | None]) -> float:
         """The uniform factor this rank applied to its reduced shards since they were reduced,
         or NaN when it applied none that is uniform, or nothing was reduced (not judged).
-        ``local_grads``: the parameters' local gradient shards now (by the same index)."""
+        ``local_grads``: the parameters' local gradient shards now (by the same index; only
+        the sampled ones are read)."""
         picked = [i for i, rec in enumerate(self.at_reduce) if rec is not None]
         if not picked:
             return NOT_JUDGED
