@@ -25,6 +25,9 @@ In the repository this package is the top-level folder ``conformance/``, install
                    option set, bucket average, replica consistency, bucket layout)
   ``user_faults``  the fault matrix on a user's target: the faults and corpus patterns that
                    apply to the model, judged by ``fault_matrix.classify``
+  ``fsdp_run``     ``--openclaw-wrapper fsdp2/hsdp``: the user's target under ``fully_shard``,
+                   its recorded run, the healthy-jobs option sets
+  ``fsdp_faults``  the FSDP2-form faults and the FSDP2 corpus on the user's target
   ``plugin``       the pytest plugin (entry point ``pytest11``): ``--openclaw-*`` options,
                    fixtures, the report
   ``zoo``          the suite's own proof: seven small models and correct and broken hooks

@@ -44,6 +44,7 @@ from openclaw_ref.core.launch import RankPool
 from openclaw_ref.sync.base import Wire
 
 STOCK_DDP = "stock DDP"
+STOCK_WRAPPER = {"ddp": STOCK_DDP, "fsdp2": "stock FSDP2", "hsdp": "stock HSDP"}
 RUN_TIMEOUT_S = 180.0
 
 
@@ -64,9 +65,14 @@ class Tolerance:
 
 
 def equivalence_tolerance(wire: Wire, world_size: int, fp32_grads: bool,
-                          noise: float) -> Tolerance:
-    """The rule of the module docstring."""
+                          noise: float, same_collectives: bool = False) -> Tolerance:
+    """The rule of the module docstring. ``same_collectives``: the subject runs the oracle's
+    own collectives (``harden()`` on FSDP2 leaves its reduction untouched), so bit for bit at
+    any world size on the gradients' own dtype."""
     own_dtype = wire is Wire.NATIVE or (wire is Wire.FP32 and fp32_grads)
+    if same_collectives and own_dtype and noise == 0:
+        return Tolerance(0.0, "bit for bit: the subject wraps the stock wrapper's own "
+                              "collectives, at any world size")
     if noise > 0:
         atol = WIRE_ATOL[wire] + noise
         return Tolerance(atol, f"stock DDP differs from itself by {noise:.3g} between two "
@@ -81,7 +87,8 @@ def max_diff(diffs: list[list[StepDiff]]) -> float:
     return max((d.diff for per_rank in diffs for d in per_rank), default=0.0)
 
 
-def shard_invariance(reference: RunRecord, world_size: int, model: str) -> CheckResult:
+def shard_invariance(reference: RunRecord, world_size: int, model: str,
+                     oracle: str = STOCK_DDP) -> CheckResult:
     """Rank 0 of stock DDP against one process on the global batch (parameters after the last
     step): a property of the model, reported, never a failure. Tolerance: the fp32 wire's."""
     atol = WIRE_ATOL[Wire.FP32]
@@ -95,12 +102,12 @@ def shard_invariance(reference: RunRecord, world_size: int, model: str) -> Check
                "param": where,
                "atol": atol, "world_size": world_size, "steps": len(reference.states)}
     if invariant:
-        detail = (f"this model is shard-invariant: {world_size} ranks of stock DDP equal one "
+        detail = (f"this model is shard-invariant: {world_size} ranks of {oracle} equal one "
                   f"process on the global batch within {atol:g} (max |Δ| {diff:.3g})")
     else:
-        detail = (f"this model is not shard-invariant: stock DDP differs from one process by "
-                  f"{diff:.3g} in {where!r}; hooks are judged against stock DDP")
-    return CheckResult("shard invariance (model property)", STOCK_DDP, True, detail, figures,
+        detail = (f"this model is not shard-invariant: {oracle} differs from one process by "
+                  f"{diff:.3g} in {where!r}; hooks are judged against {oracle}")
+    return CheckResult("shard invariance (model property)", oracle, True, detail, figures,
                        role=Role.PROPERTY)
 
 
@@ -145,7 +152,7 @@ class TargetRuns:
 
     def oracle(self, spec: TargetSpec, options: LoopOptions) -> Oracle:
         stock = replace(spec, hook=None, wire="native")
-        key = (stock.factory, spec.world_size, options)
+        key = (stock.factory, spec.wrapper, spec.world_size, options)
         if key not in self._oracles:
             first = self._run(stock, options, one_process=True)
             again = self._run(stock, options) if first.records else first
@@ -158,7 +165,7 @@ class TargetRuns:
         if spec.hook is None:
             oracle = self.oracle(spec, options)
             return Runs(oracle.again, oracle.error)
-        key = (spec.factory, spec.hook, spec.world_size, options)
+        key = (spec.factory, spec.wrapper, spec.hook, spec.world_size, options)
         if key not in self._runs:
             self._runs[key] = self._run(spec, options)
         return self._runs[key]

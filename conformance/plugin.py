@@ -3,15 +3,20 @@ options, fixtures and report, in any environment where ``openclaw-sync`` is inst
 
     pytest -m conformance --pyargs openclaw_ref.conformance.suite \
         [--openclaw-model MODULE:FACTORY] [--openclaw-hook MODULE:CALLABLE] \
-        [--openclaw-world-size N] [--openclaw-wire native|fp32|fp16|bf16]
+        [--openclaw-world-size N] [--openclaw-wire native|fp32|fp16|bf16] \
+        [--openclaw-wrapper ddp|fsdp2|hsdp]
 
 Without options the suite runs on the openclaw model, and proves itself on its zoo of models
 and hooks (``zoo``). With ``--openclaw-model`` or ``--openclaw-hook``, the tests marked
 ``openclaw_model`` (they check the openclaw model and the suite's own strategies) or ``zoo``
 skip with that reason, and the model-agnostic checks (``suite/test_target.py``) run on the
 user's model (default: the openclaw model) and hook, judged against stock DDP on the same
-shards. Bad options are a usage error, in one line, before any rank starts
-(``target.validate_spec``).
+shards. With ``--openclaw-wrapper fsdp2``/``hsdp`` the tests marked ``ddp_hook`` (a DDP comm
+hook's checks) skip too, and those marked ``fsdp_wrapper`` (``suite/test_fsdp_target.py``:
+``harden()`` of ``fully_shard``, or the ``--openclaw-hook`` subject, against stock
+``fully_shard``) run; without it, those skip. Bad options are a usage error, in one line,
+before any rank starts (``target.validate_spec``; a bad wrapper name: pytest's own choice
+check).
 
 A test marked both ``conformance`` and ``slow`` runs only when the ``-m`` expression names
 ``slow`` (``-m "conformance or slow"``, ``tox -e slow``): ``pytest -m conformance`` is the
@@ -35,13 +40,15 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_ref.cli.choices import WIRES
+from openclaw_ref.cli.choices import WIRES, WRAPPERS
 
 ENV_OUT = "OPENCLAW_CONFORMANCE_OUT"
 MARKERS = (
     "conformance: the conformance suite users run on their own cluster (pytest -m conformance)",
     "openclaw_model: needs the openclaw model; skipped under --openclaw-model",
     "zoo: the suite's proof on its own models and hooks; skipped under --openclaw-model/-hook",
+    "ddp_hook: checks of a DDP comm hook; skipped under --openclaw-wrapper fsdp2/hsdp",
+    "fsdp_wrapper: checks of --openclaw-wrapper fsdp2/hsdp; skipped under ddp (the default)",
     "slow: long cases (world size 8, nightly profile); run by `tox -e slow`, not in CI",
 )
 SUITE_OWN = ("openclaw_model", "zoo")
@@ -59,45 +66,58 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="ranks the model-agnostic checks spawn (default 2)")
     group.addoption("--openclaw-wire", choices=WIRES, default="fp32",
                     help="the dtype your hook sends; sets the equivalence tolerance")
+    group.addoption("--openclaw-wrapper", choices=WRAPPERS, default="ddp",
+                    help="ddp: your comm hook against stock DDP (default); fsdp2 / hsdp: "
+                         "harden() (or --openclaw-hook CALLABLE(fsdp_model, mesh)) of "
+                         "fully_shard on a 1-D / (W/2, 2) mesh, against stock fully_shard")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     opt = config.option
-    if opt.openclaw_model is None and opt.openclaw_hook is None:
+    if opt.openclaw_model is None and opt.openclaw_hook is None \
+            and getattr(opt, "openclaw_wrapper", "ddp") == "ddp":
         return
-    from openclaw_ref.conformance.target import TargetSpec, validate_spec
+    from openclaw_ref.conformance.target import validate_spec
     from openclaw_ref.sync.errors import BadInput
 
-    spec = TargetSpec(opt.openclaw_model, opt.openclaw_hook, opt.openclaw_world_size,
-                      opt.openclaw_wire)
     try:
-        validate_spec(spec)
+        validate_spec(_spec(config))
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
 def _spec(config: pytest.Config):
-    from openclaw_ref.conformance.target import TargetSpec
+    from openclaw_ref.conformance.target import TargetSpec, with_default_subject
 
     opt = config.option
-    return TargetSpec(getattr(opt, "openclaw_model", None), getattr(opt, "openclaw_hook", None),
-                      getattr(opt, "openclaw_world_size", 2), getattr(opt, "openclaw_wire", "fp32"))
+    return with_default_subject(TargetSpec(
+        getattr(opt, "openclaw_model", None), getattr(opt, "openclaw_hook", None),
+        getattr(opt, "openclaw_world_size", 2), getattr(opt, "openclaw_wire", "fp32"),
+        getattr(opt, "openclaw_wrapper", "ddp")))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _deselect_slow_conformance(config, items)
+    wrapper = config.getoption("openclaw_wrapper", "ddp") or "ddp"
+    _skip_marked(items, "fsdp_wrapper" if wrapper == "ddp" else "ddp_hook",
+                 f"checks of another wrapper than --openclaw-wrapper {wrapper}")
     given = [f"--openclaw-{name} {value}" for name, value in
              (("model", config.getoption("openclaw_model", None)),
-              ("hook", config.getoption("openclaw_hook", None))) if value is not None]
-    if not given:
-        return
-    skip = pytest.mark.skip(reason=f"checks the openclaw model, the suite's own strategies or "
-                                   f"its zoo (gating sparsity, parameter names, its own "
-                                   f"models); {', '.join(given)} given")
+              ("hook", config.getoption("openclaw_hook", None)),
+              ("wrapper", None if wrapper == "ddp" else wrapper)) if value is not None]
+    if given:
+        _skip_marked(items, SUITE_OWN, f"checks the openclaw model, the suite's own strategies "
+                                        f"or its zoo (gating sparsity, parameter names, its own "
+                                        f"models); {', '.join(given)} given")
+
+
+def _skip_marked(items: list[pytest.Item], markers, reason: str) -> None:
+    markers = (markers,) if isinstance(markers, str) else markers
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
-        if any(item.get_closest_marker(m) is not None for m in SUITE_OWN):
+        if any(item.get_closest_marker(m) is not None for m in markers):
             item.add_marker(skip)
 
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from openclaw_ref.cli.choices import WRAPPERS
 from openclaw_ref.sync.errors import BadInput
 
 Batch = tuple[Any, Any]  # (inputs: a tensor or a tuple of forward arguments, labels)
@@ -50,12 +51,16 @@ class Target:
 class TargetSpec:
     """What to test, as importable names: ``model`` (``MODULE:FACTORY``; None = the openclaw
     model), ``hook`` (``MODULE:CALLABLE``; None = stock DDP), the world size and the wire the
-    hook sends (a ``sync.base.Wire`` value: it sets the equivalence tolerance)."""
+    hook sends (a ``sync.base.Wire`` value: it sets the equivalence tolerance), and the wrapper
+    (``ddp``; ``fsdp2``/``hsdp``: ``fully_shard``, and ``hook`` names
+    ``CALLABLE(fsdp_model, mesh)`` that hardens it — ``with_default_subject`` fills in
+    ``harden()`` — while None is the stock wrapper, the oracle)."""
 
     model: str | None = None
     hook: str | None = None
     world_size: int = 2
     wire: str = "fp32"
+    wrapper: str = "ddp"  # one of WRAPPERS: what wraps the model (``--openclaw-wrapper``)
 
     @property
     def factory(self) -> str:
@@ -67,6 +72,17 @@ class TargetSpec:
 
 
 OPENCLAW_FACTORY = "openclaw_ref.conformance.target:openclaw_target"
+# --openclaw-wrapper (ddp, fsdp2, hsdp; ddp is the default): ``cli.choices.WRAPPERS``
+FSDP_WRAPPERS = ("fsdp2", "hsdp")
+FSDP_HARDEN = "openclaw_ref.conformance.fsdp_run:harden_defaults"  # fsdp2/hsdp's default subject
+
+
+def with_default_subject(spec: TargetSpec) -> TargetSpec:
+    """Under ``fsdp2``/``hsdp`` the subject is ``harden()`` with its defaults unless
+    ``--openclaw-hook`` names another; the stock wrapper (hook None) is the oracle."""
+    if spec.wrapper in FSDP_WRAPPERS and spec.hook is None:
+        return replace(spec, hook=FSDP_HARDEN)
+    return spec
 
 
 def resolve(name: str, what: str) -> Any:
@@ -168,8 +184,30 @@ def validate_spec(spec: TargetSpec) -> None:
         raise BadInput(f"--openclaw-world-size must be >= 2; got {spec.world_size}")
     if spec.wire not in set(Wire):
         raise BadInput(f"--openclaw-wire must be one of {', '.join(Wire)}; got {spec.wire!r}")
+    validate_wrapper(spec)
     load_hook(spec.hook)
     check_fits(build_target(spec.factory), spec.factory, spec.world_size)
+
+
+def validate_wrapper(spec: TargetSpec) -> None:
+    """``--openclaw-wrapper`` against the other options, before a rank starts."""
+    if spec.wrapper not in WRAPPERS:
+        raise BadInput(f"--openclaw-wrapper must be one of {', '.join(WRAPPERS)}; "
+                       f"got {spec.wrapper!r}")
+    if spec.wrapper == "ddp":
+        return
+    if spec.model is None:
+        raise BadInput(f"--openclaw-wrapper {spec.wrapper} needs --openclaw-model: the openclaw "
+                       f"model's gated experts leave parameters unused per rank, which "
+                       f"fully_shard cannot reduce")
+    if spec.wrapper == "hsdp" and (spec.world_size < 4 or spec.world_size % 2):
+        raise BadInput(f"--openclaw-wrapper hsdp shards over 2 ranks and replicates over "
+                       f"world size / 2 (a (W/2, 2) mesh: 4 ranks give 2x2): it needs an even "
+                       f"--openclaw-world-size >= 4; got {spec.world_size}")
+    if spec.wire not in ("native", "fp32"):
+        raise BadInput(f"--openclaw-wire {spec.wire} does not apply to --openclaw-wrapper "
+                       f"{spec.wrapper}: FSDP2's MixedPrecisionPolicy sets its reduce dtype "
+                       f"and harden() sends FSDP2's own reduction (native or fp32 only)")
 
 
 def openclaw_target() -> Target:

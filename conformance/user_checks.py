@@ -33,7 +33,7 @@ import torch
 
 from openclaw_ref.conformance import averaging
 from openclaw_ref.conformance.oracle import (
-    STOCK_DDP,
+    STOCK_WRAPPER,
     Oracle,
     Runs,
     Tolerance,
@@ -42,7 +42,7 @@ from openclaw_ref.conformance.oracle import (
     shard_invariance,
 )
 from openclaw_ref.conformance.settings import CheckResult
-from openclaw_ref.conformance.target import Target, TargetSpec, build_target
+from openclaw_ref.conformance.target import FSDP_HARDEN, Target, TargetSpec, build_target
 from openclaw_ref.conformance.user_record import RunRecord, StepDiff, compare_states, record_run
 from openclaw_ref.conformance.user_run import USER_STRATEGY, LoopOptions
 from openclaw_ref.core.collectives import gather
@@ -64,8 +64,10 @@ DDP_OPTION_SETS: dict[str, LoopOptions] = {
 
 
 def strategy_label(spec: TargetSpec) -> str:
-    """The column a target's results are filed under: the hook's name, or stock DDP."""
-    return spec.hook or f"{USER_STRATEGY} ({STOCK_DDP})"
+    """The column a target's results are filed under: the hook's name, or the stock wrapper."""
+    if spec.hook == FSDP_HARDEN:
+        return f"harden() on {spec.wrapper}"
+    return spec.hook or f"{USER_STRATEGY} ({STOCK_WRAPPER[spec.wrapper]})"
 
 
 def options_for(option_set: str, bucket_cap_mb: float | None = None) -> LoopOptions:
@@ -104,7 +106,8 @@ def judge_equivalence(spec: TargetSpec, label: str, diffs: list[list[StepDiff]],
     steps = max((len(d) for d in diffs), default=0)
     figures = {"max_abs_diff": max_diff(diffs), "atol": tolerance.atol,
                "bitwise_required": tolerance.bitwise, "tolerance": tolerance.why,
-               "oracle": STOCK_DDP, "oracle_noise": noise, "wire": str(spec.wire),
+               "oracle": STOCK_WRAPPER[spec.wrapper], "oracle_noise": noise,
+               "wire": str(spec.wire), "wrapper": spec.wrapper,
                "steps": steps, "ddp_options": label,
                "per_rank": [max((d.diff for d in x), default=0.0) for x in diffs]}
     if error is not None:
@@ -118,15 +121,17 @@ def judge_equivalence(spec: TargetSpec, label: str, diffs: list[list[StepDiff]],
             bound = "bit for bit" if tolerance.bitwise else f"within {tolerance.atol:g}"
             return CheckResult(
                 name, strategy_label(spec), False,
-                f"ranks {bad} differ from stock DDP after step {step}: max |Δ| "
+                f"ranks {bad} differ from {STOCK_WRAPPER[spec.wrapper]} after step {step}: "
+                f"max |Δ| "
                 f"{worst.diff:.3g} in {worst.name!r} (required: {bound}, wire {spec.wire})",
                 figures, {"kind": "NotEquivalent", "step": step, "ranks": bad,
                           "params": [worst.name]})
     if tolerance.bitwise:
-        detail = f"bit for bit equal to stock DDP on {len(diffs)} ranks after each of {steps} steps"
+        detail = (f"bit for bit equal to {STOCK_WRAPPER[spec.wrapper]} on {len(diffs)} ranks "
+                  f"after each of {steps} steps")
     else:
-        detail = (f"within {tolerance.atol:g} of stock DDP on {len(diffs)} ranks (max |Δ| "
-                  f"{figures['max_abs_diff']:.3g}; {tolerance.why})")
+        detail = (f"within {tolerance.atol:g} of {STOCK_WRAPPER[spec.wrapper]} on {len(diffs)} "
+                  f"ranks (max |Δ| {figures['max_abs_diff']:.3g}; {tolerance.why})")
     return CheckResult(name, strategy_label(spec), True, detail, figures)
 
 
@@ -219,7 +224,7 @@ def equivalence_from(spec: TargetSpec, label: str, oracle: Oracle, runs: Runs) -
     diffs = [compare_states(h.states, o.states) for h, o in zip(runs.records, oracle.runs)]
     noise = max_diff(oracle.noise())
     tolerance = equivalence_tolerance(Wire(spec.wire), spec.world_size, oracle.fp32_grads(),
-                                      noise)
+                                      noise, same_collectives=spec.wrapper != "ddp")
     return judge_equivalence(spec, label, diffs, tolerance, noise, stopped(runs.records))
 
 

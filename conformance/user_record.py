@@ -50,6 +50,7 @@ class RunRecord:
     buckets: list[list[BucketValues]] = field(default_factory=list)
     error: dict | None = None
     error_text: str = ""
+    events: list[dict] = field(default_factory=list)  # FSDP2: the subject's events (fsdp_run)
     one_process: dict[str, torch.Tensor] | None = None
 
     def light(self) -> RunRecord:
@@ -127,7 +128,12 @@ def record_run(ctx, spec: TargetSpec, options: LoopOptions, faults: tuple[FaultS
     """A rank task: train ``spec`` under ``options`` and return this rank's ``RunRecord``. A
     ``ConsistencyError`` (a hook's own check firing) ends the run into the record; any other
     error propagates (the pool names the rank). ``one_process``: rank 0 also trains one
-    process on the global batch from the state DDP started from."""
+    process on the global batch from the state DDP started from. Under ``--openclaw-wrapper
+    fsdp2``/``hsdp`` the run is ``fsdp_run.record_fsdp_run`` (``options``: an ``FsdpOptions``)."""
+    if spec.wrapper != "ddp":
+        from openclaw_ref.conformance.fsdp_run import record_fsdp_run
+
+        return record_fsdp_run(ctx, spec, options, one_process)
     record = RunRecord(ctx.rank, hooked=False)
     try:
         train_target(ctx, spec, options, faults, [RunRecorder(record)])

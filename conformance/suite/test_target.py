@@ -45,7 +45,7 @@ from openclaw_ref.conformance.user_faults import (
 )
 from openclaw_ref.conformance.user_faults import not_applicable as case_not_applicable
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.ddp_hook]
 
 # DDP option sets beyond these run in the slow set
 CI_OPTION_SETS = ("default", NO_BUFFER_BROADCAST, "join")
