@@ -46,6 +46,7 @@ from openclaw_ref.conformance.user_record import RunRecord
 from openclaw_ref.conformance.user_run import RUN_SEED, snapshot
 from openclaw_ref.core.faults import flip_bit_
 from openclaw_ref.fsdp_corpus.patterns import FAULT_STEP, PATTERNS, acts_on
+from openclaw_ref.fsdp_corpus.silent_errors_script import clip_local_norm
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.checks import params_digest, tensor_digest
 
@@ -235,12 +236,10 @@ def _before_backward(case: str | None) -> None:
 def _clip(model: nn.Module, local: bool) -> None:
     """The corpus's clip-local-norm mistake (each rank clips its shards by their own norm), or
     its correction (``clip_grad_norm_`` over the DTensor gradients: the global norm)."""
-    if not local:
+    if local:
+        clip_local_norm(model, CLIP_NORM)
+    else:
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-        return
-    grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads)
-    torch.nn.utils.clip_grads_with_norm_(grads, CLIP_NORM, norm)
 
 
 def record_fsdp_run(ctx, spec: TargetSpec, options: FsdpOptions,

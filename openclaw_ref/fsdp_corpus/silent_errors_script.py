@@ -143,11 +143,11 @@ class Progress:
         self.path.write_text(str(step))
 
 
-def clip_local_norm(model: nn.Module) -> None:
+def clip_local_norm(model: nn.Module, max_norm: float = MAX_NORM) -> None:
     """The mistake: each rank clips its shards by the norm of its shards alone (the local
     shards are views of the gradients: scaling them scales this rank's part of each one)."""
     local = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
-    coef = (MAX_NORM / (torch.nn.utils.get_total_norm(local) + 1e-6)).clamp(max=1.0)
+    coef = (max_norm / (torch.nn.utils.get_total_norm(local) + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(local, coef)
 
 
