@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from openclaw_ref.conformance.fault_matrix import CaseOutcome
+from openclaw_ref.conformance.fsdp_faults import FsdpCase, case_result
 from openclaw_ref.conformance.fsdp_run import FSDP_OPTION_SETS
 from openclaw_ref.conformance.oracle import TargetRuns
 from openclaw_ref.conformance.target import (
@@ -95,8 +97,19 @@ def test_the_suite_passes_harden_on_fsdp2_on_a_user_model_at_two_ranks(tmp_path)
     assert checks["equivalence (default)"]["passed"]
     assert checks["equivalence (default)"]["strategy"] == "harden() on fsdp2"
     assert checks["fsdp2 corpus: extra-backward-one-rank"]["event"]["ranks"] == [1]
-    gap = checks["fsdp2 corpus: clip-local-norm"]  # reported, not hidden, not failing the run
-    assert not gap["passed"] and gap["figures"]["known_gap"], gap
+    clip = checks["fsdp2 corpus: clip-local-norm"]
+    assert clip["event"]["kind"] == "ScaleMismatch" and clip["event"]["ranks"] == [0, 1], clip
+
+
+def test_a_fault_harden_does_not_catch_is_reported_as_a_known_gap_not_hidden():
+    missed = CaseOutcome("harden() on fsdp2", "bitflip", "silent-corruption",
+                         expected_ranks=[1])
+    row = case_result(FsdpCase("bitflip"), missed)
+    assert not row.passed and row.figures["known_gap"], row
+    assert "not caught by harden() today" in row.detail
+    caught = CaseOutcome("harden() on fsdp2", "nan-grad", "detected", kind="NonFiniteGradient",
+                         step=2, ranks=[1], expected_ranks=[1], attributed=True)
+    assert not case_result(FsdpCase("nan-grad"), caught).figures["known_gap"]
 
 
 @pytest.mark.slow
