@@ -65,3 +65,22 @@ def test_every_hook_cost_figure_is_the_median_of_three_cached_jobs(tmp_path):
     got = hook_cost_figures("mlp", settings, CaseCache(tmp_path))["hardened-fp32"]
     assert HOOK_COST_JOBS == len(ratios)
     assert got == {"ratio": 1.20, "buckets": 9, "vs_python_hook": "allreduce_hook"}
+
+
+def test_every_fsdp_cost_figure_is_the_median_of_three_cached_jobs_of_its_world_size(tmp_path):
+    """The FSDP2 arms' figures are made the same way, one set of three jobs per world size;
+    a world size over the run's maximum is asv's skip."""
+    from openclaw_ref.bench.cache import fsdp_cost_figures
+    from openclaw_ref.core.jsonio import write_json_atomic
+
+    settings = BenchSettings(max_world=2)
+    for world_size, ratios in ((1, [0.9, 0.8, 0.7]), (2, [1.04, 1.01, 0.99])):
+        for job, ratio in enumerate(ratios):
+            write_json_atomic(
+                tmp_path / f"fsdpcost-mlp-{world_size}-{settings.digest()}-{job}.json",
+                {"figures": {"hardened-fsdp": {"ratio": ratio}}})
+    cache = CaseCache(tmp_path)
+    assert fsdp_cost_figures("mlp", 1, settings, cache)["hardened-fsdp"]["ratio"] == 0.8
+    assert fsdp_cost_figures("mlp", 2, settings, cache)["hardened-fsdp"]["ratio"] == 1.01
+    with pytest.raises(NotImplementedError, match="maximum world size"):
+        fsdp_cost_figures("mlp", 4, settings, cache)

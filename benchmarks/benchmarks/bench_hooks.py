@@ -6,10 +6,12 @@ same two ranks and the arms take turns step by step (``openclaw_ref.experiments.
 each is the median of the per-step ratios, so host drift hits both steps of a pair alike, and
 each figure is the median over three fresh jobs (``cache.hook_cost_figures``: asv runs a
 ``track_*`` once per commit); the gate (``tox -e bench-gate``) compares those at
-``--factor 1.05`` for harden()'s default figures on the mlp. Absolute step times
-(``SyncStep``) move by ±12 % between runs here and are reported, not gated. ``CountScale``
-times the hardened hook's clean check (``check_counts`` on a synthesized reduced step block of
-B buckets at W ranks, the one host read included); ``VerifyScale`` times the bucketed engine's
+``--factor 1.05`` for harden()'s default figures on the mlp. ``FSDPCost`` is the same for
+``harden()`` on an FSDP2 model beside stock ``fully_shard`` (1, 2 and 4 ranks; the gate takes
+its 2-rank mlp ratio). Absolute step times (``SyncStep``) move by ±12 % between runs here and
+are reported, not gated. ``CountScale`` times the hardened hook's clean check
+(``check_counts`` on a synthesized reduced step block of B buckets at W ranks, the one host
+read included); ``VerifyScale`` times the bucketed engine's
 per-rank ``check_blocks`` with asv's own repeats and as a ratio to one plain pass over the same
 blocks, timed in interleaved pairs: all reported, none steady enough here to gate on.
 """
@@ -89,6 +91,40 @@ class HookCost(common.JobBenchmark):
         return self._arm("hardened", "per_bucket_us")
 
     track_hardened_extra_us_per_bucket.unit = "us"
+
+
+class FSDPCost(common.JobBenchmark):
+    """harden() on FSDP2 beside stock ``fully_shard``: the two arms interleaved step by step in
+    one job on the MLP (``openclaw_ref.experiments.fsdp_cost``), each figure the median over
+    three fresh jobs. At 4 ranks on 2 cores the ranks time-share: reported, not gated."""
+
+    params = [["mlp"], common.FSDP_WORLD_SIZES]
+    param_names = ["model", "world_size"]
+
+    def setup(self, cache_dir, model, world_size):
+        self.cache_dir, self.model, self.world_size = cache_dir, model, world_size
+
+    def _arm(self, arm, key):
+        summary = common.fsdp_cost(self.cache_dir, self.model, self.world_size)
+        return need(summary.get(arm, {}), key)
+
+    def track_hardened_over_stock(self, *_):
+        """harden()'s defaults on FSDP2 ÷ stock FSDP2 (gated on the mlp at 2 ranks against the
+        base commit)."""
+        return self._arm("hardened-fsdp", "ratio")
+
+    track_hardened_over_stock.unit = "ratio"
+
+    def track_stock_median_step_ms(self, *_):
+        """Stock FSDP2's median step in the same job: reported, not gated (±12 % between runs)."""
+        return self._arm("fsdp", "median_step_ms")
+
+    track_stock_median_step_ms.unit = "ms"
+
+    def track_hardened_median_step_ms(self, *_):
+        return self._arm("hardened-fsdp", "median_step_ms")
+
+    track_hardened_median_step_ms.unit = "ms"
 
 
 class CountScale:

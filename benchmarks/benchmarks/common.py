@@ -10,8 +10,8 @@ directory when the run ends, so no figure outlives the run that measured it.
 Knobs are environment variables read at import (asv's parameters are fixed at discovery):
 ``OPENCLAW_BENCH_MAX_WORLD`` (default 8), ``_PRESET`` (small), ``_STEPS`` (12),
 ``_GLOBAL_BATCH`` (16), ``_ROUNDS`` (2), ``_RAW_ITERS`` (10), ``_THREADS`` (1 torch thread per
-rank; 0 = cores ÷ ranks), ``_BACKENDS`` (auto), ``_SEED`` (1), ``_HOOK_STEPS`` (150 timed steps
-per arm of each hook-cost job).
+rank; 0 = cores ÷ ranks), ``_BACKENDS`` (auto), ``_SEED`` (1), ``_HOOK_STEPS`` (300 timed steps
+per arm of each hook-cost and FSDP2-cost job).
 Every job is seeded (model, data and sparsity schedule derive from ``_SEED``).
 """
 
@@ -24,6 +24,7 @@ import os
 from openclaw_ref.bench import cache
 from openclaw_ref.bench.jobs import Case
 from openclaw_ref.bench.settings import PRECISIONS, STRATEGY_CASES, BenchSettings
+from openclaw_ref.experiments.fsdp_cost import MAX_WORLD_SIZE as FSDP_MAX_WORLD
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,6 +36,7 @@ WORLD_SIZES = list(settings().world_sizes)
 BACKENDS = list(settings().backend_params())
 STRATEGIES = list(STRATEGY_CASES)
 SEED004_PRECISIONS = list(PRECISIONS)
+FSDP_WORLD_SIZES = [w for w in WORLD_SIZES if w <= FSDP_MAX_WORLD]  # 1, 2, 4
 
 
 def case_figures(cache_dir: str, kind: str, label: str, world_size: int, backend: str) -> dict:
@@ -48,6 +50,13 @@ def hook_cost(cache_dir: str, model: str) -> dict:
     """The hook-cost summary for ``model``: each figure the median of three fresh interleaved
     jobs (``cache.hook_cost_figures``)."""
     return cache.hook_cost_figures(model, settings(), cache.CaseCache(cache_dir))
+
+
+def fsdp_cost(cache_dir: str, model: str, world_size: int) -> dict:
+    """The FSDP2 cost summary (stock ``fully_shard`` and ``harden()`` on it) for ``model`` on
+    ``world_size`` ranks: each figure the median of three fresh interleaved jobs
+    (``cache.fsdp_cost_figures``)."""
+    return cache.fsdp_cost_figures(model, world_size, settings(), cache.CaseCache(cache_dir))
 
 
 def need(figures: dict, key: str) -> float:

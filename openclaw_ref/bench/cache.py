@@ -68,11 +68,33 @@ def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -> 
     if settings.max_world < 2:
         raise NotImplementedError("the hook cost needs 2 ranks")
     cfg = HookCostConfig(model=model, world_size=2, steps=settings.hook_steps,
-                         warmup=min(10, max(2, settings.hook_steps // 10)), seed=settings.seed)
+                         warmup=hook_warmup(settings), seed=settings.seed)
     key = f"hookcost-{model}-{settings.digest()}"
     return median_summary([
         cache.get(f"{key}-{job}", lambda: run(cfg, threads_per_rank=settings.threads or 1)
                   ["summary"]) for job in range(HOOK_COST_JOBS)])
+
+
+def fsdp_cost_figures(model: str, world_size: int, settings: BenchSettings,
+                      cache: CaseCache) -> dict:
+    """As ``hook_cost_figures``, for the FSDP2 arms (stock ``fully_shard`` and ``harden()`` on
+    it, ``experiments/fsdp_cost.py``) on ``world_size`` ranks: the median over
+    ``HOOK_COST_JOBS`` fresh interleaved jobs of ``settings.hook_steps`` steps per arm."""
+    from openclaw_ref.experiments.fsdp_cost import FSDPCostConfig, run
+
+    if world_size > settings.max_world:
+        raise NotImplementedError(f"{world_size} ranks is over the run's maximum world size")
+    cfg = FSDPCostConfig(model=model, world_size=world_size, steps=settings.hook_steps,
+                         warmup=hook_warmup(settings), seed=settings.seed)
+    key = f"fsdpcost-{model}-{world_size}-{settings.digest()}"
+    return median_summary([
+        cache.get(f"{key}-{job}", lambda: run(cfg, threads_per_rank=settings.threads or 1)
+                  ["summary"]) for job in range(HOOK_COST_JOBS)])
+
+
+def hook_warmup(settings: BenchSettings) -> int:
+    """Untimed steps per arm of an interleaved job: a tenth of the timed ones, 2 to 10."""
+    return min(10, max(2, settings.hook_steps // 10))
 
 
 def median_summary(summaries: list[dict]) -> dict:

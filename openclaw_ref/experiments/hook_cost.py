@@ -1,12 +1,9 @@
 """What a comm hook costs per step and per bucket, with every arm interleaved in ONE job.
 
-Separate runs on a shared host differ by ±12 %, far more than the few per cent a hook costs, so
-every arm here is a DDP model wrapping an identical copy of the same network, all on the same
-ranks and process group, and the arms take turns step by step (the order rotates each step so
-no arm always runs first after a barrier). Arm ``i``'s step ``s`` and the baseline's step ``s``
-ran within milliseconds of each other, which is what makes their ratio a paired measurement:
-every ratio here is the median of the per-step ratios (``metrics.median_paired_ratio``), so a
-load spike from another process, which slows both steps of a pair, cancels.
+Every arm here is a DDP model wrapping an identical copy of the same network, all on the same
+ranks and process group, and the arms take turns step by step (``experiments.interleave``:
+why, and the paired ratio every figure is). The FSDP2 arms (stock ``fully_shard`` and
+``harden()`` on it) are ``experiments.fsdp_cost``, on the same helpers and the same MLP.
 
 Arms:
   ``ddp``                 stock DDP, its built-in C++ allreduce (the denominator)
@@ -34,12 +31,10 @@ import copy
 import dataclasses
 import os
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -47,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.core.metrics import median_paired_ratio
+from openclaw_ref.experiments.interleave import interleaved_times, paired_figures, slowest_rank
 from openclaw_ref.sync.errors import BadInput
 
 ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
@@ -102,6 +98,17 @@ def plain_mlp(seed: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def mlp_loss(seed: int, ctx: RankContext) -> Callable[[nn.Module, int], torch.Tensor]:
+    """``loss(model, step)`` of the MLP: a rank-dependent batch per step, the same for every
+    arm (and every job of the same seed)."""
+    def loss(model: nn.Module, step: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + ctx.rank)
+        x = torch.randn(MLP_BATCH, MLP_WIDTH, generator=g).to(ctx.device)
+        return F.mse_loss(model(x), x)
+
+    return loss
+
+
 def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unused: bool,
           as_view: bool = False):
     """(DDP model, hardened state or None) of one arm."""
@@ -124,14 +131,7 @@ def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unus
 def _step_fn(cfg: HookCostConfig, ctx: RankContext) -> tuple[nn.Module, Callable]:
     """The network and ``loss(model, step)``: rank-dependent inputs, identical for every arm."""
     if cfg.model == "mlp":
-        net = plain_mlp(cfg.seed).to(ctx.device)
-
-        def loss(model: nn.Module, step: int) -> torch.Tensor:
-            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + ctx.rank)
-            x = torch.randn(MLP_BATCH, MLP_WIDTH, generator=g).to(ctx.device)
-            return F.mse_loss(model(x), x)
-
-        return net, loss
+        return plain_mlp(cfg.seed).to(ctx.device), mlp_loss(cfg.seed, ctx)
     from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
     from openclaw_ref.core.model import build_model, preset
 
@@ -160,35 +160,31 @@ def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
     for arm in cfg.arms:
         ddp, state = _wrap(arm, copy.deepcopy(net), ctx, cfg.cap_mb, cfg.model != "mlp")
         arms[arm] = (ddp, state, torch.optim.SGD(ddp.parameters(), lr=1e-3))
-    times = {arm: [] for arm in cfg.arms}
-    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+
+    def step_of(arm: str) -> Callable[[int], None]:
+        ddp, state, opt = arms[arm]
+
+        def step(i: int) -> None:
+            loss(ddp, i).backward()
+            if state is None or state.finish_step():
+                opt.step()
+            opt.zero_grad(set_to_none=False)
+        return step
+
     try:
-        for step in range(cfg.warmup + cfg.steps):
-            order = cfg.arms[step % len(cfg.arms):] + cfg.arms[:step % len(cfg.arms)]
-            for arm in order:
-                ddp, state, opt = arms[arm]
-                dist.barrier()
-                sync()
-                t0 = time.perf_counter()
-                loss(ddp, step).backward()
-                if state is None or state.finish_step():
-                    opt.step()
-                opt.zero_grad(set_to_none=False)
-                sync()
-                if step >= cfg.warmup:
-                    times[arm].append((time.perf_counter() - t0) * 1e3)
+        times = interleaved_times({arm: step_of(arm) for arm in cfg.arms}, cfg.arms,
+                                  cfg.warmup, cfg.steps, ctx.device)
         buckets = {arm: bucket_count(arms[arm][0]) for arm in cfg.arms}
         false_alarms = sum(len(s.events) for _, s, _ in arms.values() if s is not None)
     finally:
         for _, state, _ in arms.values():
             if state is not None:
                 state.close()
-    slowest = torch.tensor([times[a] for a in cfg.arms], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    slowest = slowest_rank(times, cfg.arms)
     if not ctx.is_main:
         return None
-    return {"arms": list(cfg.arms), "step_ms": dict(zip(cfg.arms, slowest.tolist())),
-            "buckets": buckets, "events": false_alarms}
+    return {"arms": list(cfg.arms), "step_ms": slowest, "buckets": buckets,
+            "events": false_alarms}
 
 
 MEMORY_ARMS = ("ddp", "fp16_compress_hook", "hardened", "hardened-fp16",
@@ -270,14 +266,12 @@ def summarize(raw: dict) -> dict:
     out = {}
     for arm in raw["arms"]:
         ms = step_ms[arm]
-        ratio = median_paired_ratio(ms, base)
+        figures = paired_figures(ms, base)
         buckets = raw["buckets"][arm]
-        per_bucket = [(r - 1) * base_median * 1e3 / buckets for r in (ratio.point, ratio.low,
-                                                                       ratio.high)]
-        out[arm] = {"median_step_ms": statistics.median(ms), "buckets": buckets,
-                    "ratio": ratio.point, "ratio_low": ratio.low, "ratio_high": ratio.high,
-                    "per_bucket_us": per_bucket[0], "per_bucket_us_low": per_bucket[1],
-                    "per_bucket_us_high": per_bucket[2]}
+        per_bucket = [(figures[k] - 1) * base_median * 1e3 / buckets
+                      for k in ("ratio", "ratio_low", "ratio_high")]
+        out[arm] = {**figures, "buckets": buckets, "per_bucket_us": per_bucket[0],
+                    "per_bucket_us_low": per_bucket[1], "per_bucket_us_high": per_bucket[2]}
         python_hook = PYTHON_HOOK_FOR.get(arm)
         if python_hook in step_ms:
             vs = median_paired_ratio(ms, step_ms[python_hook])

@@ -21,6 +21,7 @@ from openclaw_ref.experiments.sections import (
     curves,
     false_alarms,
     faults,
+    fsdp_cost,
     hook_cost,
     lightning,
     overflow,
@@ -70,6 +71,8 @@ SECTIONS: dict[str, Section] = {
                            quantization, 23.5),
     "hook_cost": _plain("hook cost per step and bucket (arms interleaved), verification at "
                         "scale", hook_cost, 36.8),
+    "fsdp_cost": _plain("harden() on FSDP2 beside stock fully_shard per step (arms "
+                        "interleaved)", fsdp_cost, 44.5),  # measured at load average ~3
 }
 
 

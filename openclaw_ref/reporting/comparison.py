@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from openclaw_ref.core.metrics import RatioInterval, bootstrap_ratio
 from openclaw_ref.reporting.record import RunRecord
-from openclaw_ref.reporting.section_tables import SECTION_TABLES
+from openclaw_ref.reporting.section_tables import SECTION_TABLES, ratio_cell
 
 
 def _f(x: float | None, digits: int = 1) -> str:
@@ -115,8 +115,7 @@ def _vs_ddp_cell(r: dict) -> str:
         return "1"
     if iv is None:
         return "-"
-    cell = f"{iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}]"
-    return cell + (" inside the noise here" if iv.contains(1.0) else "")
+    return ratio_cell(iv.point, iv.low, iv.high)
 
 
 def _strategy_table(rows: list[dict], capacity: int, show_memory: bool) -> str:

@@ -32,7 +32,8 @@ Versions:
   absent = none): per section measured by a later, partial compare merged into the record
   (``experiments.merge``), that run's ``environment``, ``compare_config``, ``placements`` and
   the section's ``seconds``; a section without an entry was measured by the run ``meta``
-  describes.
+  describes. ``fsdp_cost`` (optional; absent = not run): harden() on FSDP2 beside stock
+  ``fully_shard``, one interleaved job per model (``experiments.fsdp_cost.job_figures``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ REGENERATE = "regenerate it with `openclaw-bench compare`"
 
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
 SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
-            "raw_allreduce", "ablations", "doctor", "lightning", "quantization", "hook_cost")
+            "raw_allreduce", "ablations", "doctor", "lightning", "quantization", "hook_cost",
+            "fsdp_cost")
 
 
 class RecordError(BadInput):

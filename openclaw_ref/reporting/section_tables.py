@@ -226,6 +226,14 @@ def _interval(p: float, lo: float, hi: float, digits: int = 3) -> str:
     return f"{fixed(p, digits)} [{fixed(lo, digits)}, {fixed(hi, digits)}]"
 
 
+INSIDE_NOISE = "inside the noise here"
+
+
+def ratio_cell(p: float, lo: float, hi: float) -> str:
+    """A ratio with its 95 % interval, and *inside the noise here* when the interval holds 1."""
+    return _interval(p, lo, hi) + (f" {INSIDE_NOISE}" if lo <= 1.0 <= hi else "")
+
+
 def hook_cost_table(model: str, job: Figures) -> Table:
     """One interleaved hook-cost job: each arm's step, its ratio to the baseline arm (stock
     ddp), its cost per bucket beyond the baseline's."""
@@ -254,6 +262,35 @@ def hook_cost_table(model: str, job: Figures) -> Table:
         ["arm", "median step ms", "÷ ddp [95 %]", "extra µs/bucket [95 %]",
          "÷ PyTorch's Python hook [95 %]"],
         rows)
+
+
+def fsdp_cost_table(model: str, job: Figures) -> Table:
+    """One interleaved FSDP2 job: each arm's step and its ratio to stock FSDP2, with the
+    job's correctness (bitwise-equal arms, the guard's exchanges and events) in the caption."""
+    summary, fcfg = job["summary"], job["config"]
+    rows = [[arm, fixed(summary[arm]["median_step_ms"], 2),
+             "1" if arm == job["baseline"] else
+             ratio_cell(summary[arm]["ratio"], summary[arm]["ratio_low"],
+                        summary[arm]["ratio_high"])]
+            for arm in sorted(summary, key=lambda a: a != job["baseline"])]
+    return Table(
+        f"Per-step cost of harden() on FSDP2, model {model} (8 × Linear(512, 512), fully_shard "
+        f"on each Linear and the root, SGD), {fcfg['world_size']} gloo ranks × 1 thread, "
+        f"{fcfg['steps']} steps per arm after {fcfg['warmup']} warm-up, the two arms "
+        "interleaved step by step in one job (order rotating); a step = forward, backward, "
+        "optimizer step, zero_grad. fsdp = stock FSDP2; hardened-fsdp = harden(model) with its "
+        "defaults (FSDP2's own reduce-scatter wrapped, one world × 10 int64 allreduce at the "
+        "optimizer step). Ratio = median of the per-step ratios to fsdp's step with a 95 % "
+        "bootstrap interval; where it contains 1 the difference is inside the noise here. Same "
+        f"job: parameters bitwise equal between the arms at the end: "
+        f"{_yes(job['bitwise_equal'], 'NO')}; the guard's exchanges {job['exchanges']} for "
+        f"{job['optimizer_steps']} optimizer steps; events (false alarms) {job['events']}.",
+        ["arm", "median step ms", "÷ fsdp [95 %]"],
+        rows)
+
+
+def fsdp_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    return [fsdp_cost_table(model, job) for model, job in sec["jobs"].items()]
 
 
 def _memory_table(rows: list[Figures]) -> Table:
@@ -317,4 +354,5 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "quantization": ("Text 004: int8 quantization", quantization_tables),
     "hook_cost": ("What harden() costs, and its verification at scale",
                   hook_cost_tables),
+    "fsdp_cost": ("What harden() costs an FSDP2 job", fsdp_cost_tables),
 }
