@@ -136,10 +136,11 @@ def test_a_uniform_factor_is_told_from_a_change_that_is_not_a_scaling():
     assert from_bits(to_bits(0.37)) == 0.37
 
 
-def test_the_scale_factor_is_measured_on_the_smallest_parameters_up_to_the_sample():
+def test_the_scale_factor_is_measured_on_the_smallest_parameters_that_fit_the_sample():
     sizes = [1 << 20, 16, 1 << 15, 4, 1 << 16]
-    assert sampled(sizes, budget=1 << 16) == {3, 1, 2, 4}  # smallest first until covered
-    assert sampled(sizes, budget=10) == {3, 1}
+    assert sampled(sizes, budget=1 << 16) == {3, 1, 2}  # smallest first while they fit
+    assert sampled(sizes, budget=10) == {3}
+    assert sampled(sizes, budget=2) == {3}  # at least one, the smallest
     rec = ScaleRecord(sizes, unit_roundoff([torch.float32]))
     big = torch.randn(8)
     rec.reduced(0, big)  # not sampled: not recorded, so a change to it alone is not judged

@@ -4,11 +4,12 @@ gradients: the global norm's factor; a ``GradScaler``'s unscale; nothing: 1). Cl
 rank's shards by their own local norm gives each rank another factor — silently, in stock FSDP2.
 
 How. When FSDP2 reduces a sharded parameter's gradient (its post-accumulate-grad hook, after the
-reduce-scatter and HSDP's all-reduce; overwritten at each accumulation) the rank records the L1
-and L2 norms of its local shard of that gradient; at the optimizer step's pre-hook it takes them
-again over the same parameters. A uniform scaling by c gives an L1 ratio of c and an L2 ratio of
-c; a change that is not a uniform scaling (``clip_grad_value_``, legal: the same element-wise
-function on every shard) gives two different ratios, and that rank is not judged. The factor
+reduce-scatter and HSDP's all-reduce; overwritten at each accumulation) the rank keeps a copy of
+its local shard of that gradient (sampled parameters only, see Cost); at the optimizer step's
+pre-hook it takes the L1 and L2 norms of those copies and of the same shards now. A uniform
+scaling by c gives an L1 ratio of c and an L2 ratio of c; a change that is not a uniform
+scaling (``clip_grad_value_``, legal: the same element-wise function on every shard) gives two
+different ratios, and that rank is not judged. The factor
 rides the step's int64 exchange as the bits of a float64 (each rank writes only its own row, the
 others are zero, so the sum carries it exactly); NaN: not judged.
 
@@ -19,11 +20,12 @@ gradient's dtype: 2^-24 for fp32) relative, so each norm ratio is within u of th
 ``FACTOR`` = max(1e-3, 4u): a fault that changes the step by less than 0.1% is not named.
 
 Cost. The factor is measured on a sample, not the whole model: the smallest parameters (by
-global size, then registration order: the same on every rank) up to ``SAMPLE`` elements in
-all. A rank's clipping, unscaling or local-norm clipping scales every gradient by one factor,
-so any nonzero part shows it; measuring all of them cost about four passes over the local
-gradients per step (8.5 + 5.1 ms per million elements here under load), the sample a few
-microseconds. What the sample gives up: a rank that rescales only parameters outside it.
+global size, then registration order: the same on every rank) while they fit in ``SAMPLE``
+elements (or the smallest one alone where it is larger), copied as reduced and normed at the
+optimizer step. A rank's clipping, unscaling or local-norm clipping scales every gradient by
+one factor, so any nonzero part shows it; measuring all of them cost about four passes over the
+local gradients per step (8.5 + 5.1 ms per million elements here under load). What the sample
+gives up: a rank that rescales only parameters outside it.
 
 Invariant: ``judge_scales`` reads only the exchanged rows, so every rank names the same ranks.
 """
@@ -37,7 +39,7 @@ from collections.abc import Sequence
 import torch
 
 FACTOR = 1e-3  # the relative difference between two ranks' factors that is named
-SAMPLE = 1 << 16  # global elements the factor is measured on (module docstring, Cost)
+SAMPLE = 1 << 16  # at most this many global elements measured, unless the smallest is larger
 NOT_JUDGED = float("nan")
 
 
@@ -58,15 +60,16 @@ def unit_roundoff(dtypes: Sequence[torch.dtype]) -> float:
 
 def sampled(sizes: Sequence[int], budget: int = SAMPLE) -> frozenset[int]:
     """Indices of the parameters the factor is measured on: smallest global size first (ties:
-    registration order), until ``budget`` elements are covered — the same set on every rank,
-    which the start-up check proves hold the same parameters."""
+    registration order) while they fit in ``budget`` elements, at least one — the same set on
+    every rank, which the start-up check proves hold the same parameters."""
+    order = sorted(range(len(sizes)), key=lambda i: (sizes[i], i))
     picked, total = [], 0
-    for i in sorted(range(len(sizes)), key=lambda i: (sizes[i], i)):
-        if total >= budget:
+    for i in order:
+        if total + sizes[i] > budget:
             break
         picked.append(i)
         total += sizes[i]
-    return frozenset(picked)
+    return frozenset(picked or order[:1])
 
 
 class ScaleRecord:
@@ -74,7 +77,9 @@ class ScaleRecord:
     sampled parameters (``sampled``; module docstring, Cost)."""
 
     def __init__(self, sizes: Sequence[int], u: float) -> None:
-        self.at_reduce: list[torch.Tensor | None] = [None] * len(sizes)  # (L1, L2) each
+        # a copy of each sampled shard as reduced (at most ``SAMPLE`` elements in all): the norms
+        # are taken at the optimizer step, with the shards now, in four batched kernels
+        self.at_reduce: list[torch.Tensor | None] = [None] * len(sizes)
         self.watched = sampled(sizes)
         self.u = u
 
@@ -82,9 +87,7 @@ class ScaleRecord:
         """Parameter ``i``'s gradient was just reduced (``grad``: this rank's local shard)."""
         if grad is None or i not in self.watched:
             return
-        self.at_reduce[i] = torch.stack(
-            [torch.linalg.vector_norm(grad, 1, dtype=torch.float64),
-             torch.linalg.vector_norm(grad, 2, dtype=torch.float64)])
+        self.at_reduce[i] = grad.detach().clone()
 
     def factor(self, local_grads: Sequence[torch.Tensor | None]) -> float:
         """The uniform factor this rank applied to its reduced shards since they were reduced,
@@ -94,19 +97,21 @@ class ScaleRecord:
         picked = [i for i, rec in enumerate(self.at_reduce) if rec is not None]
         if not picked:
             return NOT_JUDGED
-        before = torch.stack([self.at_reduce[i] for i in picked])
-        now_grads = [local_grads[i] for i in picked if local_grads[i] is not None]
-        l1_now = l2_now = 0.0
-        if now_grads:
-            l1_now = float(torch.stack(torch._foreach_norm(now_grads, 1, dtype=torch.float64))
-                           .sum())
-            l2_now = float(torch.stack(torch._foreach_norm(now_grads, 2, dtype=torch.float64))
-                           .square().sum().sqrt())
-        l1_red, l2_red = float(before[:, 0].sum()), float(before[:, 1].square().sum().sqrt())
+        l1_red, l2_red = _norms([self.at_reduce[i] for i in picked])
+        l1_now, l2_now = _norms([local_grads[i] for i in picked if local_grads[i] is not None])
         return uniform_factor(l1_red, l2_red, l1_now, l2_now, self.u)
 
     def clear(self) -> None:
         self.at_reduce[:] = [None] * len(self.at_reduce)
+
+
+def _norms(tensors: list[torch.Tensor]) -> tuple[float, float]:
+    """(L1, L2) of ``tensors`` taken together, accumulated in float64."""
+    if not tensors:
+        return 0.0, 0.0
+    l1 = torch.stack(torch._foreach_norm(tensors, 1, dtype=torch.float64)).sum()
+    l2 = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64)).square().sum().sqrt()
+    return float(l1), float(l2)
 
 
 def uniform_factor(l1_red: float, l2_red: float, l1_now: float, l2_now: float,
