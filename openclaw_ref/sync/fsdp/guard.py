@@ -6,7 +6,7 @@ Hook points, per rank (torch 2.13, measured in ``docs/hardening.md``'s FSDP2 sec
   1. a post-accumulate-grad hook on every sharded (DTensor) parameter, which FSDP2 runs after
      the reduce-scatter (and HSDP's all-reduce) of its group: counts how often each parameter's
      gradient was reduced since the last optimizer step (no-sync micro-steps reduce nothing),
-     and records the L1/L2 norms of this rank's shard of it (``scale``);
+     and keeps a copy of this rank's shard of it where the scale check samples it (``scale``);
   2. the reduce-scatter itself (``FSDPModule.set_custom_reduce_scatter``), wrapped, not
      replaced (``hooks``): the wrapper sums this rank's own flattened gradients (NaN/±inf
      iff one is: the local non-finite flag, before the sum mixes the ranks) and calls FSDP2's
