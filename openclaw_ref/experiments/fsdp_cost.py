@@ -6,9 +6,9 @@ Arms, each an identical copy of ``hook_cost``'s MLP (8 × ``Linear(512, 512)``, 
 parameters, the same rank-dependent batches), ``fully_shard`` on every ``Linear`` and on the
 root, on one 1-D mesh over the job's ranks, SGD built after the sharding:
   ``fsdp``           stock FSDP2 (the denominator)
-  ``hardened-fsdp``  ``harden(model)`` with its defaults (``sync.fsdp_guard``: FSDP2's own
+  ``hardened-fsdp``  ``harden(model)`` with its defaults (``sync.fsdp.guard``: FSDP2's own
                      reduce-scatter wrapped to take this rank's non-finite sum, a Python hook
-                     per sharded parameter and per backward, and one ``world × 10`` int64
+                     per sharded parameter and per backward, and one ``world × len(Field)`` int64
                      allreduce at the optimizer step's pre-hook)
 
 A timed step is forward, backward, ``opt.step()`` and ``opt.zero_grad()``. The guard's

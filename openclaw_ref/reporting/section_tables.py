@@ -279,9 +279,9 @@ def fsdp_cost_table(model: str, job: Figures) -> Table:
         f"{fcfg['steps']} steps per arm after {fcfg['warmup']} warm-up, the two arms "
         "interleaved step by step in one job (order rotating); a step = forward, backward, "
         "optimizer step, zero_grad. fsdp = stock FSDP2; hardened-fsdp = harden(model) with its "
-        "defaults (FSDP2's own reduce-scatter wrapped, one world × 10 int64 allreduce at the "
-        "optimizer step). Ratio = median of the per-step ratios to fsdp's step with a 95 % "
-        "bootstrap interval; where it contains 1 the difference is inside the noise here. Same "
+        "defaults (FSDP2's own reduce-scatter wrapped, one small int64 allreduce of world × "
+        "its fields at the optimizer step). Ratio = median of the per-step ratios to fsdp's "
+        "step with a 95 % bootstrap interval; where it contains 1 the difference is inside the noise here. Same "
         f"job: parameters bitwise equal between the arms at the end: "
         f"{_yes(job['bitwise_equal'], 'NO')}; the guard's exchanges {job['exchanges']} for "
         f"{job['optimizer_steps']} optimizer steps; events (false alarms) {job['events']}.",
