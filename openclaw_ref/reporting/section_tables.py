@@ -281,7 +281,8 @@ def fsdp_cost_table(model: str, job: Figures) -> Table:
         "optimizer step, zero_grad. fsdp = stock FSDP2; hardened-fsdp = harden(model) with its "
         "defaults (FSDP2's own reduce-scatter wrapped, one small int64 allreduce of world × "
         "its fields at the optimizer step). Ratio = median of the per-step ratios to fsdp's "
-        "step with a 95 % bootstrap interval; where it contains 1 the difference is inside the noise here. Same "
+        "step with a 95 % bootstrap interval; where it contains 1 the difference is inside the "
+        "noise here. Same "
         f"job: parameters bitwise equal between the arms at the end: "
         f"{_yes(job['bitwise_equal'], 'NO')}; the guard's exchanges {job['exchanges']} for "
         f"{job['optimizer_steps']} optimizer steps; events (false alarms) {job['events']}.",
