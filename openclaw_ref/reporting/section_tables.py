@@ -355,8 +355,9 @@ def fsdp_corpus_tables(sec: Figures, cfg: Figures) -> list[Table]:
             "differs from the run without the mistake, or the replicas differ; the largest "
             "|Δparameter| from it) / crash (how the first rank to fail stopped — SIGABRT: gloo "
             "aborted the process on a collective size mismatch — its step, the ranks that "
-            "failed first) / hang-timeout (the ranks that waited out the timeout: RuntimeError from "
-            "gloo, or their watchdog) / no-effect (bitwise equal to the run without it). "
+            "failed first) / hang-timeout (the ranks that waited out the timeout: "
+            "RuntimeError from gloo, or their watchdog) / no-effect (bitwise equal to the run "
+            "without it). "
             "Caught: " + ", ".join(f"{FSDP_COLUMN_TITLES.get(c, c)} {caught[c]} of "
                                    f"{len(mistakes)}" for c in columns) + ".",
             ["pattern", "public source"] + [FSDP_COLUMN_TITLES.get(c, c) for c in columns],
