@@ -58,7 +58,7 @@ def test_the_table_is_pattern_source_stock_and_hardened_with_a_row_per_pattern()
     assert table.rows == [
         ["none", "— (the script without a mistake)", "no-effect", "no-effect"],
         ["optimizer-before-shard", "[pytorch#149205](https://github.com/pytorch/pytorch/issues/"
-         "149205)", "silent-corruption (max |Δ| 1.2e-02)",
+         "149205)", "silent-corruption (max Δ 1.2e-02)",
          "detected (OptimizerMismatch; step 0; ranks 0,1)"],
         ["no-sync-one-rank", "no public report found",
          "hang-timeout (RuntimeError; step 2; ranks 0,1)", "crash (SIGABRT; step 5; rank 1)"],
@@ -74,18 +74,23 @@ def test_the_caption_says_mesh_ranks_steps_and_how_many_each_column_caught():
     assert table.markdown().startswith(f"**{table.caption}**")
 
 
+def test_no_cell_holds_a_pipe_that_would_split_the_markdown_table():
+    [table] = fsdp_corpus_tables(SECTION, {})
+    assert all("|" not in str(cell) for row in table.rows for cell in row[2:])
+
+
 def test_one_table_per_mesh_and_world_size():
     hsdp = [{**c, "mesh": "hsdp", "world_size": 4} for c in SECTION["cases"]]
     tables = fsdp_corpus_tables({**SECTION, "cases": SECTION["cases"] + hsdp}, {})
     assert len(tables) == 2 and "on 4 gloo ranks" in tables[1].caption
-    assert "HSDP mesh" in tables[1].caption
+    assert "an HSDP mesh (2 replicas × 2 shards)" in tables[1].caption
 
 
 def test_a_cell_without_an_error_step_or_ranks_is_the_outcome_alone():
     assert fsdp_corpus_cell(_case("x", "stock", "silent-corruption")) == "silent-corruption"
     assert fsdp_corpus_cell({**_case("x", "stock", "silent-corruption", max_abs_diff=0.5),
                              "replicas_differ": True}) == \
-        "silent-corruption (replicas differ; max |Δ| 5.0e-01)"
+        "silent-corruption (replicas differ; max Δ 5.0e-01)"
     assert fsdp_corpus_cell(_case("x", "stock", "crash", "exit 1", None, [0])) == \
         "crash (exit 1; rank 0)"
     assert fsdp_corpus_cell(_case("x", "hardened", "detected", "ParameterMismatch", None, [1])) \

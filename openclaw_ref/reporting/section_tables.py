@@ -294,8 +294,10 @@ def fsdp_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
 
 
 FSDP_COLUMN_TITLES = {"stock": "stock FSDP2", "hardened": "harden() defaults"}
-FSDP_MESH_TITLES = {"fsdp": "a 1-D mesh (every rank shards)",
-                    "hsdp": "an HSDP mesh (world / 2 replicas × 2 shards)"}
+def _fsdp_mesh(mesh: str, world: int) -> str:
+    if mesh == "hsdp":
+        return f"an HSDP mesh ({world // 2} replicas × 2 shards)"
+    return "a 1-D mesh (every rank shards)" if mesh == "fsdp" else mesh
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -308,7 +310,7 @@ def fsdp_corpus_cell(case: Figures) -> str:
     kind = case["outcome"]
     if kind == "silent-corruption":
         said = (["replicas differ"] if case.get("replicas_differ") else []) + (
-            [f"max |Δ| {case['max_abs_diff']:.1e}"] if case.get("max_abs_diff") is not None
+            [f"max Δ {case['max_abs_diff']:.1e}"] if case.get("max_abs_diff") is not None
             else [])
         return f"{kind} ({'; '.join(said)})" if said else kind
     parts = [case["error"]] if case.get("error") else []
@@ -344,7 +346,7 @@ def fsdp_corpus_tables(sec: Figures, cfg: Figures) -> list[Table]:
             "(openclaw_ref/fsdp_corpus/silent_errors_script.py: a 5-layer MLP, fully_shard on "
             f"three of its Linear layers and the root, AdamW, {st['batch_per_rank']} samples "
             f"per rank), each a {st['steps']}-step run under torchrun on {world} gloo ranks × 1 "
-            f"thread with {FSDP_MESH_TITLES.get(mesh, mesh)}, judged against the same column's "
+            f"thread with {_fsdp_mesh(mesh, world)}, judged against the same column's "
             f"run without the mistake. A one-rank pattern acts on rank {st['fault_rank']} "
             f"(load-one-rank: rank 0, the one that loads) from step {st['fault_step']} "
             "(construction-time ones from the start); process-group timeout "
@@ -352,12 +354,12 @@ def fsdp_corpus_tables(sec: Figures, cfg: Figures) -> list[Table]:
             "defaults = harden(model) right after fully_shard, every setting at its default. "
             "Outcome: detected (the error it raised, the step, the ranks it named; every rank "
             "stopped before the optimizer applied the step) / silent-corruption (the result "
-            "differs from the run without the mistake, or the replicas differ; the largest "
-            "|Δparameter| from it) / crash (how the first rank to fail stopped — SIGABRT: gloo "
-            "aborted the process on a collective size mismatch — its step, the ranks that "
-            "failed first) / hang-timeout (the ranks that waited out the timeout: "
-            "RuntimeError from gloo, or their watchdog) / no-effect (bitwise equal to the run "
-            "without it). "
+            "differs from the run without the mistake, or the replicas differ; max Δ: the largest"
+            " absolute difference of a parameter from it) / crash (how the first rank to fail "
+            "stopped — SIGABRT: gloo aborted the process on a collective size mismatch — its "
+            "step, the ranks that failed first) / hang-timeout (the ranks that waited out the "
+            "timeout: RuntimeError from gloo, or their watchdog) / no-effect (bitwise equal to "
+            "the run without it). "
             "Caught: " + ", ".join(f"{FSDP_COLUMN_TITLES.get(c, c)} {caught[c]} of "
                                    f"{len(mistakes)}" for c in columns) + ".",
             ["pattern", "public source"] + [FSDP_COLUMN_TITLES.get(c, c) for c in columns],
