@@ -21,6 +21,7 @@ from openclaw_ref.experiments.sections import (
     curves,
     false_alarms,
     faults,
+    fsdp_corpus,
     fsdp_cost,
     hook_cost,
     lightning,
@@ -73,6 +74,8 @@ SECTIONS: dict[str, Section] = {
                         "scale", hook_cost, 36.8),
     "fsdp_cost": _plain("harden() on FSDP2 beside stock fully_shard per step (arms "
                         "interleaved)", fsdp_cost, 44.5),  # measured at load average ~3
+    "fsdp_corpus": _plain("published FSDP2 mistakes × (stock FSDP2, harden() defaults), "
+                          "1-D at 2 ranks, HSDP at 4, torchrun", fsdp_corpus, 99.5),
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from openclaw_ref.core.jsonio import read_json, write_json_atomic
 
 PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 TIMED_OUT = ("Timed out", "timed out")
+REPLICAS_DIFFER = "replicas differ after gathering full tensors"
 
 
 class Status(enum.StrEnum):
@@ -61,7 +63,9 @@ class RankResult:
 @dataclass
 class Outcome:
     """The run's verdict: ``ranks`` are the ranks it names (the detection's, those that failed
-    first, or those that timed out); ``step`` the earliest step a failing rank was in."""
+    first, or those that timed out); ``step`` the earliest step a failing rank was in;
+    ``error`` what it ended in, as an identifier (``error_class``): the check's exception class
+    (detected), or how the first named rank stopped (crash, hang); None otherwise."""
 
     pattern: str
     kind: Kind
@@ -70,6 +74,7 @@ class Outcome:
     detail: str = ""
     max_abs_diff: float | None = None  # largest |Δparam| from the reference, over ranks
     per_rank: dict[int, str] = field(default_factory=dict)
+    error: str | None = None
 
     def to_json(self) -> dict:
         return {**asdict(self), "kind": self.kind.value}
@@ -132,6 +137,26 @@ def _account(res: RankResult) -> str:
     return res.status.value if res.error is None else f"{res.status.value}: {res.error}"
 
 
+_SIGNAL = re.compile(r"died by (SIG\w+)")
+_EXIT = re.compile(r"exited with code (-?\d+)")
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*)\s*:")
+
+
+def error_class(result: RankResult | None, lost: str | None, deadline_hit: bool) -> str:
+    """How one rank stopped, as an identifier: the exception type it raised (``RuntimeError``
+    for gloo's timeout), ``watchdog`` (its own deadline), the signal that killed it
+    (``SIGABRT``), ``exit N``, or with no account ``deadline`` (the launcher killed it at the
+    job's deadline) / ``died``."""
+    if result is not None:
+        if result.status is Status.WATCHDOG:
+            return "watchdog"
+        m = _EXCEPTION.match(result.error or "")
+        return m.group(1) if m else result.status.value
+    if lost is not None and (m := _SIGNAL.search(lost) or _EXIT.search(lost)):
+        return m.group(1) if m.re is _SIGNAL else f"exit {m.group(1)}"
+    return "deadline" if deadline_hit else "died"
+
+
 def classify(pattern: str, results: dict[int, RankResult | None], reference: str | None, *,
              deadline_hit: bool = False, lost: dict[int, str] | None = None,
              lost_steps: dict[int, int | None] | None = None,
@@ -158,18 +183,22 @@ def classify(pattern: str, results: dict[int, RankResult | None], reference: str
     if detections:
         first = detections[0].detection or {}
         out.kind, out.ranks = Kind.DETECTED, list(first.get("ranks", []))
+        out.error = first.get("kind")
         out.step, out.detail = first.get("step"), str(first.get("detail", ""))[:300]
         return out
     failure = _failure(results, deadline_hit, terminated)
     if failure is not None:
         out.kind, out.ranks = failure
         out.detail = "; ".join(f"rank {r}: {per_rank[r]}" for r in out.ranks)[:600]
+        first_named = out.ranks[0]
+        out.error = error_class(results.get(first_named), (lost or {}).get(first_named),
+                                deadline_hit)
         return out
     diffs = [res.max_abs_diff for res in reported.values() if res.max_abs_diff is not None]
     out.max_abs_diff = max(diffs) if diffs else None
     digests = {res.digest for res in reported.values()}
     if len(digests) > 1:
-        out.kind, out.detail = Kind.SILENT, "replicas differ after gathering full tensors"
+        out.kind, out.detail = Kind.SILENT, REPLICAS_DIFFER
     elif reference is not None and digests != {reference}:
         out.kind, out.detail = Kind.SILENT, "the result differs from the run without the mistake"
     return out

@@ -34,6 +34,9 @@ Versions:
   the section's ``seconds``; a section without an entry was measured by the run ``meta``
   describes. ``fsdp_cost`` (optional; absent = not run): harden() on FSDP2 beside stock
   ``fully_shard``, one interleaved job per model (``experiments.fsdp_cost.job_figures``).
+  ``fsdp_corpus`` (optional; absent = not run): the published FSDP2 mistakes under stock FSDP2
+  and ``harden()``'s defaults, per pattern × column the outcome, error class, step and ranks
+  named (``experiments.sections.fsdp_corpus.case_figures``).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ REGENERATE = "regenerate it with `openclaw-bench compare`"
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
 SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
             "raw_allreduce", "ablations", "doctor", "lightning", "quantization", "hook_cost",
-            "fsdp_cost")
+            "fsdp_cost", "fsdp_corpus")
 
 
 class RecordError(BadInput):
