@@ -16,11 +16,8 @@ from openclaw_ref.experiments.sections import fsdp_corpus
 from openclaw_ref.fsdp_corpus.outcome import RankResult, Status, classify, error_class
 from openclaw_ref.fsdp_corpus.patterns import CLEAN, PATTERNS, Column, Mesh
 from openclaw_ref.reporting import record
-from openclaw_ref.reporting.section_tables import (
-    SECTION_TABLES,
-    fsdp_corpus_cell,
-    fsdp_corpus_tables,
-)
+from openclaw_ref.reporting.fsdp_tables import fsdp_corpus_cell, fsdp_corpus_tables
+from openclaw_ref.reporting.section_tables import SECTION_TABLES
 
 SETTINGS = {"steps": 6, "fault_step": 2, "fault_rank": 1, "timeout_s": 10.0,
             "batch_per_rank": 16}

@@ -20,7 +20,8 @@ from openclaw_ref.experiments.fsdp_cost import (
     summarize,
 )
 from openclaw_ref.experiments.interleave import paired_figures, rotated
-from openclaw_ref.reporting.section_tables import INSIDE_NOISE, fsdp_cost_table, ratio_cell
+from openclaw_ref.reporting.fsdp_tables import fsdp_cost_table
+from openclaw_ref.reporting.section_tables import INSIDE_NOISE, ratio_cell
 from openclaw_ref.sync.errors import BadInput
 
 

@@ -33,7 +33,7 @@ def fixed(x: float, digits: int, sign: bool = False) -> str:
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
-def _yes(flag: Any, no: str = "no") -> str:
+def yes(flag: Any, no: str = "no") -> str:
     return "yes" if flag else no
 
 
@@ -105,7 +105,7 @@ def fault_tables(sec: Figures, cfg: Figures) -> list[Table]:
         f"of a 6-step run with a {cfg['bucket_cap_mb']} MB bucket cap (stock DDP via a "
         "recording comm hook): text 000's M3.",
         ["strategy", "ranks", "identical on all ranks", "buckets", "detail"],
-        [[a["strategy"], a["world_size"], _yes(a["aligned"], "NO"), a["buckets"], a["detail"]]
+        [[a["strategy"], a["world_size"], yes(a["aligned"], "NO"), a["buckets"], a["detail"]]
          for a in alignment])
     return [matrix, layouts]
 
@@ -203,7 +203,7 @@ def lightning_tables(sec: Figures, cfg: Figures) -> list[Table]:
          "seed_everything(workers=True)", "WeightedRandomSampler"],
         [[sec["accelerator"], sec["devices"], sec["precision"], "ddp", sec["steps"],
           _fixed_or_dash(sec["steps_per_s"], 2), _fixed_or_dash(sec["final_loss"], 4),
-          _yes(sec["seed_everything_workers"]), _yes(sec["weighted_sampler"])]])]
+          yes(sec["seed_everything_workers"]), yes(sec["weighted_sampler"])]])]
 
 
 def quantization_tables(sec: Figures, cfg: Figures) -> list[Table]:
@@ -222,7 +222,7 @@ def quantization_tables(sec: Figures, cfg: Figures) -> list[Table]:
           fixed(sec['latency_int8_ms'], 2)]])]
 
 
-def _interval(p: float, lo: float, hi: float, digits: int = 3) -> str:
+def interval(p: float, lo: float, hi: float, digits: int = 3) -> str:
     return f"{fixed(p, digits)} [{fixed(lo, digits)}, {fixed(hi, digits)}]"
 
 
@@ -231,7 +231,7 @@ INSIDE_NOISE = "inside the noise here"
 
 def ratio_cell(p: float, lo: float, hi: float) -> str:
     """A ratio with its 95 % interval, and *inside the noise here* when the interval holds 1."""
-    return _interval(p, lo, hi) + (f" {INSIDE_NOISE}" if lo <= 1.0 <= hi else "")
+    return interval(p, lo, hi) + (f" {INSIDE_NOISE}" if lo <= 1.0 <= hi else "")
 
 
 def hook_cost_table(model: str, job: Figures) -> Table:
@@ -241,14 +241,14 @@ def hook_cost_table(model: str, job: Figures) -> Table:
     rows = []
     for arm in [a for a in hcfg["arms"] if a in summary]:  # the job's order, not the JSON's
         s = summary[arm]
-        vs = (_interval(s["vs_python_hook_ratio"], s["vs_python_hook_low"],
+        vs = (interval(s["vs_python_hook_ratio"], s["vs_python_hook_low"],
                         s["vs_python_hook_high"]) + f" ({s['vs_python_hook']})"
               if "vs_python_hook" in s else "")
         per_bucket = ("" if arm == job["baseline"] else
-                      _interval(s["per_bucket_us"], s["per_bucket_us_low"],
+                      interval(s["per_bucket_us"], s["per_bucket_us_low"],
                                 s["per_bucket_us_high"], 0))
         rows.append([arm, fixed(s['median_step_ms'], 2),
-                     _interval(s["ratio"], s["ratio_low"], s["ratio_high"]), per_bucket, vs])
+                     interval(s["ratio"], s["ratio_low"], s["ratio_high"]), per_bucket, vs])
     buckets = next(iter(summary.values()))["buckets"]
     return Table(
         f"Per-step cost of harden() and of PyTorch's comm hooks, model {model} ({buckets} "
@@ -262,112 +262,6 @@ def hook_cost_table(model: str, job: Figures) -> Table:
         ["arm", "median step ms", "÷ ddp [95 %]", "extra µs/bucket [95 %]",
          "÷ PyTorch's Python hook [95 %]"],
         rows)
-
-
-def fsdp_cost_table(model: str, job: Figures) -> Table:
-    """One interleaved FSDP2 job: each arm's step and its ratio to stock FSDP2, with the
-    job's correctness (bitwise-equal arms, the guard's exchanges and events) in the caption."""
-    summary, fcfg = job["summary"], job["config"]
-    rows = [[arm, fixed(summary[arm]["median_step_ms"], 2),
-             "1" if arm == job["baseline"] else
-             ratio_cell(summary[arm]["ratio"], summary[arm]["ratio_low"],
-                        summary[arm]["ratio_high"])]
-            for arm in sorted(summary, key=lambda a: a != job["baseline"])]
-    return Table(
-        f"Per-step cost of harden() on FSDP2, model {model} (8 × Linear(512, 512), fully_shard "
-        f"on each Linear and the root, SGD), {fcfg['world_size']} gloo ranks × 1 thread, "
-        f"{fcfg['steps']} steps per arm after {fcfg['warmup']} warm-up, the two arms "
-        "interleaved step by step in one job (order rotating); a step = forward, backward, "
-        "optimizer step, zero_grad. fsdp = stock FSDP2; hardened-fsdp = harden(model) with its "
-        "defaults (FSDP2's own reduce-scatter wrapped, one small int64 allreduce of world × "
-        "its fields at the optimizer step). Ratio = median of the per-step ratios to fsdp's "
-        "step with a 95 % bootstrap interval; where it contains 1 the difference is inside the "
-        "noise here. Same "
-        f"job: parameters bitwise equal between the arms at the end: "
-        f"{_yes(job['bitwise_equal'], 'NO')}; the guard's exchanges {job['exchanges']} for "
-        f"{job['optimizer_steps']} optimizer steps; events (false alarms) {job['events']}.",
-        ["arm", "median step ms", "÷ fsdp [95 %]"],
-        rows)
-
-
-def fsdp_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
-    return [fsdp_cost_table(model, job) for model, job in sec["jobs"].items()]
-
-
-FSDP_COLUMN_TITLES = {"stock": "stock FSDP2", "hardened": "harden() defaults"}
-def _fsdp_mesh(mesh: str, world: int) -> str:
-    if mesh == "hsdp":
-        return f"an HSDP mesh ({world // 2} replicas × 2 shards)"
-    return "a 1-D mesh (every rank shards)" if mesh == "fsdp" else mesh
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
-
-
-def fsdp_corpus_cell(case: Figures) -> str:
-    """An outcome in words: the error class, the step and the ranks named (detected, crash,
-    hang); silent corruption with its largest |Δparameter|; no-effect as is."""
-    kind = case["outcome"]
-    if kind == "silent-corruption":
-        said = (["replicas differ"] if case.get("replicas_differ") else []) + (
-            [f"max Δ {case['max_abs_diff']:.1e}"] if case.get("max_abs_diff") is not None
-            else [])
-        return f"{kind} ({'; '.join(said)})" if said else kind
-    parts = [case["error"]] if case.get("error") else []
-    if case.get("step") is not None:
-        parts.append(f"step {case['step']}")
-    elif kind == "detected":
-        parts.append("at harden()")  # the start-up check, before any step
-    if case.get("ranks"):
-        parts.append(_ranks(case["ranks"]))
-    return f"{kind} ({'; '.join(parts)})" if parts and kind != "no-effect" else kind
-
-
-def _fsdp_source(p: Figures) -> str:
-    if p["name"] == "none":
-        return "— (the script without a mistake)"
-    return f"[{p['source']}]({p['url']})" if p.get("url") else p["source"]
-
-
-def fsdp_corpus_tables(sec: Figures, cfg: Figures) -> list[Table]:
-    """One table per (mesh, ranks): pattern | public source | one column per column run."""
-    st, patterns, cases = sec["settings"], sec["patterns"], sec["cases"]
-    tables = []
-    for mesh, world in dict.fromkeys((c["mesh"], c["world_size"]) for c in cases):
-        here = [c for c in cases if (c["mesh"], c["world_size"]) == (mesh, world)]
-        columns = list(dict.fromkeys(c["column"] for c in here))
-        cell = {(c["pattern"], c["column"]): c for c in here}
-        mistakes = [p["name"] for p in patterns if p["name"] != "none"]
-        caught = {col: sum(1 for n in mistakes
-                           if cell.get((n, col), {}).get("outcome") == "detected")
-                  for col in columns}
-        tables.append(Table(
-            f"Published FSDP2 mistakes as a plain user script "
-            "(openclaw_ref/fsdp_corpus/silent_errors_script.py: a 5-layer MLP, fully_shard on "
-            f"three of its Linear layers and the root, AdamW, {st['batch_per_rank']} samples "
-            f"per rank), each a {st['steps']}-step run under torchrun on {world} gloo ranks × 1 "
-            f"thread with {_fsdp_mesh(mesh, world)}, judged against the same column's "
-            f"run without the mistake. A one-rank pattern acts on rank {st['fault_rank']} "
-            f"(load-one-rank: rank 0, the one that loads) from step {st['fault_step']} "
-            "(construction-time ones from the start); process-group timeout "
-            f"{fixed(st['timeout_s'], 0)} s. stock FSDP2 = fully_shard as shipped; harden() "
-            "defaults = harden(model) right after fully_shard, every setting at its default. "
-            "Outcome: detected (the error it raised, the step, the ranks it named; every rank "
-            "stopped before the optimizer applied the step) / silent-corruption (the result "
-            "differs from the run without the mistake, or the replicas differ; max Δ: the largest"
-            " absolute difference of a parameter from it) / crash (how the first rank to fail "
-            "stopped — SIGABRT: gloo aborted the process on a collective size mismatch — its "
-            "step, the ranks that failed first) / hang-timeout (the ranks that waited out the "
-            "timeout: RuntimeError from gloo, or their watchdog) / no-effect (bitwise equal to "
-            "the run without it). "
-            "Caught: " + ", ".join(f"{FSDP_COLUMN_TITLES.get(c, c)} {caught[c]} of "
-                                   f"{len(mistakes)}" for c in columns) + ".",
-            ["pattern", "public source"] + [FSDP_COLUMN_TITLES.get(c, c) for c in columns],
-            [[p["name"], _fsdp_source(p)]
-             + [fsdp_corpus_cell(cell[(p["name"], c)]) if (p["name"], c) in cell else ""
-                for c in columns] for p in patterns]))
-    return tables
 
 
 def _memory_table(rows: list[Figures]) -> Table:
@@ -410,6 +304,18 @@ def hook_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
             + [_memory_table(sec["memory"]), _verify_table(sec["verify"])] + counted)
 
 
+def _fsdp_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    from openclaw_ref.reporting.fsdp_tables import fsdp_cost_tables  # imports Table from here
+
+    return fsdp_cost_tables(sec, cfg)
+
+
+def _fsdp_corpus_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    from openclaw_ref.reporting.fsdp_tables import fsdp_corpus_tables  # imports Table from here
+
+    return fsdp_corpus_tables(sec, cfg)
+
+
 def _false_alarm_tables(sec: Figures, cfg: Figures) -> list[Table]:
     """``false_alarm_tables`` lives in its own module, which imports ``Table`` from here."""
     from openclaw_ref.reporting.false_alarm_tables import false_alarm_tables
@@ -431,6 +337,7 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "quantization": ("Text 004: int8 quantization", quantization_tables),
     "hook_cost": ("What harden() costs, and its verification at scale",
                   hook_cost_tables),
-    "fsdp_cost": ("What harden() costs an FSDP2 job", fsdp_cost_tables),
-    "fsdp_corpus": ("Published FSDP2 mistakes: stock FSDP2 and harden()", fsdp_corpus_tables),
+    "fsdp_cost": ("What harden() costs an FSDP2 job", _fsdp_cost_tables),
+    "fsdp_corpus": ("Published FSDP2 mistakes: stock FSDP2 and harden()",
+                    _fsdp_corpus_tables),
 }

@@ -4,7 +4,7 @@ with its deadline, ``fsdp_corpus.launch``), under stock FSDP2 and under ``harden
 defaults, on 2 ranks with a 1-D mesh and on 4 ranks with an HSDP mesh (2 replicas × 2 shards).
 Per pattern and column it records the outcome, the error
 class, the step and the ranks named — figures only; the table and its wording are
-``reporting.section_tables.fsdp_corpus_tables``.
+``reporting.fsdp_tables.fsdp_corpus_tables``.
 
 A torchrun job ends at the first pattern in which a rank failed (its process group is broken),
 so each column runs its patterns in as many jobs as it takes: the rest of the list starts a new
