@@ -46,8 +46,6 @@ KNOWN_GAPS = {
     "scale-mismatch": "a rank scaling its gradients before the reduction is not seen (the "
                       "scale check compares what ranks do after it)",
     "bitflip": "on a 1-D mesh no rank holds a replica to compare (HSDP: caught)",
-    "no-sync-one-rank": "diverges inside FSDP2's own reduce-scatter, before the step's exchange "
-                        "(caught with SyncConfig(fsdp_reduce_check=True), opt-in)",
     "hang": "the waiting rank's gloo timeout (8 s here) fires before harden()'s watchdog "
             "(60 s by default), naming the waiting rank",
 }

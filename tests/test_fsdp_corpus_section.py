@@ -83,6 +83,13 @@ def test_one_table_per_mesh_and_world_size():
     assert "an HSDP mesh (2 replicas × 2 shards)" in tables[1].caption
 
 
+def test_a_detection_says_which_ranks_gloo_ended_meanwhile():
+    ended = {**_case("x", "hardened", "detected", "MissingGradient", 2, [1]),
+             "failed_error": "SIGABRT", "failed_ranks": [1]}
+    assert fsdp_corpus_cell(ended) == \
+        "detected (MissingGradient; step 2; rank 1; rank 1 ended by SIGABRT)"
+
+
 def test_a_cell_without_an_error_step_or_ranks_is_the_outcome_alone():
     assert fsdp_corpus_cell(_case("x", "stock", "silent-corruption")) == "silent-corruption"
     assert fsdp_corpus_cell({**_case("x", "stock", "silent-corruption", max_abs_diff=0.5),
@@ -119,7 +126,8 @@ def test_a_case_keeps_figures_and_drops_the_outcomes_wording():
     case = fsdp_corpus.case_figures("lr-one-rank", Column.HARDENED, Mesh.FSDP, 2, outcome)
     assert case == {"pattern": "lr-one-rank", "column": "hardened", "mesh": "fsdp",
                     "world_size": 2, "outcome": "detected", "error": "OptimizerMismatch",
-                    "step": 2, "ranks": [1], "max_abs_diff": None, "replicas_differ": False}
+                    "step": 2, "ranks": [1], "max_abs_diff": None, "replicas_differ": False,
+                    "failed_error": None, "failed_ranks": []}
     assert fsdp_corpus.pattern_figures("no-sync-one-rank")["url"] is None
 
 
@@ -149,6 +157,16 @@ def test_classify_names_the_error_of_a_detection_and_of_the_first_named_rank():
     assert out.ranks == [0] and out.error == "SIGABRT"
     same = {r: _res(r, Status.FINISHED, digest="a") for r in (0, 1)}
     assert classify("p", same, "a").error is None
+
+
+def test_a_detection_on_one_rank_keeps_how_gloo_ended_the_other():
+    det = {"kind": "MissingGradient", "step": 2, "ranks": [1], "detail": "…"}
+    out = classify("p", {0: _res(0, Status.DETECTED, detection=det), 1: None}, "a",
+                   lost={1: "died by SIGABRT"})
+    assert (out.kind.value, out.ranks, out.failed_ranks, out.failed_error) == \
+        ("detected", [1], [1], "SIGABRT")
+    both = classify("p", {r: _res(r, Status.DETECTED, detection=det) for r in (0, 1)}, "a")
+    assert both.failed_ranks == [] and both.failed_error is None
 
 
 # --- one real run of the quick subset ---------------------------------------------------------

@@ -2,7 +2,10 @@
 its healthy variants (silent): a state dict loaded on some ranks only (``CheckpointMismatch``),
 gradients scaled by each rank's own factor (``ScaleMismatch``: clipping by the local norm), the
 opt-in reduce check (``SyncConfig(fsdp_reduce_check=True)``: gradient sync off on one rank, a
-parameter without a gradient on one rank), and HSDP's replica check at ``close()``.
+parameter without a gradient on one rank), a parameter without a gradient on every rank (legal:
+silent, bitwise equal to stock, its short reduce-scatters noted), and HSDP's replica check at
+``close()``. Under the defaults the two one-rank faults break the process group (a rank aborted
+or timed out), so they run as torchrun jobs in ``tests/test_fsdp_last_words.py``.
 
 Each pool run plays several scenarios in order in one process group, each on a fresh model: a
 guard error is raised on every rank before any rank issues a collective its peers do not, so
@@ -51,6 +54,7 @@ class S(enum.StrEnum):
     CHECKED_ACCUMULATE = "checked-accumulate"
     NO_SYNC_ONE_RANK = "no-sync-one-rank"  # reduce check on
     UNUSED_PARAM_ONE_RANK = "unused-param-one-rank"  # reduce check on
+    UNUSED_PARAM_EVERY_RANK = "unused-param-every-rank"  # legal: short notes, no error
     HSDP_HEALTHY = "hsdp-healthy"
     HSDP_DRIFT_AFTER_LAST_STEP = "hsdp-drift-after-last-step"  # named by close()
 
@@ -58,7 +62,8 @@ class S(enum.StrEnum):
 CHECKED = (S.CHECKED_HEALTHY, S.CHECKED_ACCUMULATE, S.NO_SYNC_ONE_RANK,
            S.UNUSED_PARAM_ONE_RANK)
 HSDP = (S.HSDP_HEALTHY, S.HSDP_DRIFT_AFTER_LAST_STEP)
-BITWISE = (S.HEALTHY, S.CHECKED_HEALTHY, S.HSDP_HEALTHY)
+NO_SYNC_MICRO_STEPS = (S.ACCUMULATE, S.CHECKED_ACCUMULATE)
+BITWISE = (S.HEALTHY, S.CHECKED_HEALTHY, S.HSDP_HEALTHY, S.UNUSED_PARAM_EVERY_RANK)
 
 
 class Net(nn.Module):
@@ -134,7 +139,8 @@ def _train(s: S, hardened: bool) -> tuple[dict[str, torch.Tensor], object]:
                     s is S.ACCUMULATE_SYNCED or micro == micros - 1)
                 if faulty and s is S.NO_SYNC_ONE_RANK:
                     model.set_requires_gradient_sync(False)
-                model.use_aux = not (faulty and s is S.UNUSED_PARAM_ONE_RANK)
+                model.use_aux = not (faulty and s is S.UNUSED_PARAM_ONE_RANK
+                                     or step == FAULT_STEP and s is S.UNUSED_PARAM_EVERY_RANK)
                 x, y = _batch(step, micro, rank)
                 F.mse_loss(model(x), y).backward()
             _clip(model, s)
@@ -154,7 +160,8 @@ def _train(s: S, hardened: bool) -> tuple[dict[str, torch.Tensor], object]:
         return full, None
     summary = guard.summary()
     return full, {"events": [(e.kind, e.step, e.ranks) for e in guard.events],
-                  "passed": summary["checks_passed"] == summary["checks_run"] > 0}
+                  "passed": summary["checks_passed"] == summary["checks_run"] > 0,
+                  "notes": summary["notes"]}
 
 
 def scenarios_task(ctx, names: list[str]) -> dict:
@@ -175,7 +182,7 @@ def scenarios_task(ctx, names: list[str]) -> dict:
 
 SILENT_1D = (S.HEALTHY, S.LOAD_EVERY_RANK, S.LOAD_DCP_EVERY_RANK, S.CLIP_GLOBAL, S.CLIP_VALUE,
              S.UNSCALE, S.ACCUMULATE, S.ACCUMULATE_SYNCED, S.CHECKED_HEALTHY,
-             S.CHECKED_ACCUMULATE)
+             S.CHECKED_ACCUMULATE, S.UNUSED_PARAM_EVERY_RANK)
 
 
 def _faults(world: int) -> dict[S, tuple]:
@@ -191,7 +198,12 @@ def _check(replies: list[dict], silent, faults: dict) -> None:
         for reply in replies:
             got = reply[s.value]
             assert isinstance(got["outcome"], dict), (s, got)
-            assert got["outcome"] == {"events": [], "passed": True}, (s, got)
+            assert got["outcome"]["events"] == [] and got["outcome"]["passed"], (s, got)
+            # notes in the store (last_words) only where a parameter has no gradient (here
+            # on every rank alike, which is legal) or a backward runs with sync off
+            notes = got["outcome"]["notes"]
+            assert (notes["short"] > 0) == (s is S.UNUSED_PARAM_EVERY_RANK), (s, notes)
+            assert (notes["nosync"] > 0) == (s in NO_SYNC_MICRO_STEPS), (s, notes)
             if s in BITWISE:
                 assert got["bitwise"], s
     for s, expected in faults.items():

@@ -75,6 +75,10 @@ class Outcome:
     max_abs_diff: float | None = None  # largest |Δparam| from the reference, over ranks
     per_rank: dict[int, str] = field(default_factory=dict)
     error: str | None = None
+    # detected, while other ranks failed in the backend instead (gloo aborted one, or it timed
+    # out in a collective the guard does not wrap): how the first of them stopped, and they
+    failed_error: str | None = None
+    failed_ranks: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {**asdict(self), "kind": self.kind.value}
@@ -124,8 +128,9 @@ def wait_for_results(out_dir: Path, pattern: str, world_size: int,
 
 def process_group_intact(results: dict[int, RankResult | None]) -> bool:
     """Every rank left the run normally (finished, or a check stopped it on every rank's
-    agreement): the next run may use the same process group."""
-    return all(r is not None and r.status in (Status.FINISHED, Status.DETECTED)
+    agreement, not after a failed collective): the next run may use the same process group."""
+    return all(r is not None and (r.status is Status.FINISHED or r.status is Status.DETECTED
+                                  and not (r.detection or {}).get("collective_failed"))
                for r in results.values())
 
 
@@ -180,19 +185,21 @@ def classify(pattern: str, results: dict[int, RankResult | None], reference: str
     stopped += list(lost_steps.values())
     out.step = min(stopped) if stopped else None
     detections = [res for res in reported.values() if res.status is Status.DETECTED]
+    failure = _failure(results, deadline_hit, terminated)
+    failed_error = None if failure is None else error_class(
+        results.get(failure[1][0]), (lost or {}).get(failure[1][0]), deadline_hit)
     if detections:
         first = detections[0].detection or {}
         out.kind, out.ranks = Kind.DETECTED, list(first.get("ranks", []))
         out.error = first.get("kind")
         out.step, out.detail = first.get("step"), str(first.get("detail", ""))[:300]
+        if failure is not None:
+            out.failed_ranks, out.failed_error = failure[1], failed_error
         return out
-    failure = _failure(results, deadline_hit, terminated)
     if failure is not None:
         out.kind, out.ranks = failure
         out.detail = "; ".join(f"rank {r}: {per_rank[r]}" for r in out.ranks)[:600]
-        first_named = out.ranks[0]
-        out.error = error_class(results.get(first_named), (lost or {}).get(first_named),
-                                deadline_hit)
+        out.error = failed_error
         return out
     diffs = [res.max_abs_diff for res in reported.values() if res.max_abs_diff is not None]
     out.max_abs_diff = max(diffs) if diffs else None

@@ -222,7 +222,9 @@ def run_once(name: str, faulty: bool, column: Column, mesh_kind: Mesh, out_dir: 
                           max_abs_diff=diff), params
     except ConsistencyError as exc:
         detection = {"kind": type(exc).__name__, "step": exc.step, "ranks": exc.ranks,
-                     "params": exc.params, "detail": str(exc)[:300]}
+                     "params": exc.params, "detail": str(exc)[:300],
+                     # named after gloo failed FSDP2's collective: the group is broken
+                     "collective_failed": isinstance(exc.__cause__, RuntimeError)}
         return RankResult(rank, name, Status.DETECTED, progress.step, detection=detection), None
     except Exception as exc:  # noqa: BLE001 - what the user's script would have died of
         first = (str(exc).strip().splitlines() or [""])[0]

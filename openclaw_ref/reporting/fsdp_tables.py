@@ -67,6 +67,8 @@ def fsdp_corpus_cell(case: Figures) -> str:
         parts.append("at harden()")  # the start-up check, before any step
     if case.get("ranks"):
         parts.append(_ranks(case["ranks"]))
+    if case.get("failed_error"):  # detected by some ranks, the others ended in the backend
+        parts.append(f"{_ranks(case['failed_ranks'])} ended by {case['failed_error']}")
     return f"{kind} ({'; '.join(parts)})" if parts and kind != "no-effect" else kind
 
 
@@ -100,7 +102,9 @@ def fsdp_corpus_tables(sec: Figures, cfg: Figures) -> list[Table]:
             f"{fixed(st['timeout_s'], 0)} s. stock FSDP2 = fully_shard as shipped; harden() "
             "defaults = harden(model) right after fully_shard, every setting at its default. "
             "Outcome: detected (the error it raised, the step, the ranks it named; every rank "
-            "stopped before the optimizer applied the step) / silent-corruption (the result "
+            "stopped before the optimizer applied the step — by that error, or, where said, "
+            "'ended by': inside FSDP2's own collective, gloo aborting it (SIGABRT) or timing "
+            "out (RuntimeError), while its peers raised the error) / silent-corruption (the result "
             "differs from the run without the mistake, or the replicas differ; max Δ: the largest"
             " absolute difference of a parameter from it) / crash (how the first rank to fail "
             "stopped — SIGABRT: gloo aborted the process on a collective size mismatch — its "

@@ -79,7 +79,9 @@ def case_figures(name: str, column: Column, mesh: Mesh, world_size: int,
             "world_size": world_size, "outcome": outcome["kind"],
             "error": outcome.get("error"), "step": outcome["step"],
             "ranks": list(outcome["ranks"]), "max_abs_diff": outcome["max_abs_diff"],
-            "replicas_differ": outcome["detail"] == REPLICAS_DIFFER}
+            "replicas_differ": outcome["detail"] == REPLICAS_DIFFER,
+            "failed_error": outcome.get("failed_error"),
+            "failed_ranks": list(outcome.get("failed_ranks", []))}
 
 
 def pattern_figures(name: str) -> dict[str, Any]:

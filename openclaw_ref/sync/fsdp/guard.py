@@ -11,10 +11,14 @@ Hook points, per rank (torch 2.13, measured in ``docs/hardening.md``'s FSDP2 sec
      replaced (``hooks``): the wrapper sums this rank's own flattened gradients (NaN/±inf
      iff one is: the local non-finite flag, before the sum mixes the ranks) and calls FSDP2's
      own comm with the same arguments — the same collective, bit for bit. FSDP2 calls it only
-     where the shard dimension has more than one rank. With ``fsdp_reduce_check`` (opt-in) it
-     first sends this rank's row (kind ``REDUCE_SCATTER``: its index in the backward and its
-     input's size), so a rank that brings another size (a parameter without a gradient) is
-     named before gloo aborts on the size mismatch;
+     where the shard dimension has more than one rank. A short input (a parameter of the group
+     without a gradient here) first leaves a note in the store (``last_words``), as does a
+     backward that reduces fewer than all groups (3); the all-gather is wrapped too, and
+     when either collective fails the notes say why: a rank without a gradient, or with
+     gradient sync off, named by the ranks whose collective failed (gloo's error otherwise
+     stands). With ``fsdp_reduce_check`` (opt-in) it first
+     sends this rank's row (kind ``REDUCE_SCATTER``: its index in the backward and its
+     input's size), so a rank that brings another size is named on every rank;
   3. the root's output: a pre-hook on its ``grad_fn`` counts backwards (one per graph task);
      with ``fsdp_reduce_check`` each backward first sends this rank's row (kind ``BACKWARD``:
      how many FSDP groups will reduce), so a rank whose ``set_requires_gradient_sync``
@@ -46,13 +50,12 @@ mismatch is raised on every rank instead of gloo aborting a process or timing ou
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -67,42 +70,16 @@ from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
 from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE, Watchdog
 from openclaw_ref.sync.fsdp import close as fsdp_close
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge, reduced_digest
-from openclaw_ref.sync.fsdp.hooks import CheckedReduceScatter, LoadCounter, Restore
+from openclaw_ref.sync.fsdp.hooks import (
+    CheckedAllGather,
+    CheckedReduceScatter,
+    LoadCounter,
+    Restore,
+)
+from openclaw_ref.sync.fsdp.last_words import Clock, GroupPlan, LastWords, group_plan
+from openclaw_ref.sync.fsdp.mesh import exchange_group, policy_manifest, replica_coordinate
 from openclaw_ref.sync.fsdp.scale import ScaleRecord, to_bits, tolerance, unit_roundoff
 from openclaw_ref.sync.target import HARDENED_MARK, validate_fsdp_target
-
-
-def _mesh(model: nn.Module) -> DeviceMesh:
-    return next(p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
-
-
-def replica_coordinate(model: nn.Module) -> int:
-    """1 + this rank's position among the shards (ranks with the same number hold replicas of
-    the same shard), or 0 when no shard has a replica: replicas exist along the mesh dims whose
-    placement is ``Replicate`` (HSDP's dim 0; ``replicate_with_fsdp``'s only dim), the shard
-    index is the coordinate along the ``Shard`` dims (none under ``replicate_with_fsdp``: every
-    rank holds the whole parameter, all replicas of one another)."""
-    p = next(p for p in model.parameters() if isinstance(p, DTensor))
-    mesh, coordinate = p.device_mesh, p.device_mesh.get_coordinate()
-    replicated = [d for d, pl in enumerate(p.placements) if pl.is_replicate()]
-    if not any(mesh.size(d) > 1 for d in replicated):
-        return 0
-    shard = 0
-    for d in range(mesh.ndim):
-        if d not in replicated:
-            shard = shard * mesh.size(d) + coordinate[d]
-    return shard + 1
-
-
-def exchange_group(model: nn.Module) -> dist.ProcessGroup:
-    """The group spanning every rank of the model's mesh: the mesh's own group (1-D), the
-    flattened mesh (2-D, HSDP), or the default group when the mesh is the whole world."""
-    mesh = _mesh(model)
-    if mesh.ndim == 1:
-        return mesh.get_group()
-    if mesh.size() == dist.get_world_size():
-        return dist.group.WORLD
-    return mesh._flatten().get_group()
 
 
 def harden_fsdp(model: FSDPModule, cfg: SyncConfig, check_construction: bool,
@@ -152,6 +129,8 @@ class FSDPGuard:
         self.events: list = []
         self.handles: list = []
         self.watchdog: Watchdog | None = None
+        self.last_words: LastWords | None = None
+        self._fsdp_groups: list = []  # every FSDP param group (``reduce_grads``: syncing)
         self.closed = self.failed = False
         self.exchanges = self.passed = self.extra_forward_exchanges = self.reduce_exchanges = 0
         self.rs_seq = 0  # reduce-scatters in the current backward (the reduce check's clock)
@@ -165,33 +144,67 @@ class FSDPGuard:
             self.handles.append(p.register_post_accumulate_grad_hook(self._reduced(i)))
         self.loads = LoadCounter(self.model)
         self.handles.append(self.loads)
-        for module in self.model.modules():
+        plans: list[GroupPlan] = []
+        for name, module in self.model.named_modules():
             if isinstance(module, FSDPModule):
-                self._wrap_reduce_scatter(module)
+                self._fsdp_groups += module._get_fsdp_state()._fsdp_param_groups
+                self._wrap_comms(name, module, plans)
+        if self.watchdog is not None:
+            self.last_words = LastWords(self.watchdog.store, self.watchdog.namespace, self.rank,
+                                        self.global_ranks, plans, len(self._fsdp_groups))
         self.handles.append(self.model.register_forward_pre_hook(self._forward_pre,
                                                                  prepend=True))
         self.handles.append(self.model.register_forward_hook(self._forward_post))
         self.handles.append(register_optimizer_step_pre_hook(self._optimizer_step))
 
-    def _wrap_reduce_scatter(self, module: FSDPModule) -> None:
+    def _wrap_comms(self, name: str, module: FSDPModule, plans: list[GroupPlan]) -> None:
         groups = module._get_fsdp_state()._fsdp_param_groups
         if len(groups) != 1:  # none (no parameters of its own), or per-parameter meshes
             return
-        before = self._before_reduce_scatter if self.cfg.fsdp_reduce_check else None
-        comm = CheckedReduceScatter(groups[0]._reduce_scatter_comm, self.local_sums, before)
-        module.set_custom_reduce_scatter(comm)
-        self.handles.append(Restore(module, comm))
+        index = len(plans)
+        plans.append(group_plan(name, groups[0], {id(p): n for n, p in self.tracked}))
+        reduce_scatter = CheckedReduceScatter(
+            groups[0]._reduce_scatter_comm, self.local_sums,
+            lambda numel: self._before_reduce_scatter(index, numel),
+            lambda numel, exc: self._collective_failed(index, numel))
+        all_gather = CheckedAllGather(groups[0]._all_gather_comm,
+                                      lambda exc: self._collective_failed(None, None))
+        module.set_custom_reduce_scatter(reduce_scatter)
+        module.set_custom_all_gather(all_gather)
+        self.handles.append(Restore(module, reduce_scatter, all_gather))
 
-    def _before_reduce_scatter(self, numel: int) -> None:
-        """The opt-in reduce check (module docstring, 2): this reduce-scatter's row, sent
-        before FSDP2's own collective."""
+    def _before_reduce_scatter(self, index: int, numel: int) -> None:
+        """Before FSDP2's own collective: the short note (``last_words``) and, with the opt-in
+        reduce check (module docstring, 2), this reduce-scatter's row."""
         if self.closed:
+            return
+        if self.last_words is not None:
+            self.last_words.before_reduce_scatter(index, self.clock(), numel)
+        if not self.cfg.fsdp_reduce_check:
             return
         if self._rs_backward != self.backwards:
             self._rs_backward, self.rs_seq = self.backwards, 0
         self.rs_seq += 1
         self.reduce_exchanges += 1
         self._exchange(Exchange.REDUCE_SCATTER, None, True, numel)
+
+    def _collective_failed(self, index: int | None, numel: int | None
+                           ) -> ConsistencyError | None:
+        """FSDP2's reduce-scatter of group ``index`` (or an all-gather: None) failed on this rank:
+        what the notes show (``last_words``), reported at once — the launcher may end this
+        rank before its traceback is printed — or None (gloo's error stands)."""
+        self.failed = True
+        if self.last_words is None or self.closed:
+            return None
+        error = self.last_words.diagnose(self.clock(), index, numel)
+        if error is not None:
+            self.events.append(error.event())
+            print(f"openclaw: {error}", file=sys.stderr, flush=True)
+        return error
+
+    def clock(self) -> Clock:
+        syncing = sum(bool(group.reduce_grads) for group in self._fsdp_groups)
+        return Clock(self.opt_steps, self.backwards, syncing)
 
     def _reduced(self, i: int):
         """Parameter ``i``'s post-accumulate-grad hook: FSDP2 runs it once per reduction of its
@@ -229,16 +242,11 @@ class FSDPGuard:
         if task != self._task:
             self._task = task
             self.backwards += 1
+            if self.last_words is not None and not self.closed:
+                self.last_words.backward_started(self.clock())
             if self.cfg.fsdp_reduce_check and not self.closed:
                 self.reduce_exchanges += 1
-                self._exchange(Exchange.BACKWARD, None, True, self._syncing_groups())
-
-    def _syncing_groups(self) -> int:
-        """The FSDP groups that will reduce their gradients in this backward (FSDP2's
-        ``set_requires_gradient_sync`` sets ``reduce_grads`` on each)."""
-        return sum(bool(group.reduce_grads) for module in self.model.modules()
-                   if isinstance(module, FSDPModule)
-                   for group in module._get_fsdp_state()._fsdp_param_groups)
+                self._exchange(Exchange.BACKWARD, None, True, self.clock().syncing)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         """The step's exchange, for the model's optimizer: the one passed to ``harden``, or
@@ -289,16 +297,7 @@ class FSDPGuard:
         return row
 
     def manifest(self) -> list[tuple[str, torch.Tensor]]:
-        """(name, parameter) for the start-up check, each name carrying its FSDP group's
-        ``MixedPrecisionPolicy``: a policy that differs on one rank gives that rank all-gathers
-        of another size, which gloo answers by aborting the process at the first forward."""
-        policy = {}
-        for module in self.model.modules():
-            if isinstance(module, FSDPModule):
-                for group in module._get_fsdp_state()._fsdp_param_groups:
-                    for fsdp_param in group.fsdp_params:
-                        policy[id(fsdp_param.sharded_param)] = _policy_text(group.mp_policy)
-        return [(f"{n} [{policy.get(id(p), '?')}]", p) for n, p in self.tracked]
+        return policy_manifest(self.model, self.tracked)
 
     def _local_shards(self) -> list[tuple[str, torch.Tensor]]:
         """This rank's shard of every guarded parameter, as plain tensors (HSDP: equal on the
@@ -363,6 +362,7 @@ class FSDPGuard:
                 "optimizer_steps": self.opt_steps, "backwards": self.backwards,
                 "extra_forward_exchanges": self.extra_forward_exchanges,
                 "reduce_exchanges": self.reduce_exchanges,
+                "notes": dict(self.last_words.written) if self.last_words else {},
                 "nonfinite": self.cfg.nonfinite.value}
 
     def close(self, verify: bool = True) -> None:
@@ -383,11 +383,6 @@ class FSDPGuard:
         self.handles.clear()
         if self.watchdog is not None:
             self.watchdog.close()
-
-
-def _policy_text(mp) -> str:
-    return ",".join(f"{k}={getattr(mp, k)}" for k in
-                    ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"))
 
 
 def _local_grad(p: torch.Tensor) -> torch.Tensor | None:

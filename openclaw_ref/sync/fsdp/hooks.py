@@ -1,8 +1,10 @@
-"""What the FSDP2 guard attaches to FSDP2 besides plain tensor hooks: the reduce-scatter
-wrapper (``FSDPModule.set_custom_reduce_scatter``) and the ``load_state_dict`` counter.
+"""What the FSDP2 guard attaches to FSDP2 besides plain tensor hooks: the reduce-scatter and
+all-gather wrappers (``FSDPModule.set_custom_reduce_scatter``/``set_custom_all_gather``) and the
+``load_state_dict`` counter.
 
-Invariant: the wrapper changes nothing FSDP2 reduces — it calls FSDP2's own comm with the same
-arguments (the same collective, bit for bit); what it adds runs before that call.
+Invariant: the wrappers change nothing FSDP2 sends — each calls FSDP2's own comm with the same
+arguments (the same collective, bit for bit); what it adds runs before that call, or after it
+fails.
 """
 
 from __future__ import annotations
@@ -13,19 +15,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.precision import finite_sum
 
 
 class CheckedReduceScatter(ReduceScatter):
-    """FSDP2's reduce-scatter comm with this rank's non-finite sum taken first, and, with
-    ``before`` (the opt-in reduce check), a call with the input's element count ahead of the
-    collective: allocation and the collective are the wrapped comm's own."""
+    """FSDP2's reduce-scatter comm with this rank's non-finite sum taken first and ``before``
+    called with the input's element count (the short note; the opt-in reduce check). A backend
+    error is raised as what ``failed(numel, error)`` makes of it, or as it was (None).
+    Allocation and the collective are the wrapped comm's own."""
 
     def __init__(self, inner: ReduceScatter, sums: list[torch.Tensor],
-                 before: Callable[[int], None] | None = None) -> None:
-        self.inner, self.sums, self.before = inner, sums, before
+                 before: Callable[[int], None],
+                 failed: Callable[[int, RuntimeError], ConsistencyError | None]) -> None:
+        self.inner, self.sums, self.before, self.failed = inner, sums, before, failed
         self.active = True
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -33,22 +38,53 @@ class CheckedReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op, async_op: bool = False):
-        if self.active:
-            self.sums.append(finite_sum(input_tensor))
-            if self.before is not None:
-                self.before(input_tensor.numel())
-        return self.inner(output_tensor, input_tensor, group, op, async_op)
+        if not self.active:
+            return self.inner(output_tensor, input_tensor, group, op, async_op)
+        self.sums.append(finite_sum(input_tensor))
+        self.before(input_tensor.numel())
+        try:
+            return self.inner(output_tensor, input_tensor, group, op, async_op)
+        except RuntimeError as exc:
+            error = self.failed(input_tensor.numel(), exc)
+            if error is None:
+                raise
+            raise error from exc
+
+
+class CheckedAllGather(AllGather):
+    """FSDP2's all-gather comm, called as it is; a backend error is raised as what
+    ``failed(error)`` makes of it, or as it was (None)."""
+
+    def __init__(self, inner: AllGather,
+                 failed: Callable[[RuntimeError], ConsistencyError | None]) -> None:
+        self.inner, self.failed = inner, failed
+        self.active = True
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, async_op: bool = False):
+        try:
+            return self.inner(output_tensor, input_tensor, group, async_op)
+        except RuntimeError as exc:
+            error = self.failed(exc) if self.active else None
+            if error is None:
+                raise
+            raise error from exc
 
 
 class Restore:
-    """Handle that puts an FSDP module's own reduce-scatter comm back (``close()``)."""
+    """Handle that puts an FSDP module's own comms back (``close()``)."""
 
-    def __init__(self, module: FSDPModule, comm: CheckedReduceScatter) -> None:
-        self.module, self.comm = module, comm
+    def __init__(self, module: FSDPModule, reduce_scatter: CheckedReduceScatter,
+                 all_gather: CheckedAllGather) -> None:
+        self.module, self.reduce_scatter, self.all_gather = module, reduce_scatter, all_gather
 
     def remove(self) -> None:
-        self.comm.active = False
-        self.module.set_custom_reduce_scatter(self.comm.inner)
+        self.reduce_scatter.active = self.all_gather.active = False
+        self.module.set_custom_reduce_scatter(self.reduce_scatter.inner)
+        self.module.set_custom_all_gather(self.all_gather.inner)
 
 
 class LoadCounter:
