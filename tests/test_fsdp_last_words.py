@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def _ranks(world: int) -> list[LastWords]:
 def _short(rank: LastWords, clock: Clock = STEP2, numel: int = SHORT) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rank.before_reduce_scatter(0, clock, numel)
+        rank.before_reduce_scatter(0, numel, lambda: clock)
 
 
 # --- the notes -------------------------------------------------------------------------------
@@ -49,7 +50,7 @@ def test_the_shortfall_names_the_fewest_parameters_that_fit_it():
 def test_a_full_step_writes_nothing():
     rank = _ranks(2)[0]
     rank.backward_started(STEP2)
-    rank.before_reduce_scatter(0, STEP2, PLAN.full_numel)
+    rank.before_reduce_scatter(0, PLAN.full_numel, lambda: STEP2)
     assert rank.written == {"short": 0, "nosync": 0}
 
 
@@ -57,7 +58,7 @@ def test_a_short_reduce_scatter_is_noted_and_warned_in_this_ranks_own_log():
     rank = _ranks(2)[1]
     with pytest.warns(RuntimeWarning, match="rank 1 reduce-scatters FSDP group 'layers.1' "
                                             "without a gradient for aux.b, aux.w"):
-        rank.before_reduce_scatter(0, STEP2, SHORT)
+        rank.before_reduce_scatter(0, SHORT, lambda: STEP2)
     assert rank.written == {"short": 1, "nosync": 0}
 
 
@@ -65,6 +66,20 @@ def test_a_backward_with_sync_off_is_noted():
     rank = _ranks(2)[1]
     rank.backward_started(Clock(2, 3, 0))
     assert rank.written == {"short": 0, "nosync": 1} and rank.store.get("ns/nosync/1") == b"2.3.0"
+
+
+def test_a_store_that_cannot_be_reached_neither_stops_training_nor_hides_gloos_error():
+    """The store's host may be what failed: a note it refuses is skipped with one warning, and
+    a diagnosis it cannot read is None (the wrapper then raises gloo's error as it was)."""
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=2))
+    client = dist.TCPStore("127.0.0.1", server.port, 1, False, timeout=timedelta(seconds=2))
+    rank = LastWords(client, "ns", 1, [0, 1], [PLAN], GROUPS)
+    del server
+    with pytest.warns(RuntimeWarning, match="the store refused a note"):
+        rank.backward_started(Clock(2, 3, 0))
+    rank.backward_started(Clock(2, 4, 0))
+    assert rank.unwritten == 2 and rank.written == {"short": 0, "nosync": 0}
+    assert rank.diagnose(Clock(2, 4, 0)) is None
 
 
 # --- the diagnosis ---------------------------------------------------------------------------

@@ -166,9 +166,9 @@ class FSDPGuard:
         reduce_scatter = CheckedReduceScatter(
             groups[0]._reduce_scatter_comm, self.local_sums,
             lambda numel: self._before_reduce_scatter(index, numel),
-            lambda numel, exc: self._collective_failed(index, numel))
+            lambda numel: self._collective_failed(index, numel))
         all_gather = CheckedAllGather(groups[0]._all_gather_comm,
-                                      lambda exc: self._collective_failed(None, None))
+                                      lambda: self._collective_failed(None, None))
         module.set_custom_reduce_scatter(reduce_scatter)
         module.set_custom_all_gather(all_gather)
         self.handles.append(Restore(module, reduce_scatter, all_gather))
@@ -179,7 +179,7 @@ class FSDPGuard:
         if self.closed:
             return
         if self.last_words is not None:
-            self.last_words.before_reduce_scatter(index, self.clock(), numel)
+            self.last_words.before_reduce_scatter(index, numel, self.clock)
         if not self.cfg.fsdp_reduce_check:
             return
         if self._rs_backward != self.backwards:
@@ -242,11 +242,14 @@ class FSDPGuard:
         if task != self._task:
             self._task = task
             self.backwards += 1
-            if self.last_words is not None and not self.closed:
-                self.last_words.backward_started(self.clock())
-            if self.cfg.fsdp_reduce_check and not self.closed:
+            if self.closed:
+                return
+            clock = self.clock()
+            if self.last_words is not None:
+                self.last_words.backward_started(clock)
+            if self.cfg.fsdp_reduce_check:
                 self.reduce_exchanges += 1
-                self._exchange(Exchange.BACKWARD, None, True, self.clock().syncing)
+                self._exchange(Exchange.BACKWARD, None, True, clock.syncing)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         """The step's exchange, for the model's optimizer: the one passed to ``harden``, or

@@ -24,12 +24,12 @@ from openclaw_ref.sync.evidence.precision import finite_sum
 class CheckedReduceScatter(ReduceScatter):
     """FSDP2's reduce-scatter comm with this rank's non-finite sum taken first and ``before``
     called with the input's element count (the short note; the opt-in reduce check). A backend
-    error is raised as what ``failed(numel, error)`` makes of it, or as it was (None).
+    error is raised as what ``failed(numel)`` makes of it, or as it was (None).
     Allocation and the collective are the wrapped comm's own."""
 
     def __init__(self, inner: ReduceScatter, sums: list[torch.Tensor],
                  before: Callable[[int], None],
-                 failed: Callable[[int, RuntimeError], ConsistencyError | None]) -> None:
+                 failed: Callable[[int], ConsistencyError | None]) -> None:
         self.inner, self.sums, self.before, self.failed = inner, sums, before, failed
         self.active = True
 
@@ -45,7 +45,7 @@ class CheckedReduceScatter(ReduceScatter):
         try:
             return self.inner(output_tensor, input_tensor, group, op, async_op)
         except RuntimeError as exc:
-            error = self.failed(input_tensor.numel(), exc)
+            error = self.failed(input_tensor.numel())
             if error is None:
                 raise
             raise error from exc
@@ -53,10 +53,10 @@ class CheckedReduceScatter(ReduceScatter):
 
 class CheckedAllGather(AllGather):
     """FSDP2's all-gather comm, called as it is; a backend error is raised as what
-    ``failed(error)`` makes of it, or as it was (None)."""
+    ``failed()`` makes of it, or as it was (None)."""
 
     def __init__(self, inner: AllGather,
-                 failed: Callable[[RuntimeError], ConsistencyError | None]) -> None:
+                 failed: Callable[[], ConsistencyError | None]) -> None:
         self.inner, self.failed = inner, failed
         self.active = True
 
@@ -68,7 +68,7 @@ class CheckedAllGather(AllGather):
         try:
             return self.inner(output_tensor, input_tensor, group, async_op)
         except RuntimeError as exc:
-            error = self.failed(exc) if self.active else None
+            error = self.failed() if self.active else None
             if error is None:
                 raise
             raise error from exc

@@ -32,7 +32,7 @@ thread, where no note is read.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -52,8 +52,9 @@ class Clock:
     backwards: int
     syncing: int
 
-    def encode(self, last: int | None = None) -> str:
-        return f"{self.opt_steps}.{self.backwards}.{self.syncing if last is None else last}"
+    def encode(self, value: int | None = None) -> str:
+        """``steps.backwards.value``: a note of this backward (``value`` default: syncing)."""
+        return f"{self.opt_steps}.{self.backwards}.{self.syncing if value is None else value}"
 
 
 def _decode(raw: bytes) -> tuple[int, int, int] | None:
@@ -93,10 +94,19 @@ class LastWords:
         self.store, self.namespace, self.rank = store, namespace, rank
         self.global_ranks, self.plans, self.groups = list(global_ranks), plans, groups
         self.written = {"short": 0, "nosync": 0}  # notes, by kind
+        self.unwritten = 0  # notes the store refused: a note never stops training
 
     def _write(self, kind: str, key: str, value: str) -> None:
-        self.store.set(f"{self.namespace}/{kind}/{key}", value)
-        self.store.check([f"{self.namespace}/{kind}/{key}"])  # a round trip: it is there
+        try:
+            self.store.set(f"{self.namespace}/{kind}/{key}", value)
+            self.store.check([f"{self.namespace}/{kind}/{key}"])  # a round trip: it is there
+        except RuntimeError as exc:  # torch's store errors (DistStoreError, DistNetworkError)
+            self.unwritten += 1
+            if self.unwritten == 1:
+                warnings.warn(f"openclaw: the store refused a note ({exc}); a failed FSDP2 "
+                              "collective may then go unexplained", RuntimeWarning,
+                              stacklevel=3)
+            return
         self.written[kind] += 1
 
     def backward_started(self, clock: Clock) -> None:
@@ -105,12 +115,14 @@ class LastWords:
         if clock.syncing < self.groups:
             self._write("nosync", str(self.rank), clock.encode())
 
-    def before_reduce_scatter(self, group: int, clock: Clock, numel: int) -> None:
-        """Before every reduce-scatter: the short note and warning, when this one is short."""
+    def before_reduce_scatter(self, group: int, numel: int, clock: Callable[[], Clock]
+                              ) -> None:
+        """Before every reduce-scatter: the short note and warning, when this one is short
+        (``clock`` is read only then: a full reduce-scatter costs one comparison)."""
         plan = self.plans[group]
         if numel >= plan.full_numel:
             return
-        self._write("short", f"{group}/{self.rank}", clock.encode(numel))
+        self._write("short", f"{group}/{self.rank}", clock().encode(numel))
         missing = ", ".join(plan.fitting(plan.full_numel - numel))
         warnings.warn(
             f"openclaw: rank {self.global_ranks[self.rank]} reduce-scatters FSDP group "
@@ -130,7 +142,15 @@ class LastWords:
                  ) -> ConsistencyError | None:
         """What the notes show about a collective that failed on this rank in ``clock``'s
         backward — a reduce-scatter of ``group`` with ``numel`` elements, or an all-gather
-        (``group`` None) — or None: nothing."""
+        (``group`` None) — or None: nothing, or the store cannot be read (its host may be what
+        failed), so gloo's error stands."""
+        try:
+            return self._diagnose(clock, group, numel)
+        except RuntimeError:
+            return None
+
+    def _diagnose(self, clock: Clock, group: int | None, numel: int | None
+                  ) -> ConsistencyError | None:
         world, me = len(self.global_ranks), self.global_ranks[self.rank]
         syncing = [clock.syncing if r == self.rank else
                    self._noted(f"{self.namespace}/nosync/{r}", clock, self.groups)
