@@ -24,6 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from openclaw_ref.conformance.case_pool import play
 from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import (
@@ -328,22 +329,15 @@ class MatrixRunner:
         spec = cfg.faults[0]
         reference = self.reference(strategy)
         t0 = time.perf_counter()
-        reply, failure = None, None
         fresh = kills_group(strategy, fault)
         # a fresh pool: gloo's short deadline ends a hang on the waiting rank; the pool's own
         # (the case's) is the last resort, long enough for a loaded box to reach the hang
         pool = self._fresh(st.case_timeout_s, st.pg_timeout_s) if fresh \
             else self._get_pool(st.world_size)
-        try:
-            reply = pool.run(case_task, cfg, timeout_s=st.case_timeout_s)[0]
-        except (RankFailed, LaunchTimeout) as exc:
-            failure = exc
-        finally:
-            if fresh:
-                pool.kill()
+        reply, failure, died = play(pool, fresh, case_task, cfg, timeout_s=st.case_timeout_s)
         out = classify(strategy, spec, st.world_size, reply=reply, failure=failure,
                        reference_digest=reference, replica_check_every=st.replica_check_every,
-                       died=self_exited_ranks(pool) if failure is not None else ())
+                       died=died)
         out.wall_s = time.perf_counter() - t0
         return out
 
@@ -360,13 +354,6 @@ def kills_group(strategy: str, fault: str) -> bool:
 
     return fault in GROUP_KILLING or (fault == "local-buckets"
                                        and strategy_name(strategy) in DDP_STRATEGIES)
-
-
-def self_exited_ranks(pool: RankPool) -> list[int]:
-    """Ranks of a stopped pool that exited on their own (any exit but the pool's SIGKILL).
-    Reads the pool's processes: ``RankPool`` has no public exit-code accessor yet."""
-    procs = getattr(pool, "_procs", [])
-    return [r for r, p in enumerate(procs) if p.exitcode is not None and p.exitcode != -9]
 
 
 def as_shipped(strategy: str) -> bool:

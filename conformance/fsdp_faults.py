@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from openclaw_ref.conformance.fault_matrix import CaseOutcome, classify, self_exited_ranks
+from openclaw_ref.conformance.case_pool import play
+from openclaw_ref.conformance.fault_matrix import CaseOutcome, classify
 from openclaw_ref.conformance.fsdp_run import HANG_S, FsdpJob, fsdp_case_task
 from openclaw_ref.conformance.settings import CheckResult
 from openclaw_ref.conformance.target import TargetSpec
 from openclaw_ref.conformance.user_checks import strategy_label
 from openclaw_ref.core.corpus_faults import Reach
-from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FaultSpec
 from openclaw_ref.core.launch import LaunchConfig, RankPool
 from openclaw_ref.fsdp_corpus.patterns import CORPUS, FAULT_STEP, PATTERNS, acting_rank
@@ -139,18 +139,10 @@ class FsdpFaultRunner:
         pool = RankPool(LaunchConfig(ws, backend="gloo", timeout_s=st.case_timeout_s,
                                      pg_timeout_s=st.pg_timeout_s)) if fresh \
             else self._get_pool(ws)
-        reply, failure = None, None
-        try:
-            reply = pool.run(fsdp_case_task, self.spec, job, st.steps,
-                             timeout_s=st.case_timeout_s)[0]
-        except (RankFailed, LaunchTimeout) as exc:
-            failure = exc
-        finally:
-            if fresh:
-                pool.kill()
+        reply, failure, died = play(pool, fresh, fsdp_case_task, self.spec, job, st.steps,
+                                    timeout_s=st.case_timeout_s)
         out = classify(strategy_label(self.spec), case.fault(ws), ws, reply=reply,
-                       failure=failure, reference_digest=reference,
-                       died=self_exited_ranks(pool) if failure is not None else ())
+                       failure=failure, reference_digest=reference, died=died)
         out = replace(out, fault=case.name, expected_params=[],
                       wall_s=time.perf_counter() - t0)
         out.attributed = _names_rank(case, out)

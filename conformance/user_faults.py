@@ -28,20 +28,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from openclaw_ref.conformance.case_pool import play
 from openclaw_ref.conformance.corpus import fault_spec as corpus_fault_spec
 from openclaw_ref.conformance.fault_matrix import (
     CaseOutcome,
     classify,
     detected_in_band,
     kills_group,
-    self_exited_ranks,
 )
 from openclaw_ref.conformance.settings import CheckResult
 from openclaw_ref.conformance.target import Target, TargetSpec, build_target
 from openclaw_ref.conformance.user_checks import strategy_label
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.corpus_faults import CORPUS, CorpusFault, Reach, pattern
-from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FaultSpec, fault_text, parse_fault
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.sync.base import SyncStrategy
@@ -259,18 +258,10 @@ class UserFaultRunner:
         t0 = time.perf_counter()
         fresh = kills_group("user-hook", case.name)
         pool = self._fresh() if fresh else self._get_pool(ws)
-        reply, failure = None, None
-        try:
-            reply = pool.run(user_case_task, self.spec, self._job(case, fault), st,
-                             timeout_s=st.case_timeout_s)[0]
-        except (RankFailed, LaunchTimeout) as exc:
-            failure = exc
-        finally:
-            if fresh:
-                pool.kill()
+        reply, failure, died = play(pool, fresh, user_case_task, self.spec,
+                                    self._job(case, fault), st, timeout_s=st.case_timeout_s)
         out = classify(strategy_label(self.spec), fault, ws, reply=reply, failure=failure,
-                       reference_digest=reference,
-                       died=self_exited_ranks(pool) if failure is not None else ())
+                       reference_digest=reference, died=died)
         out.fault = case.name
         out.wall_s = time.perf_counter() - t0
         return out
