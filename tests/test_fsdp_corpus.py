@@ -147,6 +147,12 @@ def test_a_detection_is_reported_with_the_ranks_it_names():
     assert process_group_intact(results)
 
 
+def test_a_detection_made_after_gloo_failed_a_collective_leaves_the_group_broken():
+    det = {"kind": "GradientsNotAveraged", "step": 2, "ranks": [1], "collective_failed": True}
+    results = {r: _res(r, Status.DETECTED, 2, detection=det) for r in (0, 1)}
+    assert not process_group_intact(results)
+
+
 def test_the_process_group_is_broken_after_any_rank_failed():
     assert not process_group_intact({0: _res(0, Status.FINISHED), 1: None})
     assert not process_group_intact({0: _res(0, Status.FINISHED), 1: _res(1, Status.ERROR)})

@@ -75,8 +75,8 @@ class Outcome:
     max_abs_diff: float | None = None  # largest |Δparam| from the reference, over ranks
     per_rank: dict[int, str] = field(default_factory=dict)
     error: str | None = None
-    # detected, while other ranks failed in the backend instead (gloo aborted one, or it timed
-    # out in a collective the guard does not wrap): how the first of them stopped, and they
+    # detected while other ranks failed in the backend instead (gloo aborted one, or it timed
+    # out where no check runs): how the first of them stopped, and which ranks failed
     failed_error: str | None = None
     failed_ranks: list[int] = field(default_factory=list)
 
