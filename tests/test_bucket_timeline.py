@@ -110,6 +110,16 @@ def test_the_drawn_run_is_the_repeat_with_the_median_worst_bucket_skew(published
     assert t.repeats == len(worst) == 5 and t.worst["skew_ms"] == worst[2]
 
 
+def test_of_an_even_number_of_repeats_the_lower_median_is_drawn_and_said(published):
+    rec = edited(published, lambda r: r["repeat"] < 4)
+    t = bucket_timeline(rec)
+    worst = sorted(max(b["skew_ms"] for b in timed_buckets(r))
+                   for r in rec.doc["strategies"]["runs"]
+                   if r["variant"] == PER_BUCKET and r["world_size"] == t.world_size)
+    assert t.repeats == 4 and t.worst["skew_ms"] == worst[1]
+    assert "lower median worst-bucket skew of 4" in timeline_caption(rec)
+
+
 def test_the_drawn_size_is_the_largest_that_fits_the_hosts_cores(published):
     assert bucket_timeline(edited(published, cores=2)).world_size == 2
     four = bucket_timeline(edited(published, cores=4))

@@ -50,8 +50,9 @@ class Timeline:
         """The step in words, for the title and the caption."""
         if self.repeats == 1:
             return f"the last step ({self.step}) of its one run"
+        median = "median" if self.repeats % 2 else "lower median"
         return (f"the last step ({self.step}) of repeat {self.repeat}, the repeat with the "
-                f"median worst-bucket skew of {self.repeats}")
+                f"{median} worst-bucket skew of {self.repeats}")
 
 
 def timed_buckets(run: dict) -> list[dict]:
