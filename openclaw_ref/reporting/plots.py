@@ -17,22 +17,27 @@ What each plot must let a reader judge, and how it does so:
     buckets stays distinguishable, each bucket's index and size in the legend; a grey line
     joins one bucket's points across ranks, so its skew is the line's horizontal length; the
     worst bucket's skew is marked with its late rank.
-
-A quick run's plots carry the "QUICK RUN" banner above everything else drawn (``quick_banner``).
   * ``overflow_vs_scale.png``: symlog axis with labelled decades, every point inside the axes;
     the workload and the ranks are named.
+
+A quick run's plots carry the "QUICK RUN" banner above everything else drawn (``quick_banner``).
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from openclaw_ref.core.jsonio import write_bytes_atomic
 from openclaw_ref.reporting.record import RunRecord
 from openclaw_ref.reporting.timeline import Timeline, bucket_timeline
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 WARMUP_STEPS = 2  # as the comparison table: the first steps are excluded
@@ -47,7 +52,7 @@ def _figure():
     return plt
 
 
-def quick_banner(fig):
+def quick_banner(fig: Figure) -> Text:
     """A quick run's label, above everything already drawn on ``fig`` (titles of one or more
     lines, legends outside the axes): its bottom sits a few points over the top of the
     figure's tight bounding box, so it can overlap nothing (``save`` crops to include it)."""
@@ -59,7 +64,7 @@ def quick_banner(fig):
                     va="bottom", color="firebrick", fontweight="bold", fontsize=12)
 
 
-def save(fig, path: Path, quick: bool = False) -> Path:
+def save(fig: Figure, path: Path, quick: bool = False) -> Path:
     """Write ``fig`` as a PNG (and close it); a quick run's plot says so above its panels."""
     if quick:
         quick_banner(fig)
@@ -101,7 +106,7 @@ def distinct_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
     return [(tuple(c), MARKERS[i % len(MARKERS)]) for i, c in enumerate(colours)]
 
 
-def loss_curves_figure(rec: RunRecord):
+def loss_curves_figure(rec: RunRecord) -> Figure | None:
     curves = rec.doc.get("curves") or {}
     if not curves:
         return None
@@ -151,7 +156,7 @@ def _plot_difference(ax, a: list[float], b: list[float], labels: list[str]) -> N
         ax.text(0.02, 0.95, f"max |Δ| = {biggest:.2g}", transform=ax.transAxes, va="top")
 
 
-def bucket_timeline_figure(rec: RunRecord):
+def bucket_timeline_figure(rec: RunRecord) -> Figure | None:
     """One step's per-rank bucket-ready times (``timeline.bucket_timeline``): the picture text
     000's NCCL trace describes. None when no run timed its buckets."""
     t = bucket_timeline(rec)
@@ -224,7 +229,7 @@ def stopped_sizes(raw: dict) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-def step_times_figure(rec: RunRecord):
+def step_times_figure(rec: RunRecord) -> Figure | None:
     points = scaling_points(rec.doc)
     if not points:
         return None
@@ -264,7 +269,7 @@ def step_times_figure(rec: RunRecord):
     return fig
 
 
-def overflow_vs_scale_figure(rec: RunRecord):
+def overflow_vs_scale_figure(rec: RunRecord) -> Figure | None:
     points = (rec.doc.get("overflow") or {}).get("vs_scale") or []
     if not points:
         return None

@@ -98,8 +98,8 @@ def timeline_caption(rec: RunRecord) -> str:
     t = bucket_timeline(rec)
     if t is None:
         return ("**No bucket timeline (`bucket_timeline.png`): no strategy run in this record "
-                f"timed each of its buckets on 2 or more ranks — `{PER_BUCKET}` (the per-bucket "
-                f"guard) did not run there, and {NOT_PER_BUCKET}.**")
+                f"timed each of its buckets on 2 or more ranks (`{PER_BUCKET}`, the per-bucket "
+                f"guard, does); {NOT_PER_BUCKET}.**")
     worst = t.worst
     text = (f"Bucket timeline (`bucket_timeline.png`): when each of the {len(t.buckets)} "
             f"buckets' gradients were ready on each rank in one step of `{t.variant}` on "
@@ -107,8 +107,8 @@ def timeline_caption(rec: RunRecord) -> str:
             + (" (oversubscribed: the ranks time-share the host)" if t.oversubscribed else "")
             + f": {t.which_step()}; each rank timed from its own step start. The worst bucket, "
             f"{worst['index']}, had a skew of {worst['skew_ms']:.2f} ms (rank "
-            f"{worst['late_rank']} last). Only the per-bucket guard times every bucket: "
-            f"{NOT_PER_BUCKET}, so its runs are not drawn.")
+            f"{worst['late_rank']} last). Runs of harden()'s default, the step guard, are not "
+            "drawn: it records one ready time per step, not per bucket.")
     if not t.sized:
         text += " Bucket sizes: not in this record (it predates their recording)."
     return f"**{text}**"
