@@ -90,6 +90,7 @@ def test_every_step_reports_sync_time_skew_late_rank_overflow_scale_and_checks(p
     assert {"sync_ms", "buckets", "overflow_elements", "elements", "overflowed", "scale",
             "checks_run", "checks_passed"} <= set(m)
     assert m["scale"] == 4096.0 and m["elements"] > 0 and m["checks_run"] == len(m["buckets"])
+    assert sum(b["elements"] for b in m["buckets"]) == m["elements"]
     b = m["buckets"][0]
     assert len(b["ready_ms"]) == 2 and b["late_rank"] in (0, 1)
     assert b["skew_ms"] == pytest.approx(max(b["ready_ms"]) - min(b["ready_ms"]))

@@ -62,6 +62,14 @@ def test_a_clean_step_applies_and_counts_its_bucket_check():
     assert book.last["overflowed"] is False and book.events == []
 
 
+def test_each_settled_bucket_reports_its_size_beside_its_ready_times():
+    book = ledger()
+    settle(book, record(reduced_block(3), torch.ones(8), flag=8.0))
+    (bucket,) = book.last["buckets"]
+    assert bucket["index"] == 0 and bucket["elements"] == 8 == book.last["elements"]
+    assert len(bucket["ready_ms"]) == 3
+
+
 def test_an_fp16_wire_reports_its_pre_scale():
     book = ledger()
     settle(book, record(reduced_block(3), torch.ones(8), flag=8.0))

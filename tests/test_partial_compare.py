@@ -15,7 +15,7 @@ from openclaw_ref.experiments import compare
 from openclaw_ref.experiments.compare import CompareConfig, run_compare, write_results
 from openclaw_ref.experiments.merge import conflicts
 from openclaw_ref.reporting.claims import assess_all
-from openclaw_ref.reporting.plots import plot_step_times
+from openclaw_ref.reporting.plots import save, step_times_figure
 from openclaw_ref.reporting.record import load_record
 from openclaw_ref.sync.errors import BadInput
 from tests.helpers import ROOT, partial_run
@@ -82,7 +82,7 @@ def test_plots_are_rendered_from_the_merged_record(merged, tmp_path):
     _, out = merged
     pngs = sorted(out.glob("*.png"))
     assert pngs and all(p.read_bytes() != STALE_PNG for p in pngs)
-    fresh = plot_step_times(load_record(out / "raw.json"), tmp_path / "step_times.png")
+    fresh = save(step_times_figure(load_record(out / "raw.json")), tmp_path / "step_times.png")
     assert (out / "step_times.png").read_bytes() == fresh.read_bytes()
 
 

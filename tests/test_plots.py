@@ -9,8 +9,10 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from openclaw_ref.reporting.plots import (  # noqa: E402
+    PLOTS,
     distinct_styles,
     qualitative_styles,
+    quick_banner,
     render_plots,
     scaling_points,
     stopped_sizes,
@@ -61,3 +63,22 @@ def test_the_committed_record_renders_every_plot(tmp_path):
     assert sorted(p.name for p in made) == ["bucket_timeline.png", "loss_curves.png",
                                            "overflow_vs_scale.png", "step_times.png"]
     assert all(p.stat().st_size > 10_000 for p in made)
+
+
+@pytest.mark.parametrize("name, build", PLOTS, ids=[name for name, _ in PLOTS])
+def test_the_quick_banner_sits_above_every_title_label_and_legend_of_each_plot(name, build):
+    from matplotlib import pyplot as plt
+
+    fig = build(load_record(ROOT / "results" / "cpu2-gloo" / "raw.json"))
+    try:
+        renderer = fig.canvas.get_renderer()
+        drawn = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # all but the banner
+        named = [a.get_window_extent(renderer) for ax in fig.axes
+                 for a in (ax.title, ax.xaxis.label, ax.yaxis.label, ax.get_legend()) if a]
+        banner = quick_banner(fig)
+        fig.draw(renderer)
+        box = banner.get_window_extent(renderer)
+        assert box.y0 > drawn.y1 and all(box.y0 > n.y1 for n in named)
+        assert fig.get_tightbbox(renderer).y1 * fig.dpi >= box.y1 - 1  # inside the saved crop
+    finally:
+        plt.close(fig)

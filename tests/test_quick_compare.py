@@ -21,7 +21,9 @@ from openclaw_ref.experiments.compare import CompareConfig, quick_config
 from openclaw_ref.experiments.registry import SECTIONS
 from openclaw_ref.experiments.sections import corpus, faults, hook_cost, strategies
 from openclaw_ref.reporting.comparison import QUICK_TITLE
+from openclaw_ref.reporting.record import load_record
 from openclaw_ref.reporting.render import render_all
+from openclaw_ref.reporting.timeline import bucket_timeline
 from tests.helpers import ROOT
 
 PUBLISHED = ROOT / "results"
@@ -128,4 +130,6 @@ def test_the_whole_quick_comparison_fills_every_table_and_plot_and_leaves_result
     for name in ("step_times.png", "loss_curves.png", "bucket_timeline.png",
                  "overflow_vs_scale.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    timeline = bucket_timeline(load_record(out / "raw.json"))  # every bucket, sized, indexed
+    assert timeline and len(timeline.buckets) >= 2 and timeline.sized
     assert _digest(PUBLISHED) == before

@@ -16,7 +16,9 @@ from openclaw_ref.experiments.checkpoint import Checkpoints, fingerprint
 from openclaw_ref.experiments.compare import CompareConfig, run_compare, write_results
 from openclaw_ref.experiments.sections.strategies import Variant, default_variants
 from openclaw_ref.reporting.claims import CLAIMS, Verdict, assess_all
+from openclaw_ref.reporting.record import load_record
 from openclaw_ref.reporting.render import render_all
+from openclaw_ref.reporting.timeline import PER_BUCKET, bucket_timeline
 from openclaw_ref.sync.base import SyncConfig
 from tests.helpers import run_cli
 
@@ -28,13 +30,15 @@ SEED_CLAIM_IDS = ["S1", "S2", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "M1", "M
 
 @pytest.fixture(scope="module")
 def small_results(tmp_path_factory) -> Path:
-    """A real, tiny comparison: 2 variants × world sizes 1 and 2, plus short curves."""
+    """A real, tiny comparison: 4 variants × world sizes 1 and 2, plus short curves."""
     cfg = CompareConfig(world_sizes=(1, 2), steps=5, repeats=1, curve_steps=6,
                         sections=("strategies", "curves"), backend="gloo",
                         out_root=str(tmp_path_factory.mktemp("results")), tag="test")
     variants = (Variant("local (no sync)", SyncConfig(name="local")),
                 Variant("ddp", SyncConfig(name="ddp")),
-                Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)))
+                Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)),
+                Variant(PER_BUCKET, SyncConfig(name="hardened", guard="bucket",
+                                               bucket_cap_mb=0.025)))
     raw = run_compare(cfg, variants)
     write_results(raw, cfg.out_dir())
     return cfg.out_dir()
@@ -68,6 +72,13 @@ def test_every_table_carries_its_environment_and_a_correctness_column(small_resu
 def test_plots_are_written_as_png(small_results):
     for name in ("loss_curves.png", "bucket_timeline.png", "step_times.png"):
         assert (small_results / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_per_bucket_guards_run_records_every_buckets_size_and_ready_times(small_results):
+    timeline = bucket_timeline(load_record(small_results / "raw.json"))
+    assert timeline.variant == PER_BUCKET and timeline.world_size == 2
+    assert len(timeline.buckets) >= 2 and timeline.sized
+    assert all(b["index"] is not None and len(b["ready_ms"]) == 2 for b in timeline.buckets)
 
 
 def test_every_seed_claim_has_a_verdict(small_results):

@@ -3,6 +3,7 @@
 ``record.py`` (the versioned ``raw.json``, validated and upgraded on load), ``render.py`` (every
 file of a results directory), ``comparison.py`` and ``section_tables.py`` (the comparison
 document and each section's tables and captions; the ``corpus`` section's in
-``corpus_tables.py``), ``plots.py`` (PNG plots), ``claims/`` (each claim of a source text and
+``corpus_tables.py``), ``plots.py`` (PNG plots; the bucket timeline's step and caption:
+``timeline.py``), ``claims/`` (each claim of a source text and
 the rule that turns a record into its verdict). Producers only make records; all wording is here.
 """

@@ -12,6 +12,7 @@ from tabulate import tabulate
 from openclaw_ref.core.metrics import RatioInterval, bootstrap_ratio
 from openclaw_ref.reporting.record import RunRecord
 from openclaw_ref.reporting.section_tables import SECTION_TABLES, ratio_cell
+from openclaw_ref.reporting.timeline import timeline_caption
 
 
 def _f(x: float | None, digits: int = 1) -> str:
@@ -254,6 +255,7 @@ def comparison_markdown(rec: RunRecord) -> str:
         if costs:
             parts += ["**Exact per-step costs (from the bucket layout actually used).**", "",
                       costs, ""]
+        parts += [timeline_caption(rec), ""]
     for name, (title, tables) in SECTION_TABLES.items():
         if name in raw:
             parts += [f"## {title}", "", *_section_note(rec, name)] + [

@@ -11,22 +11,33 @@ What each plot must let a reader judge, and how it does so:
   * ``loss_curves.png``: log-scale loss with plain tick labels, the two curves told apart by
     line style and marker (they can coincide exactly), and their difference on its own panel,
     which says "identical" in words when it is zero at every step.
-  * ``bucket_timeline.png``: one colour *and* marker per bucket, drawn from a continuous
-    colormap, so any number of buckets stays distinguishable; a grey line joins one bucket's
-    points across ranks, so its skew is the line's horizontal length.
+  * ``bucket_timeline.png``: one step of the run that times every bucket (the per-bucket
+    guard; which step, and why, in ``timeline``), its variant, ranks and step in the title;
+    one colour *and* marker per bucket, drawn from a continuous colormap, so any number of
+    buckets stays distinguishable, each bucket's index and size in the legend; a grey line
+    joins one bucket's points across ranks, so its skew is the line's horizontal length; the
+    worst bucket's skew is marked with its late rank.
   * ``overflow_vs_scale.png``: symlog axis with labelled decades, every point inside the axes;
     the workload and the ranks are named.
+
+A quick run's plots carry the "QUICK RUN" banner above everything else drawn (``quick_banner``).
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from openclaw_ref.core.jsonio import write_bytes_atomic
 from openclaw_ref.reporting.record import RunRecord
+from openclaw_ref.reporting.timeline import Timeline, bucket_timeline
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 WARMUP_STEPS = 2  # as the comparison table: the first steps are excluded
@@ -41,13 +52,22 @@ def _figure():
     return plt
 
 
-def _save(fig, path: Path, quick: bool = False) -> Path:
-    """Write ``fig`` as a PNG; a quick run's plot says so above its panels."""
-    if quick:
-        from openclaw_ref.reporting.comparison import QUICK_TITLE
+def quick_banner(fig: Figure) -> Text:
+    """A quick run's label, above everything already drawn on ``fig`` (titles of one or more
+    lines, legends outside the axes): its bottom sits a few points over the top of the
+    figure's tight bounding box, so it can overlap nothing (``save`` crops to include it)."""
+    from openclaw_ref.reporting.comparison import QUICK_TITLE
 
-        fig.suptitle(f"{QUICK_TITLE} (openclaw-bench compare --quick)", color="firebrick",
-                     fontweight="bold", y=1.02)
+    top = fig.get_tightbbox(fig.canvas.get_renderer()).y1  # inches from the figure's bottom
+    y = top / fig.get_figheight() + 6 / 72 / fig.get_figheight()
+    return fig.text(0.5, y, f"{QUICK_TITLE} (openclaw-bench compare --quick)", ha="center",
+                    va="bottom", color="firebrick", fontweight="bold", fontsize=12)
+
+
+def save(fig: Figure, path: Path, quick: bool = False) -> Path:
+    """Write ``fig`` as a PNG (and close it); a quick run's plot says so above its panels."""
+    if quick:
+        quick_banner(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, metadata={"Software": None}, bbox_inches="tight")
     _figure().close(fig)
@@ -86,8 +106,8 @@ def distinct_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
     return [(tuple(c), MARKERS[i % len(MARKERS)]) for i, c in enumerate(colours)]
 
 
-def plot_loss_curves(raw: dict, path: Path, quick: bool = False) -> Path | None:
-    curves = raw.get("curves") or {}
+def loss_curves_figure(rec: RunRecord) -> Figure | None:
+    curves = rec.doc.get("curves") or {}
     if not curves:
         return None
     plt = _figure()
@@ -115,7 +135,7 @@ def plot_loss_curves(raw: dict, path: Path, quick: bool = False) -> Path | None:
     for ax in (ax_train, ax_val, ax_diff):
         ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    return _save(fig, path, quick)
+    return fig
 
 
 def _plot_difference(ax, a: list[float], b: list[float], labels: list[str]) -> None:
@@ -136,28 +156,48 @@ def _plot_difference(ax, a: list[float], b: list[float], labels: list[str]) -> N
         ax.text(0.02, 0.95, f"max |Δ| = {biggest:.2g}", transform=ax.transAxes, va="top")
 
 
-def plot_bucket_timeline(raw: dict, path: Path, quick: bool = False) -> Path | None:
-    """One step's per-rank bucket-ready times: the picture text 000's NCCL trace describes."""
-    curve = (raw.get("curves") or {}).get("hardened fp32")
-    buckets = (curve or {}).get("sync_last", {}).get("buckets") or []
-    if not buckets:
+def bucket_timeline_figure(rec: RunRecord) -> Figure | None:
+    """One step's per-rank bucket-ready times (``timeline.bucket_timeline``): the picture text
+    000's NCCL trace describes. None when no run timed its buckets."""
+    t = bucket_timeline(rec)
+    if t is None:
         return None
     plt = _figure()
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    n_ranks = len(buckets[0]["ready_ms"])
-    for b, (colour, marker) in zip(buckets, distinct_styles(len(buckets)), strict=True):
-        ax.plot(b["ready_ms"], range(n_ranks), color="grey", lw=0.6, alpha=0.6, zorder=1)
-        ax.scatter(b["ready_ms"], range(n_ranks), s=30, color=colour, marker=marker,
-                   edgecolors="black", linewidths=0.3, label=f"bucket {b['index']}", zorder=2)
-    ax.set(title=f"when each bucket's gradients were ready, per rank: the last step of the "
-                 f"hardened run ({curve['world_size']} ranks, {len(buckets)} buckets)\n"
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    ranks = range(t.world_size)
+    for b, (colour, marker) in zip(t.buckets, distinct_styles(len(t.buckets)), strict=True):
+        ax.plot(b["ready_ms"], ranks, color="grey", lw=0.6, alpha=0.6, zorder=1)
+        ax.scatter(b["ready_ms"], ranks, s=30, color=colour, marker=marker, edgecolors="black",
+                   linewidths=0.3, label=t.label(b), zorder=2)
+    _mark_worst(ax, t)
+    over = ", oversubscribed" if t.oversubscribed else ""
+    ax.set(title=f"when each bucket's gradients were ready, per rank: {t.variant} "
+                 f"({t.world_size} ranks{over}, {len(t.buckets)} buckets)\n{t.which_step()}\n"
                  "a grey line joins one bucket across ranks: its length is that bucket's skew",
            xlabel="ms since that rank's own step start", ylabel="rank",
-           yticks=list(range(n_ranks)), ylim=(-0.5, n_ranks - 0.5))
-    ax.legend(fontsize=7, ncol=1 + len(buckets) // 8, loc="center left",
-              bbox_to_anchor=(1.01, 0.5))
+           yticks=list(ranks), ylim=(-0.5, t.world_size - 0.5))
+    ax.title.set_fontsize(10)
+    ax.legend(fontsize=7, ncol=1 + len(t.buckets) // 16, loc="center left",
+              bbox_to_anchor=(1.01, 0.5),
+              title=None if t.sized else "(sizes not in this record)", title_fontsize=7)
     ax.grid(alpha=0.3)
-    return _save(fig, path, quick)
+    return fig
+
+
+def _mark_worst(ax, t: Timeline) -> None:
+    """The worst bucket's skew as a double arrow from its first rank's ready time to its last's,
+    under the lowest rank, with the figure and the late rank beside it (inside the axes)."""
+    worst = t.worst
+    first, last = min(worst["ready_ms"]), max(worst["ready_ms"])
+    y = -0.3
+    ax.annotate("", xy=(last, y), xytext=(first, y),
+                arrowprops={"arrowstyle": "<->", "color": "firebrick", "lw": 1.2})
+    lo, hi = ax.get_xlim()
+    right_half = (first + last) / 2 > (lo + hi) / 2  # the words go on the side with room
+    ax.annotate(f"worst: bucket {worst['index']}, skew {worst['skew_ms']:.2f} ms "
+                f"(rank {worst['late_rank']} last)", xy=(first if right_half else last, y),
+                xytext=(-6 if right_half else 6, 0), textcoords="offset points", va="center",
+                ha="right" if right_half else "left", fontsize=8, color="firebrick")
 
 
 def scaling_points(raw: dict) -> dict[str, list[tuple[int, float, float, float]]]:
@@ -189,7 +229,7 @@ def stopped_sizes(raw: dict) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-def plot_step_times(rec: RunRecord, path: Path, quick: bool = False) -> Path | None:
+def step_times_figure(rec: RunRecord) -> Figure | None:
     points = scaling_points(rec.doc)
     if not points:
         return None
@@ -226,11 +266,11 @@ def plot_step_times(rec: RunRecord, path: Path, quick: bool = False) -> Path | N
            ylabel="step ms (slowest rank)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path, quick)
+    return fig
 
 
-def plot_overflow_vs_scale(raw: dict, path: Path, quick: bool = False) -> Path | None:
-    points = (raw.get("overflow") or {}).get("vs_scale") or []
+def overflow_vs_scale_figure(rec: RunRecord) -> Figure | None:
+    points = (rec.doc.get("overflow") or {}).get("vs_scale") or []
     if not points:
         return None
     from matplotlib.ticker import FuncFormatter
@@ -262,14 +302,24 @@ def plot_overflow_vs_scale(raw: dict, path: Path, quick: bool = False) -> Path |
            ylabel="overflowed elements (symlog scale)")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
-    return _save(fig, path, quick)
+    return fig
+
+
+# Every plot: its file name and its builder (record → figure, None where it has no data).
+PLOTS = (("loss_curves.png", loss_curves_figure),
+         ("bucket_timeline.png", bucket_timeline_figure),
+         ("step_times.png", step_times_figure),
+         ("overflow_vs_scale.png", overflow_vs_scale_figure))
 
 
 def render_plots(rec: RunRecord, out_dir: Path) -> list[Path]:
-    """Every plot the record has data for (a plot without data is skipped, not drawn empty)."""
-    raw, quick = rec.doc, rec.quick
-    made = [plot_loss_curves(raw, out_dir / "loss_curves.png", quick),
-            plot_bucket_timeline(raw, out_dir / "bucket_timeline.png", quick),
-            plot_step_times(rec, out_dir / "step_times.png", quick),
-            plot_overflow_vs_scale(raw, out_dir / "overflow_vs_scale.png", quick)]
-    return [p for p in made if p is not None]
+    """Every plot the record has data for. A plot without data is not drawn empty, and a file
+    of that name left by an earlier record is removed: every plot there is this record's."""
+    made = []
+    for name, build in PLOTS:
+        fig = build(rec)
+        if fig is None:
+            (out_dir / name).unlink(missing_ok=True)
+        else:
+            made.append(save(fig, out_dir / name, rec.quick))
+    return made

@@ -36,7 +36,9 @@ Versions:
   ``fully_shard``, one interleaved job per model (``experiments.fsdp_cost.job_figures``).
   ``fsdp_corpus`` (optional; absent = not run): the published FSDP2 mistakes under stock FSDP2
   and ``harden()``'s defaults, per pattern × column the outcome, error class, step and ranks
-  named (``experiments.sections.fsdp_corpus.case_figures``).
+  named (``experiments.sections.fsdp_corpus.case_figures``). ``sync_last.buckets[].elements``
+  (optional; absent = not recorded): each bucket's gradient elements on the wire, beside its
+  ready times (the bucket timeline's legend).
 """
 
 from __future__ import annotations

@@ -40,12 +40,11 @@ from openclaw_ref.reporting.claims.registry import (
     missing_field,
 )
 from openclaw_ref.reporting.record import RunRecord
+from openclaw_ref.reporting.timeline import PER_BUCKET
 
 FAMILY = Family()
 claim = FAMILY.claim
 SYMPTOMS = "text 000 §1"
-
-PER_BUCKET = "hardened per-bucket fp32"  # the row whose ready times are per bucket
 
 
 def val_spikes(validation: list[dict], rise: float = 0.05) -> list[int]:

@@ -278,9 +278,10 @@ class Ledger:
                    if v.nonfinite_ranks or v.nonfinite_seen or (f is not None and not _finite(f))]
         counts = {i: count_nonfinite(records[i].reduced) for i in suspect}
         buckets = []
-        for v in verdicts:
+        for v, rec in zip(verdicts, records):
             late = None if v.late_rank is None else self.global_ranks[v.late_rank]
-            entry = {"index": v.index, "skew_ms": v.skew_ms, "late_rank": late}
+            entry = {"index": v.index, "elements": rec.elements, "skew_ms": v.skew_ms,
+                     "late_rank": late}
             if v.ready_ms is not None:
                 entry["ready_ms"] = v.ready_ms
             buckets.append(entry)
