@@ -16,6 +16,7 @@ In the repository this package is the top-level folder ``conformance/``, install
   ``target``       a user's model and hook, named ``MODULE:NAME``: the ``Target`` protocol and
                    the input checks that run before any rank starts
   ``user_run``     the user's hook as one more strategy (``UserHook``) and the loop for a Target
+  ``run_record``   what one rank saw in one run of a Target (``RunRecord``), DDP or FSDP2
   ``user_record``  one recorded run of a Target (states per step, buckets the hook saw and
                    returned), and the comparison of two runs
   ``oracle``       stock DDP as the reference a hook is judged against, its tolerance, the

@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from openclaw_ref.conformance.run_record import RunRecord
 from openclaw_ref.conformance.target import (
     Target,
     TargetSpec,
@@ -42,7 +43,6 @@ from openclaw_ref.conformance.target import (
     forward_loss,
     load_hook,
 )
-from openclaw_ref.conformance.user_record import RunRecord
 from openclaw_ref.conformance.user_run import RUN_SEED, snapshot
 from openclaw_ref.core.faults import flip_bit_
 from openclaw_ref.fsdp_corpus.patterns import FAULT_STEP, PATTERNS, acts_on

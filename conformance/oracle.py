@@ -28,16 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from openclaw_ref.conformance.run_record import RunRecord
 from openclaw_ref.conformance.settings import CheckResult, Role
 from openclaw_ref.conformance.target import TargetSpec
 from openclaw_ref.conformance.tolerance import WIRE_ATOL
-from openclaw_ref.conformance.user_record import (
-    RunRecord,
-    StepDiff,
-    compare_states,
-    record_task,
-    unpack,
-)
+from openclaw_ref.conformance.user_record import StepDiff, compare_states, record_task, unpack
 from openclaw_ref.conformance.user_run import LoopOptions
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.launch import RankPool

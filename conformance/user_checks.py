@@ -41,9 +41,10 @@ from openclaw_ref.conformance.oracle import (
     max_diff,
     shard_invariance,
 )
+from openclaw_ref.conformance.run_record import RunRecord
 from openclaw_ref.conformance.settings import CheckResult
 from openclaw_ref.conformance.target import FSDP_HARDEN, Target, TargetSpec, build_target
-from openclaw_ref.conformance.user_record import RunRecord, StepDiff, compare_states, record_run
+from openclaw_ref.conformance.user_record import StepDiff, compare_states, record_run
 from openclaw_ref.conformance.user_run import USER_STRATEGY, LoopOptions
 from openclaw_ref.core.collectives import gather
 from openclaw_ref.core.faults import FaultSpec

@@ -14,12 +14,13 @@ parameters and buffers, where it is, and whether the two are bit for bit equal.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from openclaw_ref.conformance.run_record import RunRecord
 from openclaw_ref.conformance.target import TargetSpec
 from openclaw_ref.conformance.user_run import LoopOptions, snapshot, train_reference, train_target
 from openclaw_ref.core.callbacks import Callback
@@ -29,32 +30,6 @@ from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.checks import params_digest, tensor_digest
 
 VALUE_STEPS = 2  # steps whose bucket values are kept: before and after DDP's bucket rebuild
-BucketValues = tuple[int, torch.Tensor, torch.Tensor]  # (bucket index, local, hook's result)
-
-
-@dataclass
-class RunRecord:
-    """What one rank saw in one run. ``hooked``: a user's hook was registered (else the run is
-    stock DDP's own reduction). ``start``, ``states`` and ``one_process`` are the heavy part
-    (``light()`` drops them); ``error`` is the event of a ``ConsistencyError`` that stopped
-    the run (a hook's own check), with its text in ``error_text``."""
-
-    rank: int
-    hooked: bool
-    param_names: tuple[str, ...] = ()
-    start: dict[str, torch.Tensor] = field(default_factory=dict)
-    states: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    param_digests: list[tuple[str, ...]] = field(default_factory=list)
-    step_buffers: list[str] = field(default_factory=list)
-    layouts: list[tuple] = field(default_factory=list)
-    buckets: list[list[BucketValues]] = field(default_factory=list)
-    error: dict | None = None
-    error_text: str = ""
-    events: list[dict] = field(default_factory=list)  # FSDP2: the subject's events (fsdp_run)
-    one_process: dict[str, torch.Tensor] | None = None
-
-    def light(self) -> RunRecord:
-        return replace(self, start={}, states=[], one_process=None)
 
 
 class RunRecorder(Callback):

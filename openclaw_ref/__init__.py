@@ -20,6 +20,6 @@ Rooms, each named for what it holds:
   ``cli/``           ``openclaw-bench``, the one entry point
 
 Everything outside ``sync/`` builds on it; ``core/`` builds on ``sync/``; the rest build on
-both. One exception runs the other way: the training loop (``core/train.py``) builds the ops
-callbacks its run config asks for (exporter, P2 barrier).
+both, floor by floor, every import pointing down and none in a circle (docs/layout.md's floors,
+checked by ``tests/test_layers.py``).
 """

@@ -145,7 +145,7 @@ def test_a_quick_compare_resumes_only_a_run_it_can_find(capsys):
 
 def test_compares_help_states_the_full_and_the_quick_defaults_of_the_code():
     from openclaw_ref.cli.results import SIZING
-    from openclaw_ref.experiments.compare import QUICK_SETTINGS, CompareConfig
+    from openclaw_ref.experiments.settings import QUICK_SETTINGS, CompareConfig
 
     full = CompareConfig()
     for dest, _, _, full_default, quick_default in SIZING:
@@ -154,7 +154,7 @@ def test_compares_help_states_the_full_and_the_quick_defaults_of_the_code():
 
 
 def test_compare_config_rejects_an_unknown_preset_for_library_callers_too(tmp_path):
-    from openclaw_ref.experiments.compare import CompareConfig
+    from openclaw_ref.experiments.settings import CompareConfig
     from openclaw_ref.sync.errors import BadInput
 
     with pytest.raises(BadInput, match="unknown preset 'huge'"):

@@ -22,7 +22,6 @@ from openclaw_ref.core.jsonio import write_json_atomic
 from openclaw_ref.core.metrics import peak_memory_mb, reset_peak_memory
 from openclaw_ref.core.model import EVAL_STEP, build_model, preset
 from openclaw_ref.core.train import TrainConfig
-from openclaw_ref.experiments.compare import CompareConfig
 from openclaw_ref.experiments.runs import (
     SEED_NORM_NAMES,
     rotated,
@@ -31,6 +30,7 @@ from openclaw_ref.experiments.runs import (
 )
 from openclaw_ref.experiments.sections import lightning
 from openclaw_ref.experiments.sections.overflow import OVERFLOW_WORKLOADS, scale_mismatch_rank
+from openclaw_ref.experiments.settings import CompareConfig
 from openclaw_ref.reporting.record import SCHEMA_VERSION, load_record
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
@@ -271,8 +271,8 @@ def test_scale_mismatch_counts_read_named_rows_of_every_rank():
     (2, (1, 2, 4), 2), (8, (1, 2, 4), 4), (2, (1,), 1), (1, (1, 2, 4), 4)])
 def test_the_sparsity_control_runs_at_the_largest_size_the_host_fits(monkeypatch, cores, sizes,
                                                                      expected):
-    from openclaw_ref.experiments.compare import CompareConfig
     from openclaw_ref.experiments.sections import ablations
+    from openclaw_ref.experiments.settings import CompareConfig
 
     monkeypatch.setattr(ablations.os, "cpu_count", lambda: cores)
     cfg = CompareConfig(world_sizes=sizes, backend="gloo", global_batch=32)
@@ -282,7 +282,14 @@ def test_the_sparsity_control_runs_at_the_largest_size_the_host_fits(monkeypatch
 @pytest.mark.parametrize(("sizes", "expected"),
                          [((1, 2, 4), 2), ((1,), 2), ((4, 8), 8), ((1, 4), 4)])
 def test_the_p2_arms_run_at_two_ranks_or_the_largest_size_never_at_one(sizes, expected):
-    from openclaw_ref.experiments.compare import CompareConfig
     from openclaw_ref.experiments.sections import ablations
+    from openclaw_ref.experiments.settings import CompareConfig
 
     assert ablations.p2_size(CompareConfig(world_sizes=sizes, backend="gloo")) == expected
+
+
+def test_the_registry_runs_every_section_name_in_the_order_the_config_lists():
+    from openclaw_ref.experiments.registry import SECTIONS
+    from openclaw_ref.experiments.sections import NAMES
+
+    assert tuple(SECTIONS) == NAMES == CompareConfig().sections

@@ -18,11 +18,11 @@ from openclaw_ref.sync.evidence.control_counts import (
     HIST_PER_OCTAVE,
     CountLayout,
     bin_floor_ms,
-    check_counts,
     first_failing_field,
     hist_bin,
     ready_bin,
 )
+from openclaw_ref.sync.evidence.control_counts_host import check_counts
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import READY_UNIT_US, decode_block, joined_slot
 

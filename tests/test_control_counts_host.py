@@ -10,7 +10,7 @@ from count_blocks import PERTURB, WIRES, step_block
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from openclaw_ref.sync.evidence import control_counts, control_counts_host
+from openclaw_ref.sync.evidence import control_counts_host
 from openclaw_ref.sync.evidence.control_counts import (
     HOST_CHECK_MAX_ELEMENTS,
     STEP_FIELDS,
@@ -18,11 +18,10 @@ from openclaw_ref.sync.evidence.control_counts import (
     _agree,
     _spread,
     agrees,
-    check_counts,
     check_counts_tensor,
     spread,
 )
-from openclaw_ref.sync.evidence.control_counts_host import check_counts_host
+from openclaw_ref.sync.evidence.control_counts_host import check_counts, check_counts_host
 
 NAN, INF = float("nan"), float("inf")
 # detail layout (W ≤ 64), its edge, the histogram layout, and bf16's two groups of 256 ranks
@@ -120,7 +119,7 @@ def test_the_host_spread_rule_answers_as_its_tensor_form(marks, ms):
 
 def test_check_counts_takes_the_host_path_only_for_a_small_block_on_a_cpu(monkeypatch):
     taken = []
-    for module, name in ((control_counts, "check_counts_tensor"),
+    for module, name in ((control_counts_host, "check_counts_tensor"),
                          (control_counts_host, "check_counts_host")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name,
@@ -130,6 +129,7 @@ def test_check_counts_takes_the_host_path_only_for_a_small_block_on_a_cpu(monkey
     assert layout.size(most) <= HOST_CHECK_MAX_ELEMENTS < layout.size(most + 1)
     for buckets in (1, most, most + 1):
         check_counts(torch.zeros(layout.size(buckets)), layout, buckets)
-    monkeypatch.setattr(control_counts, "check_counts_tensor", lambda *a: taken.append("meta"))
+    monkeypatch.setattr(control_counts_host, "check_counts_tensor",
+                        lambda *a: taken.append("meta"))
     check_counts(torch.zeros(layout.size(1), device="meta"), layout, 1)
     assert taken == ["check_counts_host", "check_counts_host", "check_counts_tensor", "meta"]

@@ -4,10 +4,10 @@ The corpus itself runs in ``conformance/suite/test_false_alarms.py``."""
 
 from __future__ import annotations
 
-from openclaw_ref.experiments.compare import CompareConfig
 from openclaw_ref.experiments.false_alarms import Arm, Outcome, Pattern
 from openclaw_ref.experiments.registry import SECTIONS
 from openclaw_ref.experiments.sections import false_alarms
+from openclaw_ref.experiments.settings import CompareConfig
 from openclaw_ref.reporting.record import SECTIONS as RECORD_KEYS
 from openclaw_ref.reporting.section_tables import SECTION_TABLES
 

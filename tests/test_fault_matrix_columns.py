@@ -12,8 +12,8 @@ from openclaw_ref.conformance.fault_matrix import (
     column_settings,
     matrix_strategies,
 )
-from openclaw_ref.experiments.compare import CompareConfig
 from openclaw_ref.experiments.sections import faults
+from openclaw_ref.experiments.settings import CompareConfig
 from openclaw_ref.reporting.section_tables import NON_DEFAULT, fault_tables
 from openclaw_ref.sync.base import SyncConfig, harden_defaults
 

@@ -11,8 +11,8 @@ import pytest
 
 from openclaw_ref.cli import choices
 from openclaw_ref.experiments import registry
-from openclaw_ref.experiments.compare import CompareConfig, quick_config
 from openclaw_ref.experiments.sections import fsdp_corpus
+from openclaw_ref.experiments.settings import CompareConfig, quick_config
 from openclaw_ref.fsdp_corpus.outcome import RankResult, Status, classify, error_class
 from openclaw_ref.fsdp_corpus.patterns import CLEAN, PATTERNS, Column, Mesh
 from openclaw_ref.reporting import record

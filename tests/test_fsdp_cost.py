@@ -21,7 +21,7 @@ from openclaw_ref.experiments.fsdp_cost import (
 )
 from openclaw_ref.experiments.interleave import paired_figures, rotated
 from openclaw_ref.reporting.fsdp_tables import fsdp_cost_table
-from openclaw_ref.reporting.section_tables import INSIDE_NOISE, ratio_cell
+from openclaw_ref.reporting.table import INSIDE_NOISE, ratio_cell
 from openclaw_ref.sync.errors import BadInput
 
 

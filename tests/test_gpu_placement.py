@@ -16,7 +16,8 @@ import torch
 
 from openclaw_ref.cli import main
 from openclaw_ref.core.launch import on_cuda, resolve_backend
-from openclaw_ref.experiments.compare import machine_tag, placements
+from openclaw_ref.experiments.compare import placements
+from openclaw_ref.experiments.settings import machine_tag
 from openclaw_ref.sync.errors import BadInput
 
 
@@ -80,8 +81,8 @@ def test_compare_with_nccl_and_no_gpu_exits_2_with_one_line_before_spawning(tmp_
 
 
 def test_lightning_on_one_gpu_with_two_devices_trains_on_the_cpu_in_bf16(gpus, tmp_path):
-    from openclaw_ref.experiments.compare import CompareConfig
     from openclaw_ref.experiments.sections.lightning import lightning_command
+    from openclaw_ref.experiments.settings import CompareConfig
 
     gpus(1)
     cmd = lightning_command(CompareConfig(lightning_devices=2), tmp_path / "out.json")
@@ -89,8 +90,8 @@ def test_lightning_on_one_gpu_with_two_devices_trains_on_the_cpu_in_bf16(gpus, t
 
 
 def test_lightning_with_a_gpu_per_device_uses_fp16(gpus, tmp_path):
-    from openclaw_ref.experiments.compare import CompareConfig
     from openclaw_ref.experiments.sections.lightning import lightning_command
+    from openclaw_ref.experiments.settings import CompareConfig
 
     gpus(2)
     cmd = lightning_command(CompareConfig(lightning_devices=2), tmp_path / "out.json")

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from openclaw_ref.conformance.oracle import equivalence_tolerance, shard_invariance
+from openclaw_ref.conformance.run_record import RunRecord
 from openclaw_ref.conformance.settings import Role
 from openclaw_ref.conformance.target import TargetSpec
 from openclaw_ref.conformance.tolerance import WIRE_ATOL
 from openclaw_ref.conformance.user_checks import judge_equivalence, judge_replicas
-from openclaw_ref.conformance.user_record import RunRecord, StepDiff, compare_states
+from openclaw_ref.conformance.user_record import StepDiff, compare_states
 from openclaw_ref.sync.base import Wire
 
 SPEC = TargetSpec("m:f", "m:h")

@@ -12,8 +12,9 @@ import pytest
 
 from openclaw_ref.core.jsonio import read_json
 from openclaw_ref.experiments import compare
-from openclaw_ref.experiments.compare import CompareConfig, run_compare, write_results
+from openclaw_ref.experiments.compare import run_compare, write_results
 from openclaw_ref.experiments.merge import conflicts
+from openclaw_ref.experiments.settings import CompareConfig
 from openclaw_ref.reporting.claims import assess_all
 from openclaw_ref.reporting.plots import save, step_times_figure
 from openclaw_ref.reporting.record import load_record

@@ -10,16 +10,17 @@ import pytest
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from openclaw_ref.core.callbacks import Callback  # noqa: E402
+from openclaw_ref.core.callbacks import Callback, no_metrics  # noqa: E402
+from openclaw_ref.core.config import MetricsConfig  # noqa: E402
 from openclaw_ref.core.faults import parse_fault  # noqa: E402
 from openclaw_ref.core.launch import RankContext  # noqa: E402
 from openclaw_ref.core.train import TrainConfig, train_rank  # noqa: E402
 from openclaw_ref.ops.prometheus import (  # noqa: E402
     STORE_PORT_KEY,
-    MetricsConfig,
     PrometheusExporter,
     SkewBarrierPolicy,
     exporter_port,
+    metrics_callbacks,
 )
 from openclaw_ref.sync.base import SyncConfig  # noqa: E402
 from openclaw_ref.sync.errors import BadInput, Event  # noqa: E402
@@ -198,6 +199,17 @@ def test_metrics_are_off_by_default():
     assert not MetricsConfig().enabled and not TrainConfig().metrics.enabled
 
 
+@pytest.mark.parametrize("metrics", [MetricsConfig(port=0), MetricsConfig(skew_barrier_ms=1.5)])
+def test_a_run_that_asks_for_metrics_without_a_sink_is_refused(metrics):
+    # the loop's default sink (core never imports ops): refusing beats training unobserved
+    with pytest.raises(BadInput, match="no metrics sink"):
+        no_metrics(metrics, ctx=None)
+
+
+def test_a_run_without_metrics_needs_no_sink():
+    assert no_metrics(MetricsConfig(), ctx=None) == []
+
+
 @pytest.mark.parametrize("per_rank, fires", [
     ([1.0, 1.0], False), ([1.0, 4.0], False),  # std 1.5 ms: not above the threshold
     ([1.0, 4.2], True), ([0.0, 0.0, 0.0, 8.0], True), ([5.0], False)])
@@ -227,7 +239,7 @@ class ScrapeOwnEndpoint(Callback):
 
 def train_and_scrape(ctx: RankContext, cfg: TrainConfig, at: int) -> dict:
     scraper = ScrapeOwnEndpoint(ctx, at)
-    record = train_rank(ctx, cfg, (scraper,))
+    record = train_rank(ctx, cfg, (scraper,), metrics_callbacks)
     return {"rank": ctx.rank, "port": scraper.port, "samples": scraper.samples, "record": record}
 
 

@@ -17,9 +17,9 @@ import pytest
 
 from openclaw_ref.conformance.fault_matrix import FAULTS, matrix_strategies
 from openclaw_ref.core.corpus_faults import CORPUS
-from openclaw_ref.experiments.compare import CompareConfig, quick_config
 from openclaw_ref.experiments.registry import SECTIONS
 from openclaw_ref.experiments.sections import corpus, faults, hook_cost, strategies
+from openclaw_ref.experiments.settings import CompareConfig, quick_config
 from openclaw_ref.reporting.comparison import QUICK_TITLE
 from openclaw_ref.reporting.record import load_record
 from openclaw_ref.reporting.render import render_all

@@ -13,8 +13,9 @@ import pytest
 from openclaw_ref.cli import main
 from openclaw_ref.core.jsonio import read_json
 from openclaw_ref.experiments.checkpoint import Checkpoints, fingerprint
-from openclaw_ref.experiments.compare import CompareConfig, run_compare, write_results
+from openclaw_ref.experiments.compare import run_compare, write_results
 from openclaw_ref.experiments.sections.strategies import Variant, default_variants
+from openclaw_ref.experiments.settings import CompareConfig
 from openclaw_ref.reporting.claims import CLAIMS, Verdict, assess_all
 from openclaw_ref.reporting.record import load_record
 from openclaw_ref.reporting.render import render_all

@@ -28,7 +28,8 @@ from openclaw_ref.experiments.verify_scale import (
     synthesized_counts,
 )
 from openclaw_ref.sync.evidence.control import check_blocks
-from openclaw_ref.sync.evidence.control_counts import CountLayout, check_counts
+from openclaw_ref.sync.evidence.control_counts import CountLayout
+from openclaw_ref.sync.evidence.control_counts_host import check_counts
 
 from . import common
 from .common import need

@@ -59,7 +59,7 @@ def _compare_config(args: argparse.Namespace):
     """The run's ``CompareConfig``: the full or the quick settings, with every option given."""
     import tempfile
 
-    from openclaw_ref.experiments.compare import CompareConfig, quick_config
+    from openclaw_ref.experiments.settings import CompareConfig, quick_config
 
     kw: dict = {dest: getattr(args, dest) for dest, *_ in SIZING if hasattr(args, dest)}
     if args.world_sizes:

@@ -63,11 +63,11 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 
 def train_config_from_args(args: argparse.Namespace):
     """Build and validate a TrainConfig from parsed arguments (raises BadInput)."""
+    from openclaw_ref.core.config import MetricsConfig
     from openclaw_ref.core.data import DataConfig
     from openclaw_ref.core.faults import parse_fault
     from openclaw_ref.core.launch import under_torchrun
     from openclaw_ref.core.train import TrainConfig
-    from openclaw_ref.ops.prometheus import MetricsConfig
 
     world_size = args.world_size if args.world_size is not None else 2
     if under_torchrun():
@@ -96,11 +96,12 @@ def train_config_from_args(args: argparse.Namespace):
 def _cmd_train(args: argparse.Namespace) -> int:
     from openclaw_ref.core.launch import LaunchConfig
     from openclaw_ref.core.train import run_training
+    from openclaw_ref.ops.prometheus import metrics_callbacks
     from openclaw_ref.reporting.render import train_summary_table
 
     cfg = train_config_from_args(args)
     LaunchConfig(cfg.world_size, backend=cfg.backend)  # backend and size checked before spawning
-    record = run_training(cfg)
+    record = run_training(cfg, metrics=metrics_callbacks)
     if record is not None:
         print(train_summary_table(record))
         if args.out:

@@ -28,11 +28,13 @@ events within a step is fixed by the order of the list the loop builds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from torch import nn
 
+from openclaw_ref.core.config import MetricsConfig
 from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
-from openclaw_ref.sync.errors import Event
+from openclaw_ref.sync.errors import BadInput, Event
 
 
 class Callback:
@@ -141,3 +143,22 @@ class CallbackList:
     def close(self) -> None:
         for c in self.callbacks:
             c.close()
+
+
+class RankCallbacks(Protocol):
+    """Builds the callbacks a run's ``MetricsConfig`` asks for, on the rank, once it runs (a
+    parent cannot build them and send them: the exporter binds its port on its own rank). The
+    metrics sink, ``ops.prometheus.metrics_callbacks`` (the P2 barrier, the Prometheus
+    exporter), reaches the loop this way, passed by whoever builds the run (the CLI, the P2
+    bench), so ``core`` never imports ``ops``, the floor above it."""
+
+    def __call__(self, cfg: MetricsConfig, ctx: RankInfo) -> list[Callback]: ...
+
+
+def no_metrics(cfg: MetricsConfig, ctx: RankInfo) -> list[Callback]:
+    """The loop's sink when none is passed: no callbacks, and a run whose config asks for
+    metrics is refused rather than trained silently without them."""
+    if cfg.enabled:
+        raise BadInput("this run's MetricsConfig asks for an exporter or the P2 barrier, but no "
+                       "metrics sink was passed (metrics=ops.prometheus.metrics_callbacks)")
+    return []

@@ -1,5 +1,7 @@
 """The sections every run configuration shares: what model is trained (``ModelSection``) and how
-(``TrainSection``), with named presets of the latter.
+(``TrainSection``), with named presets of the latter, and what the run exports
+(``MetricsConfig``: the Prometheus exporter and the P2 barrier of ``ops.prometheus``, which
+builds them per rank; the loop takes that builder as its metrics sink, ``core/callbacks.py``).
 
 Why sections: the training loop's ``TrainConfig``, the conformance settings and the Lightning
 runner all train the same model the same way; each embeds these sections instead of repeating
@@ -9,9 +11,11 @@ translation into a loop configuration.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 from openclaw_ref.core.model import OpenClawConfig, preset
+from openclaw_ref.sync.errors import BadInput
 
 
 @dataclass(frozen=True)
@@ -49,3 +53,28 @@ TRAIN_PRESETS: dict[str, TrainSection] = {
     "conformance": TrainSection(steps=6, global_batch=8, eval_every=0),
     "lightning": TrainSection(steps=8, global_batch=16, eval_every=0),  # 8 per rank on 2 ranks
 }
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Observability of a run. Defaults: nothing exported, no barrier (zero cost)."""
+
+    port: int | None = None  # None = no exporter; 0 = a free port per rank; N = N + rank
+    host: str = "127.0.0.1"  # loopback: never a public interface unless asked
+    skew_barrier_ms: float | None = None  # seed P2; None = off (the seed's value is 1.5)
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port <= 65535:
+            raise BadInput(f"--metrics-port must be in 0..65535; got {self.port}")
+        if self.port is not None:
+            try:
+                socket.getaddrinfo(self.host, None)
+            except (socket.gaierror, UnicodeError):
+                raise BadInput(f"--metrics-host {self.host!r}: not an address of this "
+                               "machine's resolver") from None
+        if self.skew_barrier_ms is not None and self.skew_barrier_ms <= 0:
+            raise BadInput(f"--skew-barrier-ms must be positive; got {self.skew_barrier_ms}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.port is not None or self.skew_barrier_ms is not None

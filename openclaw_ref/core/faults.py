@@ -62,9 +62,8 @@ import torch
 from torch import nn
 
 from openclaw_ref.core.callbacks import Callback
-from openclaw_ref.sync.base import ScaleMode, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import PreScale, ScaleMode, SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.evidence.precision import ScalePolicy
 
 FAULTS: tuple[str, ...] = ("late-rank", "local-buckets", "scale-mismatch", "missing-grad",
                            "permuted-params", "bitflip", "nan-grad", "crash", "hang")
@@ -243,7 +242,7 @@ class FaultInjector(Callback):
         self._restore: list[Callable[[], None]] = []
         self._unscale: float | None = None  # stock-DDP scale-mismatch: divide synced grads
         self._prescaled = False  # the strategy's own pre-scale takes the scale fault
-        self._policy: ScalePolicy | None = None
+        self._policy: PreScale | None = None
         self._base_exponent = DEFAULT_SCALE_EXPONENT
 
     def _active(self, name: str, step: int | None = None) -> list[FaultSpec]:

@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from openclaw_ref.core.callbacks import Callback, CallbackList
-from openclaw_ref.core.config import ModelSection, TrainSection
+from openclaw_ref.core.callbacks import Callback, CallbackList, RankCallbacks, no_metrics
+from openclaw_ref.core.config import MetricsConfig, ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.environment import environment
 from openclaw_ref.core.faults import FaultInjector, FaultSpec, validate_faults
@@ -35,7 +35,6 @@ from openclaw_ref.core.launch import LaunchConfig, RankContext, launch
 from openclaw_ref.core.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
 from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model
 from openclaw_ref.core.progress import progress_bar
-from openclaw_ref.ops.prometheus import MetricsConfig, metrics_callbacks
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput, ConsistencyError, SyncTimeout
@@ -182,28 +181,30 @@ class Run:
     val_curve: list[tuple[int, float]] = field(default_factory=list)
 
 
-def train_rank(ctx: RankContext, cfg: TrainConfig,
-               callbacks: Sequence[Callback] = ()) -> dict | None:
+def train_rank(ctx: RankContext, cfg: TrainConfig, callbacks: Sequence[Callback] = (),
+               metrics: RankCallbacks = no_metrics) -> dict | None:
     """One rank's run. Returns the run record on rank 0 and None elsewhere.
 
-    ``callbacks`` see every step after the built-in ones (tests scrape the exporter from one)."""
-    return train_model(ctx, cfg, callbacks).record
+    ``callbacks`` see every step after the built-in ones (tests scrape the exporter from one);
+    ``metrics`` builds the callbacks ``cfg.metrics`` asks for (``core/callbacks.py``)."""
+    return train_model(ctx, cfg, callbacks, metrics=metrics).record
 
 
 def train_model(ctx: RankContext, cfg: TrainConfig, callbacks: Sequence[Callback] = (), *,
-                apply_updates: bool = True) -> TrainResult:
+                apply_updates: bool = True, metrics: RankCallbacks = no_metrics) -> TrainResult:
     """The training loop on one rank; also hands back the replica for equivalence checks.
 
     The loop's callbacks run in this order: the fault injector, the gradient probe, the metrics
-    callbacks (P2 barrier, exporter), then ``callbacks``. ``apply_updates=False`` keeps the
-    weights fixed (conformance rates measured over many batches)."""
+    callbacks ``metrics`` builds from ``cfg.metrics`` (P2 barrier, exporter), then
+    ``callbacks``. ``apply_updates=False`` keeps the weights fixed (conformance rates measured
+    over many batches)."""
     memory_scope = reset_peak_memory(ctx.device)  # per run, not per (reused) worker process
     model_cfg = cfg.model_config()
     ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
     model = build_model(model_cfg).to(ctx.device)
     probe = GradientProbe()
     loop_callbacks = CallbackList([FaultInjector(cfg.faults, ctx.rank, ctx.world_size), probe,
-                                   *metrics_callbacks(cfg.metrics, ctx), *callbacks])
+                                   *metrics(cfg.metrics, ctx), *callbacks])
     try:
         strategy = make_strategy(loop_callbacks.setup(model, cfg.sync))
         module = loop_callbacks.wrap(model, ctx, strategy)
@@ -384,8 +385,9 @@ def _partial_record(ctx: RankContext, cfg: TrainConfig, log: RankLog, events: li
     return record
 
 
-def run_training(cfg: TrainConfig) -> dict | None:
-    """Validate, launch ``cfg.world_size`` ranks (or join torchrun's), return rank 0's record."""
+def run_training(cfg: TrainConfig, metrics: RankCallbacks = no_metrics) -> dict | None:
+    """Validate, launch ``cfg.world_size`` ranks (or join torchrun's), return rank 0's record;
+    ``metrics``: the sink of ``cfg.metrics`` on each rank (``train_rank``)."""
     cfg.validate()
-    results = launch(train_rank, cfg.launch_config(), cfg)
+    results = launch(train_rank, cfg.launch_config(), cfg, (), metrics)
     return results[0]

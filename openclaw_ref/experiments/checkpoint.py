@@ -22,8 +22,8 @@ from openclaw_ref.core.jsonio import read_json, write_json_atomic
 from openclaw_ref.sync.errors import BadInput
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig
     from openclaw_ref.experiments.sections.strategies import Variant
+    from openclaw_ref.experiments.settings import CompareConfig
 
 PARTIAL_DIR = ".partial"
 # Where the results go and which sections run do not change any one section's figures.

@@ -38,7 +38,7 @@ from openclaw_ref.reporting.record import RAW_NAME, RunRecord, load_record
 from openclaw_ref.sync.errors import BadInput
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig
+    from openclaw_ref.experiments.settings import CompareConfig
 
 # How the backend was spelled ("auto" or the one it resolves to) is no conflict: the
 # environment's backend is compared instead (HARDWARE).

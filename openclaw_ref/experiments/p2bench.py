@@ -25,10 +25,11 @@ from collections.abc import Callable
 from torch import nn
 
 from openclaw_ref.core.callbacks import Callback
+from openclaw_ref.core.config import MetricsConfig
 from openclaw_ref.core.launch import RankContext, RankPool
 from openclaw_ref.core.train import TrainConfig, train_rank
 from openclaw_ref.experiments.runs import rotated
-from openclaw_ref.ops.prometheus import MetricsConfig
+from openclaw_ref.ops.prometheus import metrics_callbacks
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput
 
@@ -63,7 +64,7 @@ def p2_arm_rank(ctx: RankContext, cfg: TrainConfig, jitter: tuple[float, float] 
     """One arm of one repeat on one rank: the training loop with the seed's per-rank Δt drawn
     from ``seed`` (``jitter_seed``) before every backward."""
     extra = (Jitter(ctx.rank, *jitter, seed=seed),) if jitter else ()
-    return train_rank(ctx, cfg, extra)
+    return train_rank(ctx, cfg, extra, metrics_callbacks)
 
 
 def step_stats(record: dict, warmup: int = WARMUP_STEPS) -> dict:

@@ -4,8 +4,11 @@ seconds one of its jobs took on the reference machine (2 CPU cores, gloo, the de
 ``results/cpu2-gloo``, 427 jobs in 1,321 s), from which ``compare`` says up front how long it
 will take.
 
-Adding a section: a module under ``experiments/sections/`` returning figures only, a line here,
-its tables in ``reporting.section_tables``, its key in ``reporting.record.SECTIONS``.
+Adding a section: a module under ``experiments/sections/`` returning figures only (its
+``CompareConfig`` and ``Progress`` come from ``experiments.settings``, never from the driver),
+its name in ``sections.NAMES`` (the run order) and a line here, its tables in
+``reporting.section_tables``, its key in ``reporting.record.SECTIONS`` and in
+``cli.choices.SECTIONS`` (docs/layout.md).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from openclaw_ref.experiments.sections import (
 from openclaw_ref.experiments.sections.strategies import Variant
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 Variants = tuple[Variant, ...]
 

@@ -12,7 +12,7 @@ which are synthesized exactly as the allreduce would leave them (every rank's sl
 Also stated: the control block's bytes per bucket, ``SLOT_FIELDS · W`` elements of the wire
 dtype, and its share of a bucket of a given size.
 
-``measure_counts`` times what the hardened hook runs now: ``control_counts.check_counts`` on
+``measure_counts`` times what the hardened hook runs now: ``control_counts_host.check_counts`` on
 the counted step block (O(B) elements whatever W) of a clean step, synthesized exactly as the
 SUM leaves it (n ranks' agreeing bits count n; ready times one per rank, or binned beyond 64
 ranks; the replica row n × the digest's bits), for W = 8 … 8,192 and B = 16 … 1,024, with its
@@ -33,9 +33,9 @@ from openclaw_ref.sync.evidence.control_counts import (
     HIST_BINS,
     STEP_FIELDS,
     CountLayout,
-    check_counts,
     hist_bin,
 )
+from openclaw_ref.sync.evidence.control_counts_host import check_counts
 from openclaw_ref.sync.evidence.control_counts_write import (
     count_rows,
     write_counts,

@@ -41,17 +41,16 @@ the same branch — a barrier on some ranks only would pair with a different col
 
 from __future__ import annotations
 
-import socket
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from openclaw_ref.core.callbacks import Callback
+from openclaw_ref.core.config import MetricsConfig
 from openclaw_ref.sync.base import RankInfo
 from openclaw_ref.sync.errors import BadInput, Event
 
@@ -59,31 +58,6 @@ P2_THRESHOLD_MS = 1.5  # the seed's threshold
 STORE_PORT_KEY = "openclaw/metrics/port/{rank}"
 # allreduce latency buckets (seconds): 50 µs … ~13 s, factor 2 — spans loopback gloo to stalls
 LATENCY_BUCKETS = tuple(5e-5 * 2**i for i in range(19))
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    """Observability of a run. Defaults: nothing exported, no barrier (zero cost)."""
-
-    port: int | None = None  # None = no exporter; 0 = a free port per rank; N = N + rank
-    host: str = "127.0.0.1"  # loopback: never a public interface unless asked
-    skew_barrier_ms: float | None = None  # seed P2; None = off (the seed's value is 1.5)
-
-    def __post_init__(self) -> None:
-        if self.port is not None and not 0 <= self.port <= 65535:
-            raise BadInput(f"--metrics-port must be in 0..65535; got {self.port}")
-        if self.port is not None:
-            try:
-                socket.getaddrinfo(self.host, None)
-            except (socket.gaierror, UnicodeError):
-                raise BadInput(f"--metrics-host {self.host!r}: not an address of this "
-                               "machine's resolver") from None
-        if self.skew_barrier_ms is not None and self.skew_barrier_ms <= 0:
-            raise BadInput(f"--skew-barrier-ms must be positive; got {self.skew_barrier_ms}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.port is not None or self.skew_barrier_ms is not None
 
 
 def exporter_port(base: int, rank: int) -> int:
@@ -283,7 +257,9 @@ class SkewBarrierPolicy(Callback):
 
 def metrics_callbacks(cfg: MetricsConfig, ctx: RankInfo) -> list[Callback]:
     """The callbacks a ``MetricsConfig`` asks for on this rank, in the order they must run: the
-    policy before the exporter, so the exported step carries the P2 statistic."""
+    policy before the exporter, so the exported step carries the P2 statistic. The loop's
+    metrics sink (``core.callbacks.RankCallbacks``): whoever builds a run passes it, e.g.
+    ``run_training(cfg, metrics=metrics_callbacks)``."""
     callbacks: list[Callback] = []
     if cfg.skew_barrier_ms is not None and ctx.world_size > 1:
         callbacks.append(SkewBarrierPolicy(cfg.skew_barrier_ms, ctx.world_size, ctx.device))

@@ -11,7 +11,8 @@ from tabulate import tabulate
 
 from openclaw_ref.core.metrics import RatioInterval, bootstrap_ratio
 from openclaw_ref.reporting.record import RunRecord
-from openclaw_ref.reporting.section_tables import SECTION_TABLES, ratio_cell
+from openclaw_ref.reporting.section_tables import SECTION_TABLES
+from openclaw_ref.reporting.table import ratio_cell
 from openclaw_ref.reporting.timeline import timeline_caption
 
 

@@ -4,7 +4,7 @@ only; every figure comes from the section's raw record."""
 
 from __future__ import annotations
 
-from openclaw_ref.reporting.section_tables import Figures, Table, fixed
+from openclaw_ref.reporting.table import Figures, Table, fixed
 
 
 def counted_block_table(rows: list[Figures]) -> Table:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from openclaw_ref.reporting.table import Table
+
 Figures = Mapping[str, Any]
 
 COLUMN_TITLES = {"ddp": "stock DDP", "ddp-detail": "ddp-detail (DETAIL)",
@@ -38,8 +40,6 @@ def _source(p: Figures) -> str:
 
 
 def corpus_tables(sec: Figures, cfg: Figures) -> list:
-    from openclaw_ref.reporting.section_tables import Table  # section_tables imports this one
-
     st, patterns, cases = sec["settings"], sec["patterns"], sec["cases"]
     columns = list(dict.fromkeys(c["column"] for c in cases))
     tables = []

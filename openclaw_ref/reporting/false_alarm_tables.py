@@ -3,7 +3,7 @@ measured outcome), from the figures the section stored; every word is written he
 
 from __future__ import annotations
 
-from openclaw_ref.reporting.section_tables import Figures, Table, fixed
+from openclaw_ref.reporting.table import Figures, Table, fixed
 
 
 def _cell(row: Figures) -> str:

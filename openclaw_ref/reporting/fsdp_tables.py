@@ -5,7 +5,7 @@ the sections stored."""
 
 from __future__ import annotations
 
-from openclaw_ref.reporting.section_tables import Figures, Table, fixed, ratio_cell, yes
+from openclaw_ref.reporting.table import Figures, Table, fixed, ratio_cell, yes
 
 
 def fsdp_cost_table(model: str, job: Figures) -> Table:

@@ -7,34 +7,14 @@ of each table says exactly what ran, from the record alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
-from tabulate import tabulate
-
+from openclaw_ref.reporting.control_counts_tables import counted_block_table
 from openclaw_ref.reporting.corpus_tables import corpus_tables
-
-Figures = Mapping[str, Any]
-
-
-class Table(NamedTuple):
-    caption: str
-    headers: list[str]
-    rows: list[list[Any]]
-
-    def markdown(self) -> str:
-        return (f"**{self.caption}**\n\n"
-                + tabulate(self.rows, headers=self.headers, tablefmt="github",
-                           disable_numparse=True))
-
-
-def fixed(x: float, digits: int, sign: bool = False) -> str:
-    """``x`` to ``digits`` decimals (with its sign when ``sign``), as Python formats a float."""
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
-def yes(flag: Any, no: str = "no") -> str:
-    return "yes" if flag else no
+from openclaw_ref.reporting.false_alarm_tables import false_alarm_tables
+from openclaw_ref.reporting.fsdp_tables import fsdp_corpus_tables, fsdp_cost_tables
+from openclaw_ref.reporting.table import Figures, Table, fixed, interval, yes
 
 
 def _hook_columns(powersgd: Figures | None) -> str:
@@ -222,18 +202,6 @@ def quantization_tables(sec: Figures, cfg: Figures) -> list[Table]:
           fixed(sec['latency_int8_ms'], 2)]])]
 
 
-def interval(p: float, lo: float, hi: float, digits: int = 3) -> str:
-    return f"{fixed(p, digits)} [{fixed(lo, digits)}, {fixed(hi, digits)}]"
-
-
-INSIDE_NOISE = "inside the noise here"
-
-
-def ratio_cell(p: float, lo: float, hi: float) -> str:
-    """A ratio with its 95 % interval, and *inside the noise here* when the interval holds 1."""
-    return interval(p, lo, hi) + (f" {INSIDE_NOISE}" if lo <= 1.0 <= hi else "")
-
-
 def hook_cost_table(model: str, job: Figures) -> Table:
     """One interleaved hook-cost job: each arm's step, its ratio to the baseline arm (stock
     ddp), its cost per bucket beyond the baseline's."""
@@ -297,30 +265,9 @@ def _verify_table(rows: list[Figures]) -> Table:
 
 
 def hook_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
-    from openclaw_ref.reporting.control_counts_tables import counted_block_table  # imports us
-
     counted = [counted_block_table(sec["verify_counts"])] if "verify_counts" in sec else []
     return ([hook_cost_table(model, job) for model, job in sec["jobs"].items()]
             + [_memory_table(sec["memory"]), _verify_table(sec["verify"])] + counted)
-
-
-def _fsdp_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
-    from openclaw_ref.reporting.fsdp_tables import fsdp_cost_tables  # imports Table from here
-
-    return fsdp_cost_tables(sec, cfg)
-
-
-def _fsdp_corpus_tables(sec: Figures, cfg: Figures) -> list[Table]:
-    from openclaw_ref.reporting.fsdp_tables import fsdp_corpus_tables  # imports Table from here
-
-    return fsdp_corpus_tables(sec, cfg)
-
-
-def _false_alarm_tables(sec: Figures, cfg: Figures) -> list[Table]:
-    """``false_alarm_tables`` lives in its own module, which imports ``Table`` from here."""
-    from openclaw_ref.reporting.false_alarm_tables import false_alarm_tables
-
-    return false_alarm_tables(sec, cfg)
 
 
 # Section → (heading, its tables), in the document's order.
@@ -328,7 +275,7 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "faults": ("Fault × strategy outcomes", fault_tables),
     "corpus": ("Published DDP silent errors", corpus_tables),
     "false_alarms": ("Healthy jobs the guard must not stop, faults it must name",
-                     _false_alarm_tables),
+                     false_alarm_tables),
     "overflow": ("FP16 overflow", overflow_tables),
     "precision": ("Text 004: precision × devices", precision_tables),
     "raw_allreduce": ("Raw allreduce of the same bytes", raw_allreduce_tables),
@@ -337,7 +284,7 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "quantization": ("Text 004: int8 quantization", quantization_tables),
     "hook_cost": ("What harden() costs, and its verification at scale",
                   hook_cost_tables),
-    "fsdp_cost": ("What harden() costs an FSDP2 job", _fsdp_cost_tables),
+    "fsdp_cost": ("What harden() costs an FSDP2 job", fsdp_cost_tables),
     "fsdp_corpus": ("Published FSDP2 mistakes: stock FSDP2 and harden()",
-                    _fsdp_corpus_tables),
+                    fsdp_corpus_tables),
 }

@@ -11,7 +11,7 @@ import abc
 import enum
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -144,10 +144,6 @@ def parse_scale(scale: str) -> tuple[ScaleMode, int | None]:
     return ScaleMode.FIXED, value.bit_length() - 1
 
 
-if TYPE_CHECKING:
-    from openclaw_ref.sync.evidence.precision import ScalePolicy
-
-
 class RankInfo(Protocol):
     """What a strategy needs to know about the rank it runs on. The launcher's ``RankContext``
     implements it; so can any user's object (the hook library never imports the launcher)."""
@@ -160,6 +156,15 @@ class RankInfo(Protocol):
 
     def report_fatal(self, exc: BaseException) -> None:
         """Report ``exc`` as this rank's failure from any thread and end the process."""
+
+
+class PreScale(Protocol):
+    """A strategy's FP16 pre-scale as the fault injector drives it. ``evidence.precision``'s
+    ``ScalePolicy`` is the one implementation; this module names only what is called on it,
+    because ``precision`` builds on the ``SyncConfig`` and enums here (tests/test_layers.py)."""
+
+    def override(self, rank: int, exponent: int) -> None:
+        """``rank`` pre-scales by 2^``exponent`` instead of the shared exponent."""
 
 
 @dataclass(frozen=True)
@@ -264,7 +269,7 @@ class SyncStrategy(abc.ABC):
     def summary(self) -> dict:
         return {}
 
-    def scale_policy(self) -> ScalePolicy | None:
+    def scale_policy(self) -> PreScale | None:
         """The wire's pre-scale policy once wrapped, for strategies that pre-scale their
         gradients (the fault injector overrides one rank's exponent through it); else None."""
         return None

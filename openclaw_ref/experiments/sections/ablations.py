@@ -20,7 +20,7 @@ from openclaw_ref.experiments.runs import bucket_skews, rotated, run_and_return_
 from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 BARRIER_MS = 1.5  # the seed's P2 threshold on the std of bucket-ready times
 

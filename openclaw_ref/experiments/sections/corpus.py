@@ -19,7 +19,7 @@ from openclaw_ref.core.corpus_faults import CORPUS, Pattern
 from openclaw_ref.core.pools import PoolCache
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 MODELS = ("openclaw", "plain-mlp")
 # ``compare --quick``: one pattern each that harden() names at once (the gradients were never

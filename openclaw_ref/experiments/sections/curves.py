@@ -12,7 +12,7 @@ from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 
 

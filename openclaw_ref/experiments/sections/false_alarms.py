@@ -28,7 +28,7 @@ from openclaw_ref.experiments.false_alarms import (
 from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 JOB_TIMEOUT_S = 120.0
 

@@ -29,7 +29,7 @@ from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.strategies.ddp import POWERSGD_EPSILON, POWERSGD_RANK, POWERSGD_START_ITER
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 SEED_F5 = "seed-f5"
 # ``compare --quick``: three faults whose cases take under a second (crash, hang and

@@ -31,7 +31,7 @@ from openclaw_ref.fsdp_corpus.patterns import (
 )
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 # (mesh, ranks) the section runs; 4 ranks on 2 cores are oversubscribed, which only slows them
 # (no time is recorded); a hang on HSDP waits on a mesh subgroup, ended by the script's watchdog

@@ -10,7 +10,7 @@ from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.experiments import fsdp_cost
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 # the MLP of the hook-cost section (the openclaw presets cannot run under stock FSDP2: see
 # ``experiments.fsdp_cost``), on 2 ranks — the published size; ``compare --quick`` runs the

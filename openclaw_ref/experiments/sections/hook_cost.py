@@ -12,7 +12,7 @@ from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.experiments import hook_cost, verify_scale
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 # a plain 8-bucket MLP, the openclaw tiny preset at 15 buckets and the small one (5.4 M
 # parameters, ~22 buckets), whose ~0.4 s steps on 2 CPU cores get fewer timed steps

@@ -20,7 +20,7 @@ from openclaw_ref.experiments.probes import ScaleMismatchProbe, mismatch_counts
 from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 OVERFLOW_WORKLOADS = {"real": 0.0, "harsh": 2.0}  # extra spread: each element × 10^U(-d, d)
 SCALE_EXPONENTS = (4, 8, 12, 16)

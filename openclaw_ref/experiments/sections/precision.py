@@ -12,7 +12,7 @@ from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.experiments.runs import rotated
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 
 def jobs(cfg: CompareConfig) -> int:

@@ -13,7 +13,7 @@ from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 
 

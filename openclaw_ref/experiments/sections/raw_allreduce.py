@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from openclaw_ref.core.pools import PoolCache
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 ITERATIONS = 20
 

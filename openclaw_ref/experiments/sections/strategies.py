@@ -22,7 +22,7 @@ from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 
 if TYPE_CHECKING:
-    from openclaw_ref.experiments.compare import CompareConfig, Progress
+    from openclaw_ref.experiments.settings import CompareConfig, Progress
 
 
 @dataclass(frozen=True)

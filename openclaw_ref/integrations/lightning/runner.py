@@ -21,13 +21,12 @@ from typing import Any
 import lightning as L
 import torch
 
-from openclaw_ref.core.config import TRAIN_PRESETS, ModelSection, TrainSection
+from openclaw_ref.core.config import TRAIN_PRESETS, MetricsConfig, ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig
 from openclaw_ref.core.faults import FaultSpec, parse_fault
 from openclaw_ref.integrations.lightning.data import SkillDataModule
 from openclaw_ref.integrations.lightning.module import OpenClawModule
 from openclaw_ref.integrations.lightning.strategy import SyncDDPStrategy
-from openclaw_ref.ops.prometheus import MetricsConfig
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput, ConsistencyError, OpenClawError, SyncTimeout
 

@@ -33,10 +33,11 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from torch import nn
 
 from openclaw_ref.core.callbacks import CallbackList
+from openclaw_ref.core.config import MetricsConfig
 from openclaw_ref.core.faults import FaultInjector, FaultSpec
 from openclaw_ref.core.launch import RankContext
 from openclaw_ref.integrations.lightning.module import OpenClawModule
-from openclaw_ref.ops.prometheus import MetricsConfig, PrometheusExporter, metrics_callbacks
+from openclaw_ref.ops.prometheus import PrometheusExporter, metrics_callbacks
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput

@@ -225,19 +225,6 @@ def binned_figures(hist: Sequence[float], joined: bool) -> Figures:
     return Figures(None, bin_floor_ms(occupied[-1]) - bin_floor_ms(occupied[0]), None, joined)
 
 
-def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
-                 extra: torch.Tensor | None = None) -> tuple[CountCheck, list[float]]:
-    """The clean check of a reduced step block, one host transfer (``extra``, any 1-D tensor
-    the caller needs on the host too, rides along): a CPU block of at most
-    ``HOST_CHECK_MAX_ELEMENTS`` is read to the host and checked in Python
-    (``check_counts_host``: a few dozen tensor operations cost more there than the
-    arithmetic), any other on its own device (``check_counts_tensor``). Same answer."""
-    if block.is_cpu and block.numel() <= HOST_CHECK_MAX_ELEMENTS:
-        from openclaw_ref.sync.evidence.control_counts_host import check_counts_host  # imports us
-        return check_counts_host(block, layout, buckets, extra)
-    return check_counts_tensor(block, layout, buckets, extra)
-
-
 def check_counts_tensor(block: torch.Tensor, layout: CountLayout, buckets: int,
                         extra: torch.Tensor | None = None) -> tuple[CountCheck, list[float]]:
     """``check_counts`` on the block's own device: the rules as tensor operations over the

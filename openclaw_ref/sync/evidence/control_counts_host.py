@@ -1,11 +1,13 @@
-"""The clean check of a small reduced step block on a CPU, in plain Python.
+"""The clean check of a small reduced step block on a CPU, in plain Python; and ``check_counts``,
+the one entry point, which picks this path or the tensor path (``control_counts``) per block.
 
 Why it exists: ``check_counts_tensor`` spends about 40 tensor operations on a step block, and on
 a CPU each costs a few µs of dispatch whatever its size. A block of a few thousand elements (a
 few buckets at a few ranks: B × (139 + 4·W) + 65 elements on fp32 up to 64 ranks) is checked
 faster by reading it to the host once (``tolist``) and applying the same rules to floats.
-``control_counts.check_counts`` sends a CPU block here up to ``HOST_CHECK_MAX_ELEMENTS``, where
-the two paths' costs cross; every other block stays on the tensor path.
+``check_counts`` sends a CPU block here up to ``HOST_CHECK_MAX_ELEMENTS``, where the two
+paths' costs cross; every other block stays on the tensor path. (It lives here, above both
+paths, so that ``control_counts`` never imports this module back.)
 
 Invariant: the same ``CountCheck`` and the same extra values as ``check_counts_tensor`` for
 every block, bit for bit (NaN counts, joined ranks and replica rows included). The rules live
@@ -21,6 +23,7 @@ from openclaw_ref.sync.evidence.control_counts import (
     COUNT_FIELDS,
     DETAIL_FIELDS,
     HIST_BINS,
+    HOST_CHECK_MAX_ELEMENTS,
     JOINED,
     STEP_FIELDS,
     CountCheck,
@@ -29,6 +32,7 @@ from openclaw_ref.sync.evidence.control_counts import (
     agrees,
     binned_figures,
     bucket_ok,
+    check_counts_tensor,
     detail_figures,
     ready_ms,
     spread,
@@ -47,7 +51,7 @@ def group_sum(values: list[float], at: int, groups: int, width: int) -> list[flo
 
 def check_counts_host(block: torch.Tensor, layout: CountLayout, buckets: int,
                       extra: torch.Tensor | None = None) -> tuple[CountCheck, list[float]]:
-    """``control_counts.check_counts`` on the host: ``block`` read once, the rules applied to
+    """``check_counts`` on the host: ``block`` read once, the rules applied to
     its floats; ``extra`` read as float64 values."""
     values = block.tolist()  # the one host read of the block
     B, G, W, row, detail = (buckets, layout.groups, layout.world_size, layout.row,
@@ -76,3 +80,15 @@ def check_counts_host(block: torch.Tensor, layout: CountLayout, buckets: int,
     check = CountCheck(oks, figures, rep_ok, any(c[JOINED] > 0 for c in counts),
                        counts if failed else [], step if not rep_ok else [])
     return check, [] if extra is None else [float(v) for v in extra.reshape(-1).tolist()]
+
+
+def check_counts(block: torch.Tensor, layout: CountLayout, buckets: int,
+                 extra: torch.Tensor | None = None) -> tuple[CountCheck, list[float]]:
+    """The clean check of a reduced step block, one host transfer (``extra``, any 1-D tensor
+    the caller needs on the host too, rides along): a CPU block of at most
+    ``HOST_CHECK_MAX_ELEMENTS`` is read to the host and checked in Python
+    (``check_counts_host``: a few dozen tensor operations cost more there than the
+    arithmetic), any other on its own device (``check_counts_tensor``). Same answer."""
+    if block.is_cpu and block.numel() <= HOST_CHECK_MAX_ELEMENTS:
+        return check_counts_host(block, layout, buckets, extra)
+    return check_counts_tensor(block, layout, buckets, extra)

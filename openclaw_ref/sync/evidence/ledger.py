@@ -2,7 +2,7 @@
 hook and the bucketed engine).
 
 ``Ledger.settle`` is the only place a step is judged. In order:
-  1. wait for the step's buckets and blocks; the clean check — ``control_counts.check_counts``
+  1. wait for the step's buckets and blocks; the clean check — ``control_counts_host.check_counts``
      on the hardened hook's counted block (``CountedStep``), ``control.check_blocks`` on the
      bucketed engine's per-rank blocks — passes the clean buckets on the device and brings the
      verdicts — and each bucket's wire-overflow flag, where the wire can overflow — to the host
@@ -54,12 +54,8 @@ from openclaw_ref.sync.errors import (
 )
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.control import BucketVerdict, check_blocks, verify
-from openclaw_ref.sync.evidence.control_counts import (
-    CountCheck,
-    CountLayout,
-    check_counts,
-    first_failing_field,
-)
+from openclaw_ref.sync.evidence.control_counts import CountCheck, CountLayout, first_failing_field
+from openclaw_ref.sync.evidence.control_counts_host import check_counts
 from openclaw_ref.sync.evidence.control_layout import (
     NONFINITE,
     READY_UNIT_US,
