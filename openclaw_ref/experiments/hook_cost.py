@@ -119,8 +119,9 @@ def mlp_loss(seed: int, ctx: RankContext) -> Callable[[nn.Module, int], torch.Te
 
 
 def wrap_arm(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unused: bool,
-          as_view: bool = False):
-    """(DDP model, hardened state or None) of one arm."""
+             as_view: bool = False):
+    """(DDP model, what the arm adds to it — a hardened state, the floor's exchange — or None)
+    of one arm."""
     from openclaw_ref.sync.base import SyncConfig
     from openclaw_ref.sync.hardening import harden
 
@@ -221,7 +222,7 @@ def hook_memory_rank(ctx: RankContext, seed: int = 0, warmup: int = 2,
     for arm, as_view in configs:
         gc.collect()
         ddp, state = wrap_arm(arm, plain_mlp(seed).to(ctx.device), ctx, BUCKET_CAP_MB["mlp"],
-                           False, as_view)
+                              False, as_view)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(seed + ctx.rank)
         scope, start = "process", 0.0
