@@ -58,13 +58,16 @@ def test_every_hook_cost_figure_is_the_median_of_three_cached_jobs(tmp_path):
     settings = BenchSettings(max_world=2)
     ratios = [1.30, 1.10, 1.20]
     for job, ratio in enumerate(ratios):
-        summary = {"hardened-fp32": {"ratio": ratio, "buckets": 8 + job,
-                                     "vs_python_hook": "allreduce_hook"}}
+        figures = {"arms": {"hardened": {"ratio": ratio, "buckets": 8 + job}},
+                   "pairs": {"hardened/floor": {"arm": "hardened", "over": "floor",
+                                                "ratio": ratio - 0.2}}}
         write_json_atomic(tmp_path / f"hookcost-mlp-{settings.digest()}-{job}.json",
-                          {"figures": summary})
-    got = hook_cost_figures("mlp", settings, CaseCache(tmp_path))["hardened-fp32"]
+                          {"figures": figures})
+    got = hook_cost_figures("mlp", settings, CaseCache(tmp_path))
     assert HOOK_COST_JOBS == len(ratios)
-    assert got == {"ratio": 1.20, "buckets": 9, "vs_python_hook": "allreduce_hook"}
+    assert got["arms"]["hardened"] == {"ratio": 1.20, "buckets": 9}
+    assert got["pairs"]["hardened/floor"] == {"arm": "hardened", "over": "floor",
+                                              "ratio": pytest.approx(1.00)}
 
 
 def test_every_fsdp_cost_figure_is_the_median_of_three_cached_jobs_of_its_world_size(tmp_path):

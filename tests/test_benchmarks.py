@@ -84,6 +84,8 @@ def test_asv_quick_smoke_on_two_ranks_saves_a_value_for_every_runnable_benchmark
     # the gate figures: a ratio per model from the interleaved job; verification timed at W
     gate = values("bench_hooks.HookCost.track_hardened_over_ddp")
     assert len(gate) == 2 and all(v is not None and v > 0 for v in gate)
+    over_floor = values("bench_hooks.HookCost.track_hardened_over_floor")
+    assert len(over_floor) == 2 and all(v is not None and v > 0 for v in over_floor)
     fsdp = values("bench_hooks.FSDPCost.track_hardened_over_stock")  # mlp at 1 and 2 ranks
     assert len(fsdp) == 2 and all(v is not None and v > 0 for v in fsdp)
     assert all(v is not None and v > 0

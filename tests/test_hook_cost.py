@@ -12,12 +12,14 @@ import torch
 
 from openclaw_ref.experiments.hook_cost import (
     ARMS,
+    RATIO_PAIRS,
     HookCostConfig,
     hook_cost_rank,
+    pair_ratios,
     summarize,
 )
 from openclaw_ref.experiments.verify_scale import block_bytes, block_share, synthesized_blocks
-from openclaw_ref.reporting.section_tables import hook_cost_table
+from openclaw_ref.reporting.hook_cost_tables import hook_cost_table, pairs_table
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence.control import check_blocks
 from openclaw_ref.sync.evidence.control_layout import SLOT_FIELDS
@@ -51,11 +53,30 @@ def test_the_per_bucket_cost_is_the_extra_over_ddp_spread_over_the_buckets():
 
 def test_a_hardened_arm_is_also_compared_with_pytorchs_hook_of_the_same_wire():
     ddp = [10.0, 10.2, 9.9, 10.1, 10.0]
-    s = summarize(_raw({"ddp": ddp, "allreduce_hook": [x * 1.02 for x in ddp],
-                        "hardened": [x * 1.04 for x in ddp]}))
-    assert s["hardened"]["vs_python_hook"] == "allreduce_hook"
-    assert s["hardened"]["vs_python_hook_ratio"] == pytest.approx(1.04 / 1.02)
-    assert "vs_python_hook" not in s["allreduce_hook"]
+    pairs = pair_ratios(_raw({"ddp": ddp, "allreduce_hook": [x * 1.02 for x in ddp],
+                              "hardened": [x * 1.04 for x in ddp]}))
+    [pair] = [p for p in pairs if p["arm"] == "hardened"]
+    assert pair["over"] == "allreduce_hook"
+    assert pair["ratio"] == pytest.approx(1.04 / 1.02)
+    assert not [p for p in pairs if p["arm"] == "allreduce_hook"]
+
+
+def test_the_guard_is_compared_with_the_floor_and_a_canary_arm_with_the_guard():
+    ddp = [10.0, 10.2, 9.9, 10.1, 10.0]
+    pairs = pair_ratios(_raw({"ddp": ddp, "floor": [x * 1.05 for x in ddp],
+                              "hardened": [x * 1.071 for x in ddp],
+                              "hardened+canary": [x * 1.071 * 1.01 for x in ddp]}))
+    got = {(p["arm"], p["over"]): p["ratio"] for p in pairs}
+    assert got == {("hardened", "floor"): pytest.approx(1.071 / 1.05),
+                   ("hardened+canary", "hardened"): pytest.approx(1.01)}
+
+
+def test_pairs_come_in_the_order_they_are_declared_in():
+    ddp = [10.0] * 5
+    raw = _raw({a: ddp for a in ("ddp", "floor", "allreduce_hook", "hardened",
+                                 "hardened-noreplica")})
+    assert [(p["arm"], p["over"]) for p in pair_ratios(raw)] == [
+        pair for pair in RATIO_PAIRS if pair[0] in raw["arms"] and pair[1] in raw["arms"]]
 
 
 def test_a_faster_arm_gets_a_ratio_below_one_and_a_negative_extra():
@@ -71,6 +92,30 @@ def test_the_table_has_a_row_per_arm_with_its_interval():
     t = hook_cost_table("mlp", job)
     assert [r[0] for r in t.rows] == ["ddp", "hardened"]
     assert "[" in t.rows[1][2] and "interleaved" in t.caption
+
+
+def _pair(arm: str, over: str, ratio: float, low: float, high: float) -> dict:
+    return {"arm": arm, "over": over, "ratio": ratio, "ratio_low": low, "ratio_high": high}
+
+
+def test_the_pairs_table_has_a_row_per_pair_and_a_column_per_model():
+    jobs = {"mlp": {"pairs": [_pair("hardened", "floor", 1.015, 1.004, 1.03),
+                              _pair("hardened", "allreduce_hook", 0.99, 0.97, 1.01)]},
+            "tiny": {"pairs": [_pair("hardened", "floor", 1.02, 1.01, 1.04)]}}
+    t = pairs_table(jobs)
+    assert t.headers[2:] == ["mlp [95 %]", "tiny [95 %]"]
+    assert [r[0] for r in t.rows] == ["hardened ÷ floor", "hardened ÷ allreduce_hook"]
+    assert t.rows[0][2:] == ["1.015 [1.004, 1.030]", "1.020 [1.010, 1.040]"]
+    assert t.rows[1][2:] == ["0.990 [0.970, 1.010] inside the noise here", ""]
+
+
+def test_a_pair_the_renderer_has_no_words_for_still_gets_its_row():
+    t = pairs_table({"mlp": {"pairs": [_pair("hardened+x", "hardened", 1.2, 1.1, 1.3)]}})
+    assert t.rows == [["hardened+x ÷ hardened", "", "1.200 [1.100, 1.300]"]]
+
+
+def test_jobs_without_pairs_give_no_pairs_table():
+    assert pairs_table({"mlp": {"pairs": []}}) is None
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -109,3 +154,59 @@ def test_the_control_block_is_slot_fields_elements_per_rank():
     assert block_bytes(8192) == SLOT_FIELDS * 8192 * 4
     assert block_bytes(8192, torch.float16) == SLOT_FIELDS * 8192 * 2
     assert block_share(8192, bucket_bytes=block_bytes(8192)) == 1.0
+
+
+# --- the floor arm ------------------------------------------------------------------------------
+
+
+def floor_beside_guard(ctx, steps: int = 3) -> dict | None:
+    """Rank task: the ddp, floor and hardened arms on identical copies of the MLP, ``steps``
+    steps each, then one more under the profiler: the collectives each arm issued in that
+    step, its exchange buffer, its trained parameters."""
+    import copy
+
+    from openclaw_ref.experiments.hook_cost import arm_step, mlp_loss, plain_mlp, wrap_arm
+    from openclaw_ref.sync.strategies.costs import recorded_collectives
+
+    net, loss = plain_mlp(0), mlp_loss(0, ctx)
+    out = {}
+    for arm in ("ddp", "floor", "hardened"):
+        ddp, state = wrap_arm(arm, copy.deepcopy(net), ctx, 1.0, False)
+        step = arm_step(ddp, state, torch.optim.SGD(ddp.parameters(), lr=1e-2), loss)
+        for i in range(steps):
+            step(i)
+        block = getattr(state, "block", None)
+        out[arm] = {"collectives": recorded_collectives(step, steps),
+                    "params": [p.detach().clone() for p in ddp.parameters()],
+                    "block": None if block is None else (block.numel(), block.dtype),
+                    "exchanges": getattr(state, "exchanges", None),
+                    "events": len(state.events) if state is not None else 0}
+        if state is not None:
+            state.close()
+    return out if ctx.is_main else None
+
+
+@pytest.fixture(scope="module")
+def floor_run(pools):
+    return pools.get(2).run(floor_beside_guard)[0]
+
+
+def test_the_floor_sends_exactly_the_guards_exchange(floor_run):
+    from openclaw_ref.sync.ddp.step_setup import exchange_layout
+
+    floor, guard, ddp = floor_run["floor"], floor_run["hardened"], floor_run["ddp"]
+    assert floor["block"] == guard["block"] == (exchange_layout(2).size(1), torch.float32)
+    assert floor["collectives"] == guard["collectives"]  # the same ops and elements, in order
+    extra = list(floor["collectives"])
+    for c in ddp["collectives"]:
+        extra.remove(c)
+    assert extra == [("gloo:all_reduce", exchange_layout(2).size(1))]
+
+
+def test_the_floor_exchanges_once_per_step_and_reports_nothing(floor_run):
+    assert floor_run["floor"]["exchanges"] == 4 and floor_run["floor"]["events"] == 0
+
+
+def test_the_floor_trains_bitwise_as_stock_ddp(floor_run):
+    assert all(torch.equal(a, b) for a, b in zip(floor_run["floor"]["params"],
+                                                 floor_run["ddp"]["params"]))

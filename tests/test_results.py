@@ -270,3 +270,21 @@ def test_an_old_record_loses_its_tables_and_keeps_the_figures_only_they_held():
     assert rec.doc["ablations"]["sparsity_arms"] == ["b", "a"]
     assert rec.doc["hook_cost"]["jobs"]["mlp"]["baseline"] == "ddp"
     assert "tables" in doc["hook_cost"]  # the loaded document itself is left as it was
+
+
+def test_a_version_4_hook_cost_job_gets_its_python_hook_ratios_as_pairs_unchanged():
+    from openclaw_ref.reporting.record import parse_record
+
+    hardened = {"ratio": 1.1, "vs_python_hook": "allreduce_hook", "vs_python_hook_ratio": 1.04,
+                "vs_python_hook_low": 1.01, "vs_python_hook_high": 1.07}
+    doc = {"schema_version": 4,
+           "meta": {"environment": {"backend": "gloo", "cpu_count": 2, "gpu_count": 0,
+                                    "torch": "2"}, "compare_config": {}},
+           "hook_cost": {"jobs": {"mlp": {
+               "config": {"arms": ["ddp", "hardened"]}, "baseline": "ddp",
+               "summary": {"ddp": {"ratio": 1.0}, "hardened": hardened}}}}}
+    job = parse_record(doc).doc["hook_cost"]["jobs"]["mlp"]
+    assert job["pairs"] == [{"arm": "hardened", "over": "allreduce_hook", "ratio": 1.04,
+                             "ratio_low": 1.01, "ratio_high": 1.07}]
+    assert job["summary"]["hardened"] == {"ratio": 1.1}
+    assert "vs_python_hook" in hardened  # the loaded document itself is left as it was

@@ -6,10 +6,11 @@ same two ranks and the arms take turns step by step (``openclaw_ref.experiments.
 each is the median of the per-step ratios, so host drift hits both steps of a pair alike, and
 each figure is the median over three fresh jobs (``cache.hook_cost_figures``: asv runs a
 ``track_*`` once per commit); the gate (``tox -e bench-gate``) compares those at
-``--factor 1.05`` for harden()'s default figures on the mlp. ``FSDPCost`` is the same for
-``harden()`` on an FSDP2 model beside stock ``fully_shard`` (1, 2 and 4 ranks; the gate takes
-its 2-rank mlp ratio). Absolute step times (``SyncStep``) move by ±12 % between runs here and
-are reported, not gated. ``CountScale`` times the hardened hook's clean check
+``--factor 1.05`` for harden()'s default figures on the mlp: ÷ ddp, ÷ ``allreduce_hook`` and
+÷ the floor (stock DDP plus one bare exchange of the guard's bytes per step). ``FSDPCost`` is
+the same for ``harden()`` on an FSDP2 model beside stock ``fully_shard`` (1, 2 and 4 ranks;
+the gate takes its 2-rank mlp ratio). Absolute step times (``SyncStep``) move by ±12 % between
+runs here and are reported, not gated. ``CountScale`` times the hardened hook's clean check
 (``check_counts`` on a synthesized reduced step block of B buckets at W ranks, the one host
 read included); ``VerifyScale`` times the bucketed engine's
 per-rank ``check_blocks`` with asv's own repeats and as a ratio to one plain pass over the same
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from openclaw_ref.experiments.hook_cost import pair_name
 from openclaw_ref.experiments.verify_scale import (
     BUCKETS,
     block_share,
@@ -47,8 +49,14 @@ class HookCost(common.JobBenchmark):
         self.cache_dir, self.model = cache_dir, model
 
     def _arm(self, arm, key):
-        summary = common.hook_cost(self.cache_dir, self.model)
-        return need(summary.get(arm, {}), key)
+        figures = common.hook_cost(self.cache_dir, self.model)
+        return need(figures["arms"].get(arm, {}), key)
+
+    def _ratio(self, arm, over):
+        """``arm`` ÷ ``over`` in the same job (one of ``hook_cost.RATIO_PAIRS``); NaN — asv's
+        n/a — where either arm did not run."""
+        figures = common.hook_cost(self.cache_dir, self.model)
+        return need(figures["pairs"].get(pair_name(arm, over), {}), "ratio")
 
     def track_hardened_over_ddp(self, *_):
         """harden()'s defaults (the step guard) ÷ stock DDP: the speed target, ≤ 1.05 (and
@@ -60,9 +68,30 @@ class HookCost(common.JobBenchmark):
     def track_hardened_over_allreduce_hook(self, *_):
         """harden()'s defaults ÷ PyTorch's Python ``allreduce_hook``: reported beside the speed
         target (gated on the mlp against the base commit)."""
-        return self._arm("hardened", "vs_python_hook_ratio")
+        return self._ratio("hardened", "allreduce_hook")
 
     track_hardened_over_allreduce_hook.unit = "ratio"
+
+    def track_hardened_over_floor(self, *_):
+        """harden()'s defaults ÷ the floor (stock DDP plus one bare exchange of the guard's
+        bytes): what the checks cost above the one collective (gated on the mlp)."""
+        return self._ratio("hardened", "floor")
+
+    track_hardened_over_floor.unit = "ratio"
+
+    def track_canary_over_hardened(self, *_):
+        """The step guard with the compute canary ÷ without it (n/a until the job has the
+        ``hardened+canary`` arm)."""
+        return self._ratio("hardened+canary", "hardened")
+
+    track_canary_over_hardened.unit = "ratio"
+
+    def track_floor_over_ddp(self, *_):
+        """The one bare exchange per step ÷ stock DDP: the physical limit of a per-step
+        verdict on this host, reported (the gate is on the guard above it)."""
+        return self._arm("floor", "ratio")
+
+    track_floor_over_ddp.unit = "ratio"
 
     def track_hardened_fp16_over_ddp(self, *_):
         return self._arm("hardened-fp16", "ratio")
@@ -70,7 +99,7 @@ class HookCost(common.JobBenchmark):
     track_hardened_fp16_over_ddp.unit = "ratio"
 
     def track_hardened_fp16_over_fp16_compress_hook(self, *_):
-        return self._arm("hardened-fp16", "vs_python_hook_ratio")
+        return self._ratio("hardened-fp16", "fp16_compress_hook")
 
     track_hardened_fp16_over_fp16_compress_hook.unit = "ratio"
 

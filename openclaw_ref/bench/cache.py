@@ -58,21 +58,27 @@ HOOK_COST_JOBS = 3  # fresh interleaved jobs behind every hook-cost figure
 
 
 def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -> dict:
-    """The summary of ``HOOK_COST_JOBS`` fresh interleaved hook-cost jobs on 2 ranks
+    """``{"arms": per arm, "pairs": per pair of arms (``hook_cost.pair_name`` → figures)}`` of
+    ``HOOK_COST_JOBS`` fresh interleaved hook-cost jobs on 2 ranks
     (``experiments/hook_cost.py``), every figure the median over the jobs. The repeats are made
     here because asv runs a ``track_*`` benchmark once per commit (its ``rounds`` attribute
     applies to timing benchmarks only). Each job is cached, so all figures of one commit cost
     the three jobs once."""
-    from openclaw_ref.experiments.hook_cost import HookCostConfig, run
+    from openclaw_ref.experiments.hook_cost import HookCostConfig, pair_name, run
 
     if settings.max_world < 2:
         raise NotImplementedError("the hook cost needs 2 ranks")
     cfg = HookCostConfig(model=model, world_size=2, steps=settings.hook_steps,
                          warmup=hook_warmup(settings), seed=settings.seed)
     key = f"hookcost-{model}-{settings.digest()}"
-    return median_summary([
-        cache.get(f"{key}-{job}", lambda: run(cfg, threads_per_rank=settings.threads or 1)
-                  ["summary"]) for job in range(HOOK_COST_JOBS)])
+
+    def job_figures() -> dict:
+        result = run(cfg, threads_per_rank=settings.threads or 1)
+        return {"arms": result["summary"],
+                "pairs": {pair_name(p["arm"], p["over"]): p for p in result["pairs"]}}
+
+    jobs = [cache.get(f"{key}-{job}", job_figures) for job in range(HOOK_COST_JOBS)]
+    return {part: median_summary([j[part] for j in jobs]) for part in ("arms", "pairs")}
 
 
 def fsdp_cost_figures(model: str, world_size: int, settings: BenchSettings,

@@ -25,5 +25,6 @@ CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consi
           "equivalence", "fault-detection")  # conformance.cluster.CHECKS
 CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",
                   "late-rank=250ms")  # conformance.settings.ConformSettings().faults
-HOOK_COST_ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
-                  "hardened-noreplica", "hardened-bucket-fp32")  # experiments.hook_cost.ARMS
+# experiments.hook_cost.ARMS
+HOOK_COST_ARMS = ("ddp", "floor", "allreduce_hook", "fp16_compress_hook", "hardened",
+                  "hardened-fp16", "hardened-noreplica", "hardened-bucket-fp32")

@@ -41,6 +41,9 @@ def _cmd_hook_cost(args: argparse.Namespace) -> int:
         print(f"{arm:20s} {s['median_step_ms']:8.2f} ms  ×{s['ratio']:.3f} "
               f"[{s['ratio_low']:.3f}, {s['ratio_high']:.3f}]  {s['per_bucket_us']:7.1f} µs/bucket "
               f"({s['buckets']} buckets)")
+    for pair in result["pairs"]:
+        print(f"{pair['arm']} ÷ {pair['over']}: {pair['ratio']:.3f} "
+              f"[{pair['ratio_low']:.3f}, {pair['ratio_high']:.3f}]")
     if args.out:
         write_json_atomic(args.out, result)
     else:

@@ -7,6 +7,9 @@ why, and the paired ratio every figure is). The FSDP2 arms (stock ``fully_shard`
 
 Arms:
   ``ddp``                 stock DDP, its built-in C++ allreduce (the denominator)
+  ``floor``               stock DDP plus one bare exchange of the step guard's bytes per step,
+                          nothing checked (``exchange_floor``): what any guard that reads a
+                          per-step verdict before the optimizer must pay
   ``allreduce_hook``      PyTorch's Python ``default_hooks.allreduce_hook``
   ``fp16_compress_hook``  PyTorch's ``default_hooks.fp16_compress_hook``
   ``hardened``            ``harden()`` with its defaults: the step guard (DDP's own C++
@@ -42,20 +45,26 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.core.metrics import median_paired_ratio
+from openclaw_ref.experiments.exchange_floor import ExchangeFloor
 from openclaw_ref.experiments.interleave import interleaved_times, paired_figures, slowest_rank
 from openclaw_ref.sync.errors import BadInput
 
-ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
+ARMS = ("ddp", "floor", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
         "hardened-noreplica", "hardened-bucket-fp32")
 BASELINE = "ddp"
 # each hardened arm's SyncConfig beyond the defaults
 HARDENED_ARMS: dict[str, dict] = {"hardened": {}, "hardened-fp16": {"wire": "fp16"},
                                   "hardened-noreplica": {"replica_slices": 0},
                                   "hardened-bucket-fp32": {"guard": "bucket", "wire": "fp32"}}
-# each hardened arm beside PyTorch's Python hook for the same wire
-PYTHON_HOOK_FOR = {"hardened": "allreduce_hook", "hardened-fp16": "fp16_compress_hook",
-                   "hardened-noreplica": "allreduce_hook",
-                   "hardened-bucket-fp32": "allreduce_hook"}
+# (arm, over): the ratios between two arms each job reports beside every arm's ratio to ddp,
+# where both arms ran — each hardened arm beside PyTorch's Python hook of the same wire, the
+# default guard beside the floor (what its checks cost above the one collective), and any
+# variant beside the arm it extends
+RATIO_PAIRS: tuple[tuple[str, str], ...] = (
+    ("hardened", "floor"), ("hardened", "allreduce_hook"),
+    ("hardened+canary", "hardened"),
+    ("hardened-fp16", "fp16_compress_hook"), ("hardened-noreplica", "allreduce_hook"),
+    ("hardened-bucket-fp32", "allreduce_hook"))
 MLP_WIDTH, MLP_LAYERS, MLP_BATCH = 512, 8, 32
 BUCKET_CAP_MB = {"mlp": 1.0, "tiny": 0.025, "small": 1.0}
 
@@ -109,9 +118,10 @@ def mlp_loss(seed: int, ctx: RankContext) -> Callable[[nn.Module, int], torch.Te
     return loss
 
 
-def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unused: bool,
-          as_view: bool = False):
-    """(DDP model, hardened state or None) of one arm."""
+def wrap_arm(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unused: bool,
+             as_view: bool = False):
+    """(DDP model, what the arm adds to it — a hardened state, the floor's exchange — or None)
+    of one arm."""
     from openclaw_ref.sync.base import SyncConfig
     from openclaw_ref.sync.hardening import harden
 
@@ -122,6 +132,8 @@ def _wrap(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_unus
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif arm == "fp16_compress_hook":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif arm == "floor":
+        return ddp, ExchangeFloor(ddp)
     elif arm in HARDENED_ARMS:
         cfg = SyncConfig(name="hardened", bucket_cap_mb=cap_mb, **HARDENED_ARMS[arm])
         return ddp, harden(ddp, cfg, ctx)
@@ -153,26 +165,28 @@ def bucket_count(ddp: DDP) -> int:
     return len([x for x in raw.split(",") if x.strip()])
 
 
+def arm_step(ddp: DDP, state, opt: torch.optim.Optimizer,
+             loss: Callable[[nn.Module, int], torch.Tensor]) -> Callable[[int], None]:
+    """``step(i)`` of one arm: forward and backward of ``loss``, the optimizer step unless the
+    guard's verdict refuses it, ``zero_grad``."""
+    def step(i: int) -> None:
+        loss(ddp, i).backward()
+        if state is None or state.finish_step():
+            opt.step()
+        opt.zero_grad(set_to_none=False)
+    return step
+
+
 def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
     """Rank task: every arm's step times (ms, slowest rank per step), interleaved."""
     net, loss = _step_fn(cfg, ctx)
     arms = {}
     for arm in cfg.arms:
-        ddp, state = _wrap(arm, copy.deepcopy(net), ctx, cfg.cap_mb, cfg.model != "mlp")
+        ddp, state = wrap_arm(arm, copy.deepcopy(net), ctx, cfg.cap_mb, cfg.model != "mlp")
         arms[arm] = (ddp, state, torch.optim.SGD(ddp.parameters(), lr=1e-3))
 
-    def step_of(arm: str) -> Callable[[int], None]:
-        ddp, state, opt = arms[arm]
-
-        def step(i: int) -> None:
-            loss(ddp, i).backward()
-            if state is None or state.finish_step():
-                opt.step()
-            opt.zero_grad(set_to_none=False)
-        return step
-
     try:
-        times = interleaved_times({arm: step_of(arm) for arm in cfg.arms}, cfg.arms,
+        times = interleaved_times({arm: arm_step(*arms[arm], loss) for arm in cfg.arms}, cfg.arms,
                                   cfg.warmup, cfg.steps, ctx.device)
         buckets = {arm: bucket_count(arms[arm][0]) for arm in cfg.arms}
         false_alarms = sum(len(s.events) for _, s, _ in arms.values() if s is not None)
@@ -207,8 +221,8 @@ def hook_memory_rank(ctx: RankContext, seed: int = 0, warmup: int = 2,
     configs = [(a, v) for v in (False, True) for a in MEMORY_ARMS]
     for arm, as_view in configs:
         gc.collect()
-        ddp, state = _wrap(arm, plain_mlp(seed).to(ctx.device), ctx, BUCKET_CAP_MB["mlp"],
-                           False, as_view)
+        ddp, state = wrap_arm(arm, plain_mlp(seed).to(ctx.device), ctx, BUCKET_CAP_MB["mlp"],
+                              False, as_view)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(seed + ctx.rank)
         scope, start = "process", 0.0
@@ -257,33 +271,46 @@ def run_memory(world_size: int = 2, steps: int = 3) -> list[dict]:
 
 
 def summarize(raw: dict) -> dict:
-    """Per arm: median step, the median per-step ratio to ddp with its 95 % interval, the host
-    cost per bucket beyond ddp's (µs, from the ratio and its interval), and for the hardened
-    arms the ratio to PyTorch's Python hook of the same wire."""
+    """Per arm: median step, the median per-step ratio to ddp with its 95 % interval, and the
+    host cost per bucket beyond ddp's (µs, from the ratio and its interval)."""
     step_ms = raw["step_ms"]
     base = step_ms[BASELINE]
     base_median = statistics.median(base)
     out = {}
     for arm in raw["arms"]:
-        ms = step_ms[arm]
-        figures = paired_figures(ms, base)
+        figures = paired_figures(step_ms[arm], base)
         buckets = raw["buckets"][arm]
         per_bucket = [(figures[k] - 1) * base_median * 1e3 / buckets
                       for k in ("ratio", "ratio_low", "ratio_high")]
         out[arm] = {**figures, "buckets": buckets, "per_bucket_us": per_bucket[0],
                     "per_bucket_us_low": per_bucket[1], "per_bucket_us_high": per_bucket[2]}
-        python_hook = PYTHON_HOOK_FOR.get(arm)
-        if python_hook in step_ms:
-            vs = median_paired_ratio(ms, step_ms[python_hook])
-            out[arm].update(vs_python_hook=python_hook, vs_python_hook_ratio=vs.point,
-                            vs_python_hook_low=vs.low, vs_python_hook_high=vs.high)
+    return out
+
+
+def pair_name(arm: str, over: str) -> str:
+    """One pair's name where pairs are keyed (the asv figures): ``arm/over``."""
+    return f"{arm}/{over}"
+
+
+def pair_ratios(raw: dict) -> list[dict]:
+    """Each of ``RATIO_PAIRS`` whose two arms ran in this job, in that order: the median of
+    the per-step ratios of ``arm`` to ``over`` with its 95 % interval."""
+    step_ms = raw["step_ms"]
+    out = []
+    for arm, over in RATIO_PAIRS:
+        if arm in step_ms and over in step_ms:
+            r = median_paired_ratio(step_ms[arm], step_ms[over])
+            out.append({"arm": arm, "over": over, "ratio": r.point, "ratio_low": r.low,
+                        "ratio_high": r.high})
     return out
 
 
 def run(cfg: HookCostConfig, threads_per_rank: int = 1) -> dict:
-    """One job: every arm interleaved on ``cfg.world_size`` fresh ranks; raw times + summary."""
+    """One job: every arm interleaved on ``cfg.world_size`` fresh ranks; raw times, summary and
+    the ratios between arms."""
     launch = LaunchConfig(world_size=cfg.world_size, backend="gloo",
                           threads_per_rank=threads_per_rank)
     with RankPool(launch) as pool:
         raw = pool.run(hook_cost_rank, cfg)[0]
-    return {"config": dataclasses.asdict(cfg), "raw": raw, "summary": summarize(raw)}
+    return {"config": dataclasses.asdict(cfg), "raw": raw, "summary": summarize(raw),
+            "pairs": pair_ratios(raw)}

@@ -39,6 +39,12 @@ Versions:
   named (``experiments.sections.fsdp_corpus.case_figures``). ``sync_last.buckets[].elements``
   (optional; absent = not recorded): each bucket's gradient elements on the wire, beside its
   ready times (the bucket timeline's legend).
+- 5: each hook-cost job carries ``pairs``, the ratios between two arms of the job (``arm``,
+  ``over``, ``ratio``, ``ratio_low``, ``ratio_high``; ``experiments.hook_cost.RATIO_PAIRS``), in
+  place of each hardened arm's ``vs_python_hook``, ``vs_python_hook_ratio``, ``_low`` and
+  ``_high`` in its summary; new arms ``floor`` (stock DDP plus one bare exchange of the step
+  guard's bytes) and ``hardened+canary`` may appear. Versions 1 to 4 are upgraded on load: the
+  ``vs_python_hook`` figures become pairs, unchanged.
 """
 
 from __future__ import annotations
@@ -54,8 +60,8 @@ from typing import Any
 from openclaw_ref.sync.errors import BadInput
 
 RAW_NAME = "raw.json"  # the record's file name in every results/<machine>/ directory
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 REGENERATE = "regenerate it with `openclaw-bench compare`"
 
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
@@ -222,11 +228,31 @@ def _sparsity_arms(section: Mapping[str, Any]) -> list[str]:
     return list(section.get("sparsity", {}))
 
 
+PYTHON_HOOK_FIELDS = ("vs_python_hook", "vs_python_hook_ratio", "vs_python_hook_low",
+                      "vs_python_hook_high")
+
+
+def _with_pairs(job: Mapping[str, Any]) -> dict[str, Any]:
+    """A version ≤ 4 hook-cost job as version 5's: each arm's ``vs_python_hook`` figures moved,
+    unchanged, into the job's ``pairs`` (in the job's arm order)."""
+    summary = job.get("summary", {})
+    order = [a for a in job.get("config", {}).get("arms", summary) if a in summary]
+    pairs = [{"arm": arm, "over": summary[arm]["vs_python_hook"],
+              "ratio": summary[arm]["vs_python_hook_ratio"],
+              "ratio_low": summary[arm]["vs_python_hook_low"],
+              "ratio_high": summary[arm]["vs_python_hook_high"]}
+             for arm in order if "vs_python_hook" in summary[arm]]
+    return {**job, "pairs": pairs,
+            "summary": {arm: {k: v for k, v in figures.items() if k not in PYTHON_HOOK_FIELDS}
+                        for arm, figures in summary.items()}}
+
+
 def upgrade(doc: Mapping[str, Any], version: int) -> dict[str, Any]:
     """A version-``version`` document as version :data:`SCHEMA_VERSION` (a new document; the
     given one is not changed): every section's ``tables`` dropped, the figures only they held
     recovered (``raw_allreduce.elements``/``iterations``, ``hook_cost.jobs.*.baseline``,
-    ``ablations.sparsity_arms``)."""
+    ``ablations.sparsity_arms``); a hook-cost job's ratios to PyTorch's hooks moved into its
+    ``pairs``."""
     out = dict(doc)
     for name in SECTIONS:
         if isinstance(out.get(name), dict):
@@ -240,6 +266,9 @@ def upgrade(doc: Mapping[str, Any], version: int) -> dict[str, Any]:
         out["hook_cost"]["jobs"] = {
             model: {**job, "baseline": _baseline(job, tables, model)}
             for model, job in doc["hook_cost"].get("jobs", {}).items()}
+    if version < 5 and isinstance(out.get("hook_cost"), dict):
+        out["hook_cost"]["jobs"] = {model: _with_pairs(job) for model, job
+                                    in out["hook_cost"].get("jobs", {}).items()}
     if "schema_version" in out:
         out["schema_version"] = SCHEMA_VERSION
     return out

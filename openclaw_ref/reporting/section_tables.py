@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from openclaw_ref.reporting.control_counts_tables import counted_block_table
 from openclaw_ref.reporting.corpus_tables import corpus_tables
 from openclaw_ref.reporting.false_alarm_tables import false_alarm_tables
 from openclaw_ref.reporting.fsdp_tables import fsdp_corpus_tables, fsdp_cost_tables
-from openclaw_ref.reporting.table import Figures, Table, fixed, interval, yes
+from openclaw_ref.reporting.hook_cost_tables import hook_cost_tables
+from openclaw_ref.reporting.table import Figures, Table, fixed, yes
 
 
 def _hook_columns(powersgd: Figures | None) -> str:
@@ -200,74 +200,6 @@ def quantization_tables(sec: Figures, cfg: Figures) -> list[Table]:
         [[sec["backend"], fixed(sec['accuracy_fp32'], 4), fixed(sec['accuracy_int8'], 4),
           fixed(sec['accuracy_delta'], 4, sign=True), fixed(sec['latency_fp32_ms'], 2),
           fixed(sec['latency_int8_ms'], 2)]])]
-
-
-def hook_cost_table(model: str, job: Figures) -> Table:
-    """One interleaved hook-cost job: each arm's step, its ratio to the baseline arm (stock
-    ddp), its cost per bucket beyond the baseline's."""
-    summary, hcfg = job["summary"], job["config"]
-    rows = []
-    for arm in [a for a in hcfg["arms"] if a in summary]:  # the job's order, not the JSON's
-        s = summary[arm]
-        vs = (interval(s["vs_python_hook_ratio"], s["vs_python_hook_low"],
-                        s["vs_python_hook_high"]) + f" ({s['vs_python_hook']})"
-              if "vs_python_hook" in s else "")
-        per_bucket = ("" if arm == job["baseline"] else
-                      interval(s["per_bucket_us"], s["per_bucket_us_low"],
-                                s["per_bucket_us_high"], 0))
-        rows.append([arm, fixed(s['median_step_ms'], 2),
-                     interval(s["ratio"], s["ratio_low"], s["ratio_high"]), per_bucket, vs])
-    buckets = next(iter(summary.values()))["buckets"]
-    return Table(
-        f"Per-step cost of harden() and of PyTorch's comm hooks, model {model} ({buckets} "
-        f"buckets), {hcfg['world_size']} gloo ranks × 1 thread, {hcfg['steps']} steps per arm, "
-        "arms interleaved step by step in one job (order rotating). hardened = harden()'s "
-        "defaults, the step guard (DDP's own C++ reduction, one small exchange per step); "
-        "-fp16: on DDP's built-in fp16 wire; -noreplica: without the replica digest; "
-        "hardened-bucket-fp32: the per-bucket guard (a Python comm hook checking every "
-        "bucket, the forensic mode). Ratio = median of the per-step ratios to ddp's step with "
-        "a 95 % bootstrap interval; µs/bucket = the extra over ddp spread over the buckets.",
-        ["arm", "median step ms", "÷ ddp [95 %]", "extra µs/bucket [95 %]",
-         "÷ PyTorch's Python hook [95 %]"],
-        rows)
-
-
-def _memory_table(rows: list[Figures]) -> Table:
-    by = {(r["arm"], r["gradient_as_bucket_view"]): r for r in rows}
-    out = []
-    for r in rows:
-        base = by[("ddp", r["gradient_as_bucket_view"])]["step_peak_growth_mb"]
-        out.append([r["arm"], "on" if r["gradient_as_bucket_view"] else "off",
-                    fixed(r['hook_held_mb'], 2), fixed(r['step_peak_growth_mb'], 1),
-                    fixed(r['step_peak_growth_mb'] - base, 1, sign=True)])
-    return Table(
-        f"Memory of one rank, the MLP ({fixed(rows[0]['gradient_mb'], 1)} MiB of fp32 gradients), "
-        "one arm at a time: what the guard or hook holds between steps (counted from its live "
-        "buffers), and the peak growth within steady-state steps after DDP's bucket rebuild "
-        f"(scope: {rows[0]['scope']}; ranks run with MALLOC_MMAP_THRESHOLD_=65536 so the "
-        "resident peak counts live tensors).",
-        ["arm", "gradient_as_bucket_view", "held by the guard MiB", "step peak growth MiB",
-         "vs ddp MiB"],
-        out)
-
-
-def _verify_table(rows: list[Figures]) -> Table:
-    slot_fields = rows[0]["block_bytes_fp32"] // (4 * rows[0]["world_size"])
-    return Table(
-        f"Verifying a step's control blocks, one process, {rows[0]['buckets']} synthesized "
-        f"buckets (median of 9). Block = {slot_fields} elements × W; share = fp32 block ÷ a "
-        "25 MB bucket.",
-        ["ranks", "check_blocks µs/bucket", "decode+verify µs/bucket", "block bytes fp32",
-         "share of 25 MB"],
-        [[r["world_size"], fixed(r['check_blocks_us_per_bucket'], 1),
-          fixed(r['decode_verify_us_per_bucket'], 0), r["block_bytes_fp32"],
-          f"{fixed(100 * r['share_of_25mb_fp32'], 2)} %"] for r in rows])
-
-
-def hook_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
-    counted = [counted_block_table(sec["verify_counts"])] if "verify_counts" in sec else []
-    return ([hook_cost_table(model, job) for model, job in sec["jobs"].items()]
-            + [_memory_table(sec["memory"]), _verify_table(sec["verify"])] + counted)
 
 
 # Section → (heading, its tables), in the document's order.

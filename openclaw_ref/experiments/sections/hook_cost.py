@@ -45,6 +45,7 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
         raw = pools.get(WORLD_SIZE).run(hook_cost.hook_cost_rank, hcfg)[0]
         summary = hook_cost.summarize(raw)
         out["jobs"][model] = {"config": dataclasses.asdict(hcfg), "summary": summary,
+                              "pairs": hook_cost.pair_ratios(raw),
                               "baseline": hook_cost.BASELINE, "hardened_events": raw["events"]}
         progress.tick(f"hook cost {model}")
     quick = cfg.quick

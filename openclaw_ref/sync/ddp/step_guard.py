@@ -53,6 +53,8 @@ from openclaw_ref.sync.ddp.step_setup import (
     JoinedExchange,
     Unset,
     cuda_mark,
+    exchange_block,
+    exchange_layout,
     queue_callback,
     send_unissued,
 )
@@ -64,7 +66,6 @@ from openclaw_ref.sync.errors import (
     backend_message,
 )
 from openclaw_ref.sync.evidence.averaged import Cause, _accumulates, _accumulator
-from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
     MAGIC_UNISSUED,
@@ -114,8 +115,8 @@ class StepGuard:
         self.deferred = (cfg.verdict_at is VerdictAt.OPTIMIZER_STEP
                          or (cfg.verdict_at is VerdictAt.AUTO and self.on_cuda))
         device = self.tracked[0][1].device if self.tracked else torch.device("cpu")
-        self.layout = CountLayout(self.world_size, torch.float32)
-        self.block = torch.zeros(self.layout.size(1), device=device)
+        self.layout = exchange_layout(self.world_size)
+        self.block = exchange_block(self.world_size, device)
         self.digest = membership_digest([(n, tuple(p.shape), str(p.dtype), 0, p.numel())
                                          for n, p in self.tracked])
         self.required: list[int] = []  # indices into ``tracked`` (``checks.required_…``)

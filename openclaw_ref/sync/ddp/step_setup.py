@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.precision import ScalePolicy
 
 
@@ -59,6 +60,21 @@ class JoinedExchange:
 
     def post_hook(self, is_last_joiner: bool) -> None:
         self.hook.post_hook(is_last_joiner)
+
+
+def exchange_layout(world_size: int) -> CountLayout:
+    """The layout of the step guard's one exchange per step: the counts of one row (B = 1:
+    the whole step is one "bucket" to the counts) and the replica row, in fp32 whatever the
+    gradients' wire, so the counts stay exact up to 2^24 ranks per group."""
+    return CountLayout(world_size, torch.float32)
+
+
+def exchange_block(world_size: int, device: torch.device) -> torch.Tensor:
+    """A zeroed buffer of the step guard's per-step exchange (``exchange_layout``) on
+    ``device``: what the guard sends every step, and what the hook-cost job's ``floor`` arm
+    sends bare."""
+    layout = exchange_layout(world_size)
+    return torch.zeros(layout.size(1), dtype=layout.dtype, device=device)
 
 
 def cuda_mark():

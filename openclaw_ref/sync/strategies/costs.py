@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from openclaw_ref.sync.base import Guard, SyncStrategy, Wire
+from openclaw_ref.sync.ddp.step_setup import exchange_layout
 from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.precision import WIRE_DTYPES
 
@@ -76,7 +77,7 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
         grad_elem = 4  # fp32 gradients
         if name == "hardened" and strategy.cfg.guard is Guard.STEP:
             wire = 2 if strategy.cfg.wire is Wire.FP16 else grad_elem
-            block = CountLayout(world_size, torch.float32).size(1)
+            block = exchange_layout(world_size).size(1)
             payload = sum(s // grad_elem * wire for s in sizes) + block * 4
             return StepCost(name, world_size, len(sizes) + used_map[0] + 1,
                             payload + used_map[1], 1,

@@ -1,0 +1,64 @@
+"""The hook-cost job's ``floor`` arm: stock DDP plus ONE bare exchange per step of exactly the
+step guard's bytes, nothing checked.
+
+Why it is the floor: any design that reads a per-step verdict before the optimizer applies the
+step must move at least one collective per step and wait for it before the optimizer. This arm
+pays exactly that and nothing else — the guard's own buffer (``step_setup.exchange_block``: the
+same element count and dtype as the guard's exchange on the same process group), issued where
+the guard issues it (a callback queued when the backward reaches the forward's output, which
+runs at the end of the backward's graph task, before DDP's finalize waits for its last bucket,
+so the exchange overlaps that bucket) and waited on there, as the guard waits on CPU. No
+gradient, buffer, RNG stream or reducer state is touched, so it trains bitwise as stock DDP.
+``hardened ÷ floor`` is what the guard's checks cost above the one collective.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._pytree import tree_leaves
+
+from openclaw_ref.sync.ddp.step_setup import exchange_block, queue_callback
+
+
+class ExchangeFloor:
+    """The per-step bare exchange on one DDP model, with the surface the hook-cost job asks of
+    a guard (``finish_step``, ``events``, ``held_bytes``, ``close``)."""
+
+    def __init__(self, ddp: DDP) -> None:
+        self.group = ddp.process_group
+        device = next(ddp.parameters()).device
+        self.block = exchange_block(dist.get_world_size(self.group), device)
+        self.events: list = []  # nothing is checked, so nothing is ever reported
+        self.exchanges = 0
+        self._task = -2  # the graph task whose end runs the exchange (one per backward)
+        self._handle = ddp.module.register_forward_hook(self._forward)
+
+    def _forward(self, module, args, output) -> None:
+        if not torch.is_grad_enabled():
+            return
+        out = next((t for t in tree_leaves(output)
+                    if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
+        if out is not None:
+            out.grad_fn.register_prehook(lambda grads: self._arm())
+
+    def _arm(self) -> None:
+        task = torch._C._current_graph_task_id()
+        if task != self._task:
+            self._task = task
+            queue_callback(self._exchange)
+
+    def _exchange(self) -> None:
+        self._task = -2
+        dist.all_reduce(self.block, group=self.group, async_op=True).wait()
+        self.exchanges += 1
+
+    def finish_step(self) -> bool:
+        return True
+
+    def held_bytes(self) -> int:
+        return self.block.numel() * self.block.element_size()
+
+    def close(self) -> None:
+        self._handle.remove()
