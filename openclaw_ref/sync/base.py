@@ -269,6 +269,10 @@ class SyncStrategy(abc.ABC):
         gradients (the fault injector overrides one rank's exponent through it); else None."""
         return None
 
+    def declare_failed(self, exc: BaseException) -> None:
+        """This rank stops with ``exc``: tell the peers, so that none outlives the failed job
+        (``hardened``: the watchdog's failure note, ``evidence/job_end.py``). Never raises."""
+
     def close(self, verify: bool = True) -> None:
         """Release hooks and threads. ``verify``: the run ended cleanly on every rank, so a
         strategy may run a last collective check (``hardened``: every replica slice); with
