@@ -205,7 +205,7 @@ class JobFailed(OpenClawError):
         self.detail, self.rank, self.step = detail, rank, step
         self.ranks = sorted(ranks or [])
         self.exit_code = exit_code
-        super().__init__(f"JobFailed: {detail}")
+        super().__init__(detail)
 
     def __reduce__(self):
         return (_rebuild_job_failed, (self.detail, self.rank, self.ranks, self.step,
