@@ -39,7 +39,8 @@ own collectives are still noticed meanwhile, with the late ranks unknown.
 
 A failed job ends everywhere (``job_end.py``): a rank that raises a diagnosis or exits on one
 leaves a failure note in the store, and every tick reads the peers' note; a note seen, or a
-store whose host is gone, ends this process within the deadline (``RAISE``, ``EXIT``).
+store whose host is gone, ends this process within the deadline (``RAISE``, ``EXIT``). So does
+an overdue FSDP2 collective its guard can explain (``outside_work.py``).
 
 Progress is compared as (step, bucket) tuples because every rank issues buckets in increasing
 index order within a step (the step guard watches one collective per step, its exchange, as
@@ -63,14 +64,18 @@ import torch.distributed as dist
 
 from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import Event, SyncTimeout
-from openclaw_ref.sync.evidence.heartbeat import (  # noqa: F401 - STEP_EXCHANGE: re-exported
+from openclaw_ref.sync.evidence.heartbeat import (  # noqa: F401 - re-exported
+    LATE_KEY,
     NOT_STARTED,
     STEP_EXCHANGE,
     Beat,
+    Late,
     Progress,
+    namespace_for,
     what,
 )
 from openclaw_ref.sync.evidence.job_end import JobEnd
+from openclaw_ref.sync.evidence.outside_work import OutsideWork
 
 MAX_BACKOFF_S = 10.0
 BLIND = "WatchdogBlind"  # Event kind: the store cannot be read or written
@@ -103,31 +108,6 @@ def _succeeded(work) -> bool:
     except Exception:
         return False
     return True
-
-
-def namespace_for(store: dist.Store, rank: int, prefix: str = "openclaw/watchdog",
-                  group_ranks: Sequence[int] | None = None) -> str:
-    """A key namespace unique to this construction, agreed without a collective: each rank
-    counts its own constructions in the store, and every rank of a group constructs the same
-    strategies in the same order, so the counters agree. ``group_ranks`` (the global ranks of a
-    DDP model's process group) keeps two groups of one job out of each other's keys; ``rank``
-    is then the global rank."""
-    if group_ranks is not None:
-        prefix = f"{prefix}/g{'-'.join(str(r) for r in group_ranks)}"
-    generation = store.add(f"{prefix}/generation/{rank}", 1)
-    return f"{prefix}/{generation}"
-
-
-@dataclass
-class Late:
-    """A rank behind the overdue collective, as this rank has watched it."""
-
-    rank: int  # within the group
-    beat: Beat | None  # None: it never published one
-    changed_at: float  # monotonic time of this rank's last look that saw the beat change
-
-    def silent(self, now: float, window_s: float) -> bool:
-        return self.beat is None or now - self.changed_at >= window_s
 
 
 @dataclass
@@ -178,6 +158,7 @@ class Watchdog:
         self.blind = False  # the store failed and has not answered since
         self.fired: SyncTimeout | None = None  # the latest diagnosis
         self.job = JobEnd(self.global_ranks[rank], namespace, deadline_s, deadline_s / 2)
+        self.outside = OutsideWork()  # FSDP2's collectives, judged by their guard's evidence
         self._store_op(lambda: store.set(self._key(rank), self._beat().encode()))
         self._thread = threading.Thread(target=self._run, name=f"openclaw-watchdog-{rank}",
                                          daemon=True)
@@ -243,7 +224,7 @@ class Watchdog:
         self._count += 1
         beat = self._beat()
         self._store_op(lambda: self.store.set(self._key(self.rank), beat.encode()))
-        if self._job_ended():
+        if self._job_ended() or self._outside_diagnosed():
             return True
         overdue = self._oldest_overdue()
         if overdue is None:
@@ -266,6 +247,18 @@ class Watchdog:
             return False
         self.events.append(ended.event())
         self.on_timeout(ended)
+        return True
+
+    def _outside_diagnosed(self) -> bool:
+        """End the process on a diagnosis of an overdue outside collective (``outside_work``):
+        it can never complete, and the training thread is blocked inside it."""
+        if self.action is WatchdogAction.REPORT:
+            return False
+        error = self.outside.overdue(self.deadline_s, time.monotonic())
+        if error is None:
+            return False
+        self.job.declare(self.store, error)
+        self.on_timeout(error)
         return True
 
     def _beat(self) -> Beat:
@@ -317,6 +310,9 @@ class Watchdog:
         silent = sorted(r for r, late in self._late.items() if late.silent(now, self.deadline_s))
         error = self._diagnosis(key, waited_s, now)
         self.fired = error
+        if error.ranks:  # for a launcher past its deadline (``heartbeat.read_late``)
+            me, late = self.global_ranks[self.rank], ",".join(str(r) for r in error.ranks)
+            self._store_op(lambda: self.store.set(LATE_KEY, f"{me}:{late}"))
         if self.action is WatchdogAction.EXIT:
             self.job.declare(self.store, error)
             self.on_timeout(error)
