@@ -288,10 +288,8 @@ class RankPool:
 
     def _past_deadline(self, what: str, timeout_s: float, unfinished: list[int]
                        ) -> LaunchTimeout:
-        """The deadline's error: the late ranks a rank's watchdog named, where one did (the
-        others wait on them), else every unfinished rank."""
-        late = read_late(self._store)
-        said = f"{what} did not finish within {timeout_s:.0f} s"
+        """The deadline's error: the late ranks a watchdog named, else every unfinished rank."""
+        late, said = read_late(self._store), f"{what} did not finish within {timeout_s:.0f} s"
         if late is None or not late[1]:
             return LaunchTimeout(said, ranks=unfinished, stacks_dir=self._stacks_dir)
         return LaunchTimeout(f"{said}; rank {late[0]}'s watchdog names the late ranks (of the "

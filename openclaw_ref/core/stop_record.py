@@ -23,6 +23,7 @@ import fcntl
 import os
 import signal
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,24 +91,30 @@ class StopRecord:
 
     def stopped(self, reason: BaseException | str) -> None:
         """Write this rank's part, then merge every part into the record; once per run (a
-        later call — a SIGTERM after the error was written — changes nothing)."""
+        later call — a SIGTERM after the error was written — changes nothing). A disk that
+        refuses the write is a warning: the error that stopped the run stands."""
         text = reason if isinstance(reason, str) else _said(reason)
         if not self._lock.acquire(timeout=LOCK_WAIT_S):
             return
         try:
-            if self.written is not None:
-                return
-            known = self.known()
-            event = getattr(reason, "event", None)  # the error's own event (a check, a timeout)
-            events = list(known["events"]) + ([event().to_json()] if callable(event) else [])
-            write_json_atomic(part_path(self.out, self.rank),
-                              {"rank": self.rank, "reason": text.splitlines()[0][:400],
-                               "loss": list(known["loss"]), "step_ms": list(known["step_ms"]),
-                               "events": events})
-            self.written = text
-            self._merge()
+            if self.written is None:
+                self._write(reason, text)
+        except OSError as exc:
+            warnings.warn(f"openclaw: rank {self.rank} could not write its part of the run "
+                          f"record {self.out} ({exc})", RuntimeWarning, stacklevel=2)
         finally:
             self._lock.release()
+
+    def _write(self, reason: BaseException | str, text: str) -> None:
+        known = self.known()
+        event = getattr(reason, "event", None)  # the error's own event (a check, a timeout)
+        events = list(known["events"]) + ([event().to_json()] if callable(event) else [])
+        write_json_atomic(part_path(self.out, self.rank),
+                          {"rank": self.rank, "reason": text.splitlines()[0][:400],
+                           "loss": list(known["loss"]), "step_ms": list(known["step_ms"]),
+                           "events": events})
+        self.written = text
+        self._merge()
 
     def _merge(self) -> None:
         folder = parts_dir(self.out)

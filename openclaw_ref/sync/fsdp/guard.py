@@ -192,9 +192,7 @@ class FSDPGuard:
 
     def _watch(self, index: int | None):
         """A wrapper's collective for the watchdog: overdue, explained as a failed one."""
-        if self.watchdog is None:
-            return None
-        return lambda work, numel: self.watchdog.outside.add(
+        return None if self.watchdog is None else lambda work, numel: self.watchdog.outside.add(
             work, lambda: self._collective_failed(index, numel, hung=True))
 
     def _collective_failed(self, index: int | None, numel: int | None, *, hung: bool = False
