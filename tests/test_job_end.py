@@ -149,3 +149,27 @@ def test_the_launcher_blames_the_failing_peer_not_the_rank_that_ended_because_of
     assert triage.decide(now=0.1) is None  # the peer's own report may follow
     triage.report(Report(0, f"SyncTimeout: {LATE}", "", LATE), now=0.2)
     assert triage.decide(now=0.2).rank == 0
+
+
+class Pending:
+    """A collective that never completes (its peer never arrives)."""
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def test_a_timeout_raised_in_the_training_thread_leaves_the_failure_note_for_the_late_rank(
+        store):
+    me = _watchdog(store, 0, "raised", ended=[])
+    me.issued(2, 0, Pending())  # rank 1 never publishes a beat: silent
+    try:
+        for _ in range(2000):  # until the diagnosis is recorded (observed, polled)
+            if me.events:
+                break
+            me._stop.wait(0.01)
+        with pytest.raises(SyncTimeout):
+            me.check()
+    finally:
+        me.close()
+    note = JobEnd(1, me.namespace, DEADLINE_S, DEADLINE_S / 2).read(store)
+    assert (note.rank, note.kind, note.exit_code, note.ranks) == (0, "SyncTimeout", 4, (1,))
