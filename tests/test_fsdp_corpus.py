@@ -373,3 +373,24 @@ def test_hardened_hsdp_on_a_two_by_two_mesh():
     for name, (kind, ranks, named) in HARDENED_HSDP.items():
         assert out[name]["kind"] == kind and out[name]["ranks"] == ranks, out[name]
         assert named is None or out[name]["detail"].startswith(named), out[name]
+
+
+@pytest.mark.slow  # ~30 s on 4 ranks (the clean reference run, then the pattern)
+def test_hardened_hsdp_with_sync_off_on_one_rank_ends_at_the_watchdog_deadline_naming_it(
+        tmp_path):
+    """HSDP's collectives run on mesh subgroups, whose timeout is gloo's 30-minute default
+    whatever the process group's (300 s here): the watchdog, watching FSDP2's reduce-scatter,
+    reads rank 1's no-sync note once it has waited its 5 s deadline and ends rank 0 with it;
+    the peers end at once after (measured: rank 0's result 5.8 s after it entered step 2)."""
+    job = Job(("no-sync-one-rank",), world_size=4, mesh=Mesh.HSDP, column=Column.HARDENED,
+              timeout_s=300, deadline_s=200, watchdog_s=5)
+    out = run_job(job, tmp_path)["no-sync-one-rank"]
+    assert out["kind"] == "detected" and out["ranks"] == [1] and out["step"] == 2, out
+    assert out["detail"].startswith("GradientsNotAveraged at step 2, ranks [1]"), out
+    results = tmp_path / "results"
+    hung_s = ((results / "no-sync-one-rank.rank0.json").stat().st_mtime
+              - (results / "no-sync-one-rank.rank0.step").stat().st_mtime)
+    assert hung_s < 3 * job.watchdog_s, hung_s  # not gloo's 1800 s, not the job's deadline
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert left == []

@@ -14,7 +14,9 @@ import torch.distributed as dist
 
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.launch import LaunchConfig, RankPool, launch
+from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.evidence.watchdog import Watchdog
 
 
 def sum_of_ranks(ctx) -> float:
@@ -33,6 +35,18 @@ def hang_on_last_rank(ctx) -> None:
     if ctx.rank == ctx.world_size - 1:
         time.sleep(3600)
     dist.barrier()
+
+
+def watched_hang_on_last_rank(ctx) -> None:
+    """As ``hang_on_last_rank``, each rank with a watchdog (its deadline 0.5 s, reporting
+    only) that watches the barrier."""
+    dog = Watchdog(ctx.store, ctx.rank, ctx.world_size, 0.5, "launch-late",
+                   action=WatchdogAction.REPORT)
+    if ctx.rank == ctx.world_size - 1:
+        time.sleep(3600)
+    work = dist.barrier(async_op=True)
+    dog.issued(0, 0, work)
+    work.wait()
 
 
 def abort_on_rank_zero(ctx) -> None:
@@ -94,6 +108,16 @@ def test_a_hung_rank_ends_in_a_timeout_naming_unfinished_ranks():
         pool.run(hang_on_last_rank)
     assert info.value.ranks == [0, 1]  # both: rank 0 waits in the barrier for rank 1
     assert info.value.exit_code == 4
+    assert _all_dead(pids)
+
+
+def test_past_the_deadline_the_late_rank_a_watchdog_named_is_the_one_named():
+    pool = RankPool(LaunchConfig(2, backend="gloo", timeout_s=4))
+    pids = pool.pids
+    with pytest.raises(LaunchTimeout) as info:
+        pool.run(watched_hang_on_last_rank)
+    assert info.value.ranks == [1], info.value  # rank 0 waits on it, and its watchdog says so
+    assert "rank 0's watchdog names the late ranks (of the unfinished [0, 1])" in str(info.value)
     assert _all_dead(pids)
 
 

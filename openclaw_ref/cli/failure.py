@@ -3,10 +3,11 @@
 Invariants:
   * one first line, ``openclaw-bench: <what>``. A consistency check (exit 3) or a hang/deadline
     (exit 4) is worded by the error itself (``ConsistencyError``/``SyncTimeout`` render their
-    own message: the check, the step, the ranks *it blames*) — never "rank N failed", where N is
-    only the rank whose report reached the launcher first (``triage``: every rank raises the
-    same consistency error). Anything else (exit 1) names the failed rank, as the launcher
-    decided (``triage``);
+    own message: the check, the step, the ranks *it blames*; so does ``JobFailed``, a rank
+    that ended because a peer failed: that peer, its error, the ranks it blames) — never
+    "rank N failed", where N is only the rank whose report reached the launcher first
+    (``triage``: every rank raises the same consistency error). Anything else (exit 1) names
+    the failed rank, as the launcher decided (``triage``);
   * tracebacks and the stack dumps of a deadline only with ``--verbose`` (dumps one rank after
     the other, never interleaved); without it the folder of the dumps is printed instead;
   * under torchrun one rank prints: the first to claim the line in the job's store (every rank
@@ -22,7 +23,13 @@ from pathlib import Path
 from typing import TextIO
 
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed, exit_code_for
-from openclaw_ref.sync.errors import BadInput, ConsistencyError, OpenClawError, SyncTimeout
+from openclaw_ref.sync.errors import (
+    BadInput,
+    ConsistencyError,
+    JobFailed,
+    OpenClawError,
+    SyncTimeout,
+)
 
 PROG = "openclaw-bench"
 LINE_KEY = "openclaw/cli/failure-line"  # the store counter torchrun ranks claim the line with
@@ -33,7 +40,7 @@ def blamed(exc: OpenClawError) -> OpenClawError:
     """The error that words the failure: a rank's consistency error or timeout itself (it names
     the ranks at fault), else ``exc``."""
     cause = exc.cause if isinstance(exc, RankFailed) else None
-    return cause if isinstance(cause, ConsistencyError | SyncTimeout) else exc
+    return cause if isinstance(cause, ConsistencyError | SyncTimeout | JobFailed) else exc
 
 
 def failure_line(exc: OpenClawError) -> str:

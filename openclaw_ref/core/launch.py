@@ -15,8 +15,9 @@ Failure contract (what the parent guarantees):
   - a rank that dies without a word (SIGABRT from gloo on a size mismatch, ``os._exit``) is named
     with its exit code or signal;
   - a task past its deadline makes the pending ranks dump their stacks (faulthandler, SIGUSR1),
-    each into its own file, then all ranks are killed and ``LaunchTimeout`` names the ranks that
-    had not finished and the folder of their stacks (the CLI prints them only with --verbose);
+    each into its own file, then all ranks are killed and ``LaunchTimeout`` names the late ranks
+    a rank's watchdog named (else the ranks that had not finished) and the folder of their
+    stacks (the CLI prints them only with --verbose);
   - no rank outlives the parent (``PR_SET_PDEATHSIG``) or a broken pool.
 The rank's end of the pipe (its messages, last words and exit) is ``rank_process``.
 """
@@ -52,6 +53,7 @@ from openclaw_ref.core.rank_process import (
 )
 from openclaw_ref.core.triage import FailureTriage, Report
 from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.evidence.heartbeat import LATE_KEY, read_late
 
 BACKENDS = ("auto", "gloo", "nccl")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -243,6 +245,7 @@ class RankPool:
         importable."""
         if self._broken:
             raise RuntimeError("this RankPool was stopped after a failure; make a new one")
+        self._store.delete_key(LATE_KEY)  # an earlier task's diagnosis is not this one's
         for conn in self._conns:
             conn.send((fn, args))
         try:
@@ -269,8 +272,7 @@ class RankPool:
                 self._stacks_dumped = True
                 request_stacks([self._procs[r].pid for r in unfinished
                                 if self._procs[r].is_alive() and self._procs[r].pid])
-                raise LaunchTimeout(f"{what} did not finish within {timeout_s:.0f} s",
-                                    ranks=unfinished, stacks_dir=self._stacks_dir)
+                raise self._past_deadline(what, timeout_s, unfinished)
             wake = min(deadline, triage.wake_at() or deadline)
             for obj in mpc.wait(list(listening) + list(alive), timeout=max(0.0, wake - now)):
                 if obj in listening:
@@ -283,6 +285,16 @@ class RankPool:
                     self._procs[rank].join(1.0)
                     triage.exited(rank, self._procs[rank].exitcode)
         return [results[r] for r in range(self.cfg.world_size)]
+
+    def _past_deadline(self, what: str, timeout_s: float, unfinished: list[int]
+                       ) -> LaunchTimeout:
+        """The deadline's error: the late ranks a watchdog named, else every unfinished rank."""
+        late, said = read_late(self._store), f"{what} did not finish within {timeout_s:.0f} s"
+        if late is None or not late[1]:
+            return LaunchTimeout(said, ranks=unfinished, stacks_dir=self._stacks_dir)
+        return LaunchTimeout(f"{said}; rank {late[0]}'s watchdog names the late ranks (of the "
+                             f"unfinished {unfinished})", ranks=late[1],
+                             stacks_dir=self._stacks_dir)
 
     @staticmethod
     def _receive(conn: mpc.Connection, listening: dict[mpc.Connection, int],

@@ -5,10 +5,11 @@ faults, the gradient probe, metrics, conformance recorders) observe or perturb i
 points, this file owns the order of events and the records. Per-rank figures are kept locally
 and gathered once at the end of the run, so recording adds no collective to any step.
 
-Run JSON (written by rank 0, atomically, also when a check stops the run):
-  ``config``, ``environment``, ``steps`` (global records: step, loss, step_ms = slowest rank,
-  per-rank lists, sync metrics), ``summary`` (final_loss, param_digest, replicas_equal, …),
-  ``events`` (detected problems; empty in a clean run).
+Run JSON (written by rank 0, atomically): ``config``, ``environment``, ``steps`` (global
+records: step, loss, step_ms = slowest rank, per-rank lists, sync metrics), ``summary``
+(final_loss, param_digest, replicas_equal, …), ``events`` (detected problems; empty in a clean
+run). A run that stops — an error, a SIGTERM, its watchdog — is recorded by every rank that
+stops, each its part merged into the same file, before it can be killed (``stop_record.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,7 @@ from openclaw_ref.core.launch import LaunchConfig, RankContext, launch
 from openclaw_ref.core.metrics import GradientProbe, StepTimer, peak_memory_mb, reset_peak_memory
 from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model
 from openclaw_ref.core.progress import progress_bar
+from openclaw_ref.core.stop_record import StopRecord
 from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput, ConsistencyError, SyncTimeout
@@ -180,6 +183,14 @@ class Run:
     log: RankLog
     val_curve: list[tuple[int, float]] = field(default_factory=list)
 
+    def stop_record(self) -> StopRecord | None:
+        """This rank's share of the record of a run that stops (None without ``out``)."""
+        if not self.cfg.out:
+            return None
+        return StopRecord(self.cfg.out, self.ctx.rank, lambda: _record_head(self.ctx, self.cfg),
+                          lambda: {"loss": self.log.loss, "step_ms": self.log.step_ms,
+                                   "events": [e.to_json() for e in self.strategy.events]})
+
 
 def train_rank(ctx: RankContext, cfg: TrainConfig, callbacks: Sequence[Callback] = (),
                metrics: RankCallbacks = no_metrics) -> dict | None:
@@ -221,7 +232,14 @@ def _run_steps(run: Run) -> None:
     """Every step, the final validation and the strategy's close — with its last check on a
     run every rank finished (``hardened``: every replica slice, so a divergence after the last
     visit of its slice still ends the run with ``ReplicaDivergence``, exit 3); a check that
-    stops the run is reported to the callbacks and recorded (rank 0) before it propagates."""
+    stops the run is reported to the callbacks, to the peers (the strategy's failure note)
+    and recorded by this rank (``stop_record``) before it propagates."""
+    stop = run.stop_record()
+    with stop.armed(run.ctx) if stop is not None else nullcontext():
+        _run_all(run, stop)
+
+
+def _run_all(run: Run, stop: StopRecord | None) -> None:
     ctx, cfg = run.ctx, run.cfg
     bar = _progress(ctx, cfg)
     ended = False  # every rank finished every step: the strategy's close may check (a collective)
@@ -239,11 +257,12 @@ def _run_steps(run: Run) -> None:
             bar.close()
             bar = None
         run.strategy.close()  # hardened: every replica slice compared once (exit 3 if not)
-    except (ConsistencyError, SyncTimeout) as exc:
-        run.callbacks.on_event(exc.event())
-        if ctx.is_main and cfg.out:
-            record = _partial_record(ctx, cfg, run.log, run.strategy.events + [exc.event()])
-            write_json_atomic(cfg.out, record)
+    except Exception as exc:
+        if isinstance(exc, ConsistencyError | SyncTimeout):
+            run.callbacks.on_event(exc.event())
+        run.strategy.declare_failed(exc)
+        if stop is not None:
+            stop.stopped(exc)
         raise
     finally:
         if bar is not None:
@@ -369,18 +388,6 @@ def _record(ctx: RankContext, cfg: TrainConfig, logs: list[RankLog],
             "sync": sync_summary,
         },
         "events": events,
-    })
-    return record
-
-
-def _partial_record(ctx: RankContext, cfg: TrainConfig, log: RankLog, events: list) -> dict:
-    """What rank 0 alone knows when a check stopped the run (no collective is safe then)."""
-    record = _record_head(ctx, cfg)
-    record.update({
-        "steps": [{"step": i, "rank0_loss": loss, "rank0_step_ms": ms}
-                  for i, (loss, ms) in enumerate(zip(log.loss, log.step_ms))],
-        "summary": {"stopped": True, "completed_steps": len(log.loss)},
-        "events": [e.to_json() for e in events],
     })
     return record
 

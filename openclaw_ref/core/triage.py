@@ -16,7 +16,8 @@ order, because each rule reads facts that stay true once observed:
    unfinished rank has reported or exited, so rank 0 writes its run record before the siblings
    are killed, then blame the first reporter.
 3. Any other ``OpenClawError`` (a watchdog's ``SyncTimeout``, bad input) names its own cause:
-   blame the reporter at once.
+   blame the reporter at once — except ``JobFailed`` (a rank ending because its peer failed),
+   an echo: blamed only when no other rank's report comes (rule 4).
 4. Any other exception may be the echo of a sibling's silent death: wait (bounded) for the
    unfinished siblings to report or exit; blame a silent death if one shows up, else the first
    reporter.
@@ -30,7 +31,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from openclaw_ref.sync.errors import EXIT_CHECK_FIRED, OpenClawError
+from openclaw_ref.sync.errors import EXIT_CHECK_FIRED, JobFailed, OpenClawError
 
 CHECK_GRACE_S = 5.0  # rule 2: time for the siblings' last words (rank 0 writes the run JSON)
 ECHO_GRACE_S = 2.0  # rule 4: time for a silently dead sibling's exit to be seen
@@ -60,7 +61,13 @@ class Report:
 
     @property
     def names_its_cause(self) -> bool:
-        return isinstance(self.cause, OpenClawError)
+        return isinstance(self.cause, OpenClawError) and not self.is_echo
+
+    @property
+    def is_echo(self) -> bool:
+        """A rank ending because a peer failed (``JobFailed``): never the cause while the
+        peer's own report is known."""
+        return isinstance(self.cause, JobFailed)
 
 
 @dataclass
@@ -116,7 +123,7 @@ class FailureTriage:
             return self._blame_death(dead[0])
         if not self.reports:
             return None
-        first = self.reports[0]
+        first = next((r for r in self.reports if not r.is_echo), self.reports[0])
         if first.names_its_cause and not first.is_check:
             return first
         wake = self.wake_at()

@@ -41,6 +41,7 @@ class Job:
     column: Column = Column.STOCK
     timeout_s: float = 30.0
     deadline_s: float = 240.0
+    watchdog_s: float | None = None  # the hardened column's watchdog deadline (None: harden's)
 
     def __post_init__(self) -> None:
         for name in self.patterns:
@@ -58,7 +59,8 @@ class Job:
                 "--nproc-per-node", str(self.world_size), "--log-dir", str(log_dir),
                 "--redirects", "3", "-m", SCRIPT_MODULE, "--pattern", ",".join(self.patterns),
                 "--column", self.column.value, "--mesh", self.mesh.value,
-                "--timeout-s", str(self.timeout_s), "--out-dir", str(out_dir)]
+                "--timeout-s", str(self.timeout_s), "--out-dir", str(out_dir),
+                *(("--watchdog-s", str(self.watchdog_s)) if self.watchdog_s else ())]
 
 
 def _rank_log(log_dir: Path, rank: int, stream: str) -> str:

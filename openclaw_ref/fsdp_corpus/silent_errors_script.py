@@ -49,6 +49,7 @@ from openclaw_ref.fsdp_corpus.outcome import (
     write_result,
 )
 from openclaw_ref.fsdp_corpus.patterns import CLEAN, FAULT_STEP, Column, Mesh, acts_on, pattern
+from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput, ConsistencyError
 from openclaw_ref.sync.hardening import harden
 
@@ -103,12 +104,34 @@ def shard(model: MLP, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> None:
     fully_shard(model, mesh=mesh, mp_policy=mp)
 
 
-def wrap(model: MLP, column: Column) -> Any:
+@dataclasses.dataclass
+class ScriptRank:
+    """What ``harden()`` may know of this rank (``sync.base.RankInfo``): the default store, and
+    how its watchdog's thread ends the process — ``fatal`` writes this rank's result first."""
+
+    fatal: Callable[[BaseException], None]
+    watchdog_s: float | None = None  # another deadline for the watchdog (None: harden's)
+    backend: str = "gloo"
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.store = dist.distributed_c10d._get_default_store()
+
+    def report_fatal(self, exc: BaseException) -> None:
+        self.fatal(exc)
+
+
+def wrap(model: MLP, column: Column, rank: ScriptRank | None = None) -> Any:
     """The column's hardening of the sharded model, and what to close afterwards (stock: none).
-    ``hardened``: ``harden(model)`` with its defaults, the optimizer found at its first step."""
-    if column is Column.HARDENED:
+    ``hardened``: ``harden(model)`` with its defaults, the optimizer found at its first step;
+    with ``rank``, its watchdog ends the process through it (and with its deadline)."""
+    if column is not Column.HARDENED:
+        return None
+    if rank is None:
         return harden(model)
-    return None
+    cfg = None if rank.watchdog_s is None else SyncConfig(watchdog_s=rank.watchdog_s)
+    return harden(model, cfg, rank)
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -152,7 +175,7 @@ def clip_local_norm(model: nn.Module, max_norm: float = MAX_NORM) -> None:
 
 
 def train(name: str, faulty: bool, column: Column, mesh_kind: Mesh, progress: Progress,
-          steps: int = STEPS) -> dict[str, torch.Tensor]:
+          steps: int = STEPS, rank_info: ScriptRank | None = None) -> dict[str, torch.Tensor]:
     """The user's script (process group up): the full parameters after ``steps`` steps.
     With ``faulty`` False it is the same script with the mistake corrected."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -164,7 +187,7 @@ def train(name: str, faulty: bool, column: Column, mesh_kind: Mesh, progress: Pr
     low = mine and name == "mixed-precision-differs"
     shard(model, device_mesh(mesh_kind),
           MixedPrecisionPolicy(param_dtype=torch.bfloat16) if low else MixedPrecisionPolicy())
-    extra = wrap(model, column)
+    extra = wrap(model, column, rank_info)
     try:
         if name == "load-one-rank" and (mine or not faulty):
             model.load_state_dict({k: v.detach() + CHECKPOINT_DELTA
@@ -204,9 +227,33 @@ def _one_step(model: Any, opt: torch.optim.Optimizer, name: str, faulty: bool,
     opt.zero_grad(set_to_none=True)
 
 
+def _result_of(rank: int, name: str, step: int, exc: BaseException) -> RankResult:
+    """This rank's result when ``exc`` stopped its run."""
+    if isinstance(exc, ConsistencyError):
+        detection = {"kind": type(exc).__name__, "step": exc.step, "ranks": exc.ranks,
+                     "params": exc.params, "detail": str(exc)[:300],
+                     # named after gloo failed FSDP2's collective: the group is broken
+                     "collective_failed": isinstance(exc.__cause__, RuntimeError)}
+        return RankResult(rank, name, Status.DETECTED, step, detection=detection)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return RankResult(rank, name, Status.ERROR, step,
+                      error=f"{type(exc).__name__}: {first[:400]}")
+
+
+def _fatal(out_dir: Path, name: str, progress: Progress, exc: BaseException) -> None:
+    """The watchdog ends this rank from its thread (the main one is inside a collective that
+    cannot complete): its result first, then the process, with the error's exit code."""
+    try:
+        write_result(out_dir, _result_of(dist.get_rank(), name, progress.step, exc))
+        print(f"openclaw watchdog: {exc}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(getattr(exc, "exit_code", 1))
+
+
 def run_once(name: str, faulty: bool, column: Column, mesh_kind: Mesh, out_dir: Path,
              watchdog_s: float, on_watchdog: Callable[[int], None],
              reference: dict[str, torch.Tensor] | None = None,
+             guard_watchdog_s: float | None = None,
              ) -> tuple[RankResult, dict[str, torch.Tensor] | None]:
     """One training run as this rank saw it, and its full parameters; never raises (a failure
     is the result). With ``reference``, the result says how far it ended from it."""
@@ -216,20 +263,13 @@ def run_once(name: str, faulty: bool, column: Column, mesh_kind: Mesh, out_dir: 
     timer.daemon = True
     timer.start()
     try:
-        params = train(name, faulty, column, mesh_kind, progress)
+        params = train(name, faulty, column, mesh_kind, progress, rank_info=ScriptRank(
+            lambda exc: _fatal(out_dir, name, progress, exc), guard_watchdog_s))
         diff = None if reference is None else max_abs_diff(params, reference)
         return RankResult(rank, name, Status.FINISHED, progress.step, digest=digest(params),
                           max_abs_diff=diff), params
-    except ConsistencyError as exc:
-        detection = {"kind": type(exc).__name__, "step": exc.step, "ranks": exc.ranks,
-                     "params": exc.params, "detail": str(exc)[:300],
-                     # named after gloo failed FSDP2's collective: the group is broken
-                     "collective_failed": isinstance(exc.__cause__, RuntimeError)}
-        return RankResult(rank, name, Status.DETECTED, progress.step, detection=detection), None
     except Exception as exc:  # noqa: BLE001 - what the user's script would have died of
-        first = (str(exc).strip().splitlines() or [""])[0]
-        return RankResult(rank, name, Status.ERROR, progress.step,
-                          error=f"{type(exc).__name__}: {first[:400]}"), None
+        return _result_of(rank, name, progress.step, exc), None
     finally:
         timer.cancel()
 
@@ -261,11 +301,11 @@ def run_pattern(name: str, args: argparse.Namespace, out_dir: Path,
     key = reference_of(name)
     if key not in references:
         references[key] = run_once(key, False, column, mesh_kind, out_dir, watchdog_s,
-                                   on_watchdog)
+                                   on_watchdog, guard_watchdog_s=args.watchdog_s)
     ref, ref_params = references[key]
     if ref.status is Status.FINISHED:
         result, _ = run_once(name, True, column, mesh_kind, out_dir, watchdog_s, on_watchdog,
-                             ref_params)
+                             ref_params, guard_watchdog_s=args.watchdog_s)
     else:
         result = dataclasses.replace(ref, pattern=name,
                                      error=f"the run without the mistake failed: {ref.error}")
@@ -286,6 +326,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mesh", choices=[m.value for m in Mesh], default=Mesh.FSDP.value)
     ap.add_argument("--timeout-s", type=float, default=30.0,
                     help="the process group's timeout (default 30)")
+    ap.add_argument("--watchdog-s", type=float, default=None,
+                    help="the hardened column's watchdog deadline (default: harden()'s)")
     ap.add_argument("--out-dir", type=Path, default=None,
                     help="where each rank writes its result files (default: per torchrun job)")
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """The hook library: ``harden()`` for anyone's DDP model, the errors it raises (every exception
 class of ``errors``: ``ConsistencyError`` and its checks, ``CollectiveFailed``, ``SyncTimeout``,
-``BadInput``), and the gradient-synchronization strategies by the name the CLI uses
+``JobFailed``, ``BadInput``), and the gradient-synchronization strategies by the name the CLI uses
 (``STRATEGIES``, ``make_strategy``).
 
 Invariant: ``openclaw_ref.sync`` imports only torch and its own modules (never the launcher,
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         CollectiveFailed,
         ConsistencyError,
         GradientsNotAveraged,
+        JobFailed,
         MissingGradient,
         NonFiniteGradient,
         OpenClawError,
@@ -48,9 +49,9 @@ _HOME = {
     # errors.py imports only the standard library: catching one of these loads no torch
     **dict.fromkeys(("BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch",
                      "CollectiveFailed", "ConsistencyError", "GradientsNotAveraged",
-                     "MissingGradient", "NonFiniteGradient", "OpenClawError", "OptimizerMismatch",
-                     "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch",
-                     "SyncTimeout"),
+                     "JobFailed", "MissingGradient", "NonFiniteGradient", "OpenClawError",
+                     "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence",
+                     "ScaleMismatch", "ShapeMismatch", "SyncTimeout"),
                     "errors"),
 }
 
@@ -67,7 +68,7 @@ __all__ = [
     "STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy",
     "BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch", "CollectiveFailed",
     "ConsistencyError",
-    "GradientsNotAveraged", "MissingGradient", "NonFiniteGradient", "OpenClawError",
+    "GradientsNotAveraged", "JobFailed", "MissingGradient", "NonFiniteGradient", "OpenClawError",
     "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch",
     "ShapeMismatch", "SyncTimeout",
 ]

@@ -84,7 +84,12 @@ class WatchdogAction(enum.StrEnum):
     diagnosis — an exception the job can catch (to save a checkpoint) instead of the backend's
     bare timeout. A collective that completes — the late rank arrived — raises nothing.
     ``REPORT`` only records. ``EXIT`` ends the process with exit code 4 from the watchdog's
-    thread at the deadline, whatever the late ranks are doing (jobs that prefer to die)."""
+    thread at the deadline, whatever the late ranks are doing (jobs that prefer to die).
+
+    Under ``RAISE`` and ``EXIT`` the watchdog's thread also ends the process when the job has
+    failed elsewhere (``evidence/job_end.py``: a peer's failure note, or the store's host
+    gone: ``JobFailed``) or when an FSDP2 collective past the deadline is explained by its
+    guard's notes (``evidence/outside_work.py``): the training thread could never leave it."""
 
     RAISE = "raise"
     REPORT = "report"
@@ -273,6 +278,10 @@ class SyncStrategy(abc.ABC):
         """The wire's pre-scale policy once wrapped, for strategies that pre-scale their
         gradients (the fault injector overrides one rank's exponent through it); else None."""
         return None
+
+    def declare_failed(self, exc: BaseException) -> None:
+        """This rank stops with ``exc``: tell the peers, so that none outlives the failed job
+        (``hardened``: the watchdog's failure note, ``evidence/job_end.py``). Never raises."""
 
     def close(self, verify: bool = True) -> None:
         """Release hooks and threads. ``verify``: the run ended cleanly on every rank, so a

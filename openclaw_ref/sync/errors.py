@@ -194,6 +194,31 @@ def _rebuild_timeout(detail, ranks, step, bucket):
     return SyncTimeout(detail, ranks=ranks, step=step, bucket=bucket)
 
 
+class JobFailed(OpenClawError):
+    """This rank ends because the job failed elsewhere (``evidence/job_end.py``): a peer left
+    its failure in the store (``rank``: that peer; ``ranks``: the ranks its error blames), or
+    the store's host is gone (``rank`` None). ``exit_code``: the peer's (3 a check, 4 a
+    timeout), else 1."""
+
+    def __init__(self, detail: str, *, rank: int | None = None, ranks: list[int] | None = None,
+                 step: int | None = None, exit_code: int = EXIT_FAILURE) -> None:
+        self.detail, self.rank, self.step = detail, rank, step
+        self.ranks = sorted(ranks or [])
+        self.exit_code = exit_code
+        super().__init__(detail)
+
+    def __reduce__(self):
+        return (_rebuild_job_failed, (self.detail, self.rank, self.ranks, self.step,
+                                      self.exit_code))
+
+    def event(self) -> Event:
+        return Event("JobFailed", self.step, self.ranks, None, [], self.detail)
+
+
+def _rebuild_job_failed(detail, rank, ranks, step, exit_code):
+    return JobFailed(detail, rank=rank, ranks=ranks, step=step, exit_code=exit_code)
+
+
 def backend_message(exc: BaseException) -> str:
     """The backend's own words for a failed collective, without the future's wrapping of a
     hook continuation."""

@@ -37,6 +37,11 @@ operation is retried with a doubling back-off (up to ``MAX_BACKOFF_S``) and an e
 that the watchdog cannot see its peers (and, once, that it can again). Deadlines on this rank's
 own collectives are still noticed meanwhile, with the late ranks unknown.
 
+A failed job ends everywhere (``job_end.py``): a rank that raises a diagnosis or exits on one
+leaves a failure note in the store, and every tick reads the peers' note; a note seen, or a
+store whose host is gone, ends this process within the deadline (``RAISE``, ``EXIT``). So does
+an overdue FSDP2 collective its guard can explain (``outside_work.py``).
+
 Progress is compared as (step, bucket) tuples because every rank issues buckets in increasing
 index order within a step (the step guard watches one collective per step, its exchange, as
 bucket ``STEP_EXCHANGE``); a rank that arrives within a tick of the deadline completes the
@@ -59,10 +64,19 @@ import torch.distributed as dist
 
 from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import Event, SyncTimeout
+from openclaw_ref.sync.evidence.heartbeat import (  # noqa: F401 - re-exported
+    LATE_KEY,
+    NOT_STARTED,
+    STEP_EXCHANGE,
+    Beat,
+    Late,
+    Progress,
+    namespace_for,
+    what,
+)
+from openclaw_ref.sync.evidence.job_end import JobEnd
+from openclaw_ref.sync.evidence.outside_work import OutsideWork
 
-Progress = tuple[int, int]  # (step, bucket)
-NOT_STARTED: Progress = (-1, -1)
-STEP_EXCHANGE = -1  # the "bucket" of harden()'s step guard: its one exchange per step
 MAX_BACKOFF_S = 10.0
 BLIND = "WatchdogBlind"  # Event kind: the store cannot be read or written
 SIGHTED = "WatchdogSighted"  # Event kind: it can again
@@ -94,64 +108,6 @@ def _succeeded(work) -> bool:
     except Exception:
         return False
     return True
-
-
-def namespace_for(store: dist.Store, rank: int, prefix: str = "openclaw/watchdog",
-                  group_ranks: Sequence[int] | None = None) -> str:
-    """A key namespace unique to this construction, agreed without a collective: each rank
-    counts its own constructions in the store, and every rank of a group constructs the same
-    strategies in the same order, so the counters agree. ``group_ranks`` (the global ranks of a
-    DDP model's process group) keeps two groups of one job out of each other's keys; ``rank``
-    is then the global rank."""
-    if group_ranks is not None:
-        prefix = f"{prefix}/g{'-'.join(str(r) for r in group_ranks)}"
-    generation = store.add(f"{prefix}/generation/{rank}", 1)
-    return f"{prefix}/{generation}"
-
-
-@dataclass(frozen=True)
-class Beat:
-    """What a rank publishes every tick."""
-
-    progress: Progress  # the latest (step, bucket) it issued
-    settled: int  # the last step whose buckets it waited on (-1: none yet)
-    busy: bool  # a watched collective of its own is in flight
-    count: int  # grows every tick while its watchdog thread runs
-
-    def encode(self) -> str:
-        return f"{self.progress[0]}:{self.progress[1]}:{self.settled}:{int(self.busy)}:{self.count}"
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Beat:
-        step, bucket, settled, busy, count = (int(x) for x in raw.decode().split(":"))
-        return cls((step, bucket), settled, bool(busy), count)
-
-    def whereabouts(self) -> str:
-        """Where this rank was last seen, in words."""
-        if self.progress == NOT_STARTED:
-            return "before its first collective"
-        if self.busy:
-            return f"waiting in step {self.progress[0]}'s allreduce ({_what(self.progress[1])})"
-        if self.settled >= self.progress[0]:
-            return f"after step {self.settled} (no collective in flight)"
-        return f"in step {self.progress[0]}, after {_what(self.progress[1], 'its ')}"
-
-
-def _what(bucket: int, its: str = "") -> str:
-    """A watched collective in words: a bucket's allreduce, or the step guard's exchange."""
-    return "the step's exchange" if bucket == STEP_EXCHANGE else f"{its}bucket {bucket}"
-
-
-@dataclass
-class Late:
-    """A rank behind the overdue collective, as this rank has watched it."""
-
-    rank: int  # within the group
-    beat: Beat | None  # None: it never published one
-    changed_at: float  # monotonic time of this rank's last look that saw the beat change
-
-    def silent(self, now: float, window_s: float) -> bool:
-        return self.beat is None or now - self.changed_at >= window_s
 
 
 @dataclass
@@ -201,6 +157,8 @@ class Watchdog:
         self._retry_at = 0.0
         self.blind = False  # the store failed and has not answered since
         self.fired: SyncTimeout | None = None  # the latest diagnosis
+        self.job = JobEnd(self.global_ranks[rank], namespace, deadline_s, deadline_s / 2)
+        self.outside = OutsideWork()  # FSDP2's collectives, judged by their guard's evidence
         self._store_op(lambda: store.set(self._key(rank), self._beat().encode()))
         self._thread = threading.Thread(target=self._run, name=f"openclaw-watchdog-{rank}",
                                          daemon=True)
@@ -244,7 +202,13 @@ class Watchdog:
             if not verdict.silent:
                 return
         verdict.raised = True  # the job cannot go on: every later entry raises it too
+        self.job.declare(self.store, verdict.error)
         raise verdict.error from cause
+
+    def declare_failed(self, exc: BaseException) -> None:
+        """This rank is failing with ``exc``: tell the peers, whose watchdogs then end their
+        processes (``job_end.py``). Any thread; never raises."""
+        self.job.declare(self.store, exc)
 
     # background ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -260,6 +224,8 @@ class Watchdog:
         self._count += 1
         beat = self._beat()
         self._store_op(lambda: self.store.set(self._key(self.rank), beat.encode()))
+        if self._job_ended() or self._outside_diagnosed():
+            return True
         overdue = self._oldest_overdue()
         if overdue is None:
             self._episode = None
@@ -272,6 +238,28 @@ class Watchdog:
         else:
             self._look(key, initial=False)
         return self._act(key, work, time.monotonic() - since)
+
+    def _job_ended(self) -> bool:
+        """Read the peers' failure note; end the process when the job has failed elsewhere."""
+        self.job.saw(self._store_op(lambda: self.job.read(self.store)), time.monotonic())
+        ended = self.job.verdict(time.monotonic())
+        if ended is None or self.action is WatchdogAction.REPORT:
+            return False
+        self.events.append(ended.event())
+        self.on_timeout(ended)
+        return True
+
+    def _outside_diagnosed(self) -> bool:
+        """End the process on a diagnosis of an overdue outside collective (``outside_work``):
+        it can never complete, and the training thread is blocked inside it."""
+        if self.action is WatchdogAction.REPORT:
+            return False
+        error = self.outside.overdue(self.deadline_s, time.monotonic())
+        if error is None:
+            return False
+        self.job.declare(self.store, error)
+        self.on_timeout(error)
+        return True
 
     def _beat(self) -> Beat:
         with self._lock:
@@ -322,7 +310,11 @@ class Watchdog:
         silent = sorted(r for r, late in self._late.items() if late.silent(now, self.deadline_s))
         error = self._diagnosis(key, waited_s, now)
         self.fired = error
+        if error.ranks:  # for a launcher past its deadline (``heartbeat.read_late``)
+            me, late = self.global_ranks[self.rank], ",".join(str(r) for r in error.ranks)
+            self._store_op(lambda: self.store.set(LATE_KEY, f"{me}:{late}"))
         if self.action is WatchdogAction.EXIT:
+            self.job.declare(self.store, error)
             self.on_timeout(error)
             return True
         if self.action is WatchdogAction.RAISE and not (self._verdict and self._verdict.raised):
@@ -339,7 +331,7 @@ class Watchdog:
         step, index = key
         bucket = None if index == STEP_EXCHANGE else index
         me = self.global_ranks[self.rank]
-        head = (f"rank {me}: allreduce of {_what(index)} at step {step} still waiting after "
+        head = (f"rank {me}: allreduce of {what(index)} at step {step} still waiting after "
                 f"{waited_s:.1f} s (deadline {self.deadline_s:g} s)")
         if self.blind and not self._late:
             return SyncTimeout(f"{head}; the late ranks are unknown: the store cannot be read",
@@ -347,7 +339,7 @@ class Watchdog:
         parts = []
         for r, late in sorted(self._late.items()):
             who = f"rank {self.global_ranks[r]} has not reached step {step}'s allreduce " \
-                  f"({_what(index)})"
+                  f"({what(index)})"
             if late.beat is None:
                 parts.append(f"{who}: it never published a heartbeat")
             elif late.silent(now, self.deadline_s):
@@ -373,9 +365,11 @@ class Watchdog:
         except Exception as exc:
             self._failures += 1
             self._retry_at = now + min(self.tick_s * 2 ** self._failures, MAX_BACKOFF_S)
+            self.job.store_failed(exc, now)
             self._blinded(exc)
             return None
         self._failures = 0
+        self.job.store_answered()
         if self.blind:
             self.blind = False
             self.events.append(Event(SIGHTED, None, [self.global_ranks[self.rank]],

@@ -14,9 +14,10 @@ Hook points, per rank (torch 2.13, measured in ``docs/hardening.md``'s FSDP2 sec
      where the shard dimension has more than one rank. A short input (a parameter of the group
      without a gradient here) first leaves a note in the store (``last_words``), as does a
      backward that reduces fewer than all groups (3); the all-gather is wrapped too, and
-     when either collective fails the notes say why: a rank without a gradient, or with
-     gradient sync off, named by the ranks whose collective failed (gloo's error otherwise
-     stands). With ``fsdp_reduce_check`` (opt-in) it first
+     when either collective fails, or waits the watchdog's deadline (its ``Work`` watched),
+     the notes say why: a rank without a gradient, or with gradient sync off, named by the
+     ranks whose collective failed or hung (else gloo's error stands, or the wait goes on).
+     With ``fsdp_reduce_check`` (opt-in) it first
      sends this rank's row (kind ``REDUCE_SCATTER``: its index in the backward and its
      input's size), so a rank that brings another size is named on every rank;
   3. the root's output: a pre-hook on its ``grad_fn`` counts backwards (one per graph task);
@@ -166,9 +167,10 @@ class FSDPGuard:
         reduce_scatter = CheckedReduceScatter(
             groups[0]._reduce_scatter_comm, self.local_sums,
             lambda numel: self._before_reduce_scatter(index, numel),
-            lambda numel: self._collective_failed(index, numel))
+            lambda numel: self._collective_failed(index, numel), self._watch(index))
         all_gather = CheckedAllGather(groups[0]._all_gather_comm,
-                                      lambda: self._collective_failed(None, None))
+                                      lambda: self._collective_failed(None, None),
+                                      self._watch(None))
         module.set_custom_reduce_scatter(reduce_scatter)
         module.set_custom_all_gather(all_gather)
         self.handles.append(Restore(module, reduce_scatter, all_gather))
@@ -188,18 +190,25 @@ class FSDPGuard:
         self.reduce_exchanges += 1
         self._exchange(Exchange.REDUCE_SCATTER, None, True, numel)
 
-    def _collective_failed(self, index: int | None, numel: int | None
+    def _watch(self, index: int | None):
+        """A wrapper's collective for the watchdog: overdue, explained as a failed one."""
+        return None if self.watchdog is None else lambda work, numel: self.watchdog.outside.add(
+            work, lambda: self._collective_failed(index, numel, hung=True))
+
+    def _collective_failed(self, index: int | None, numel: int | None, *, hung: bool = False
                            ) -> ConsistencyError | None:
-        """FSDP2's reduce-scatter of group ``index`` (or an all-gather: None) failed on this rank:
-        what the notes show (``last_words``), reported at once — the launcher may end this
-        rank before its traceback is printed — or None (gloo's error stands)."""
-        self.failed = True
+        """FSDP2's reduce-scatter of group ``index`` (or an all-gather: None) failed on this rank,
+        or waited the watchdog's deadline (``hung``): what the notes show (``last_words``),
+        reported at once and left for the peers, or None (gloo's error stands)."""
+        self.failed = self.failed or not hung
         if self.last_words is None or self.closed:
             return None
         error = self.last_words.diagnose(self.clock(), index, numel)
         if error is not None:
+            self.failed = True
             self.events.append(error.event())
             print(f"openclaw: {error}", file=sys.stderr, flush=True)
+            self.watchdog.declare_failed(error)
         return error
 
     def clock(self) -> Clock:

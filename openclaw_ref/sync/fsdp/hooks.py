@@ -4,7 +4,10 @@ all-gather wrappers (``FSDPModule.set_custom_reduce_scatter``/``set_custom_all_g
 
 Invariant: the wrappers change nothing FSDP2 sends — each calls FSDP2's own comm with the same
 arguments (the same collective, bit for bit); what it adds runs before that call, or after it
-fails.
+fails. One thing moves: a collective FSDP2 waits on at once (``async_op=False``, the
+reduce-scatter always) is issued asynchronously and waited on in the wrapper, as gloo's
+synchronous call does inside, so that the watchdog can watch its ``Work`` meanwhile
+(``evidence/outside_work.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,25 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.precision import finite_sum
 
+Watch = Callable[[object, int | None], Callable[[], None]]  # (work, numel) -> what forgets it
+
+
+def call_watched(issue: Callable[[bool], object], async_op: bool, watch: Watch | None,
+                 numel: int | None) -> object:
+    """``issue(async_op)`` as FSDP2 asked, or — when FSDP2 would wait at once — issued
+    asynchronously and waited on here under ``watch``; returns what the comm returns."""
+    if async_op or watch is None:
+        return issue(async_op)
+    work = issue(True)
+    if work is None:  # this rank is not in the group
+        return None
+    forget = watch(work, numel)
+    try:
+        work.wait()
+    finally:
+        forget()
+    return None
+
 
 class CheckedReduceScatter(ReduceScatter):
     """FSDP2's reduce-scatter comm with this rank's non-finite sum taken first and ``before``
@@ -29,8 +51,10 @@ class CheckedReduceScatter(ReduceScatter):
 
     def __init__(self, inner: ReduceScatter, sums: list[torch.Tensor],
                  before: Callable[[int], None],
-                 failed: Callable[[int], ConsistencyError | None]) -> None:
+                 failed: Callable[[int], ConsistencyError | None],
+                 watch: Watch | None = None) -> None:
         self.inner, self.sums, self.before, self.failed = inner, sums, before, failed
+        self.watch = watch
         self.active = True
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -43,7 +67,8 @@ class CheckedReduceScatter(ReduceScatter):
         self.sums.append(finite_sum(input_tensor))
         self.before(input_tensor.numel())
         try:
-            return self.inner(output_tensor, input_tensor, group, op, async_op)
+            return call_watched(lambda a: self.inner(output_tensor, input_tensor, group, op, a),
+                                async_op, self.watch, input_tensor.numel())
         except RuntimeError as exc:
             error = self.failed(input_tensor.numel())
             if error is None:
@@ -56,8 +81,9 @@ class CheckedAllGather(AllGather):
     ``failed()`` makes of it, or as it was (None)."""
 
     def __init__(self, inner: AllGather,
-                 failed: Callable[[], ConsistencyError | None]) -> None:
-        self.inner, self.failed = inner, failed
+                 failed: Callable[[], ConsistencyError | None],
+                 watch: Watch | None = None) -> None:
+        self.inner, self.failed, self.watch = inner, failed, watch
         self.active = True
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -66,7 +92,8 @@ class CheckedAllGather(AllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False):
         try:
-            return self.inner(output_tensor, input_tensor, group, async_op)
+            return call_watched(lambda a: self.inner(output_tensor, input_tensor, group, a),
+                                async_op, self.watch if self.active else None, None)
         except RuntimeError as exc:
             error = self.failed() if self.active else None
             if error is None:

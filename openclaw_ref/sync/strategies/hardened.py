@@ -45,6 +45,11 @@ class Hardened(SyncStrategy):
             return None
         return self.state.policy
 
+    def declare_failed(self, exc: BaseException) -> None:
+        watchdog = getattr(getattr(self, "state", None), "watchdog", None)
+        if watchdog is not None:
+            watchdog.declare_failed(exc)
+
     def close(self, verify: bool = True) -> None:
         """Every replica slice compared once (the guard's close-time check), then closed."""
         if hasattr(self, "state"):

@@ -1,0 +1,140 @@
+"""A failed job ends on every rank: the note a failing rank leaves in the store, and the rule by
+which each other rank's watchdog then ends its own process within its deadline — never an
+orphan that only an outside kill ends.
+
+Why the ranks need it: a rank whose peer failed is often in no collective that would fail with
+it — it sleeps, saves, evaluates, or waits in a user's code — and torchrun's agent stops only the
+workers of its own node. When the failed rank's agent hosted the store, the store goes too, and
+the survivor's watchdog can no longer read anything at all.
+
+Two facts end a rank (``JobEnd.verdict``; the watchdog acts on it under ``RAISE`` and ``EXIT``,
+``REPORT`` only records):
+  * a peer's *failure note* under ``<namespace>/failed``: its global rank, the error's class,
+    exit code and step, the ranks it blames, and its first line — one ``|``-separated string
+    (nothing is unpickled), the first writer's kept (``compare_set``). Seen, it ends this rank
+    after ``grace_s``: a rank raising the same error itself (every rank raises a check at the
+    same step) leaves through its own error, its record written, before that;
+  * the store's host gone: the store has failed with nothing but connection errors
+    (``DistNetworkError``) for ``deadline_s``. A slow or flaky store raises other errors (a
+    timeout) and only blinds the watchdog.
+The note lives in the watchdog's namespace (one per construction), so a note left by an earlier
+task on a reused rank pool is never read as this one's. Cost: one store ``check`` per tick, on
+the watchdog's thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from openclaw_ref.sync.errors import EXIT_FAILURE, JobFailed
+
+SEP = "|"
+VERSION = "1"
+MESSAGE_CHARS = 240
+GONE = getattr(dist, "DistNetworkError", ConnectionError)  # torch < 2.2: no such class
+
+
+def failure_key(namespace: str) -> str:
+    return f"{namespace}/failed"
+
+
+@dataclass(frozen=True)
+class FailureNote:
+    """What a failing rank says of its failure, in the store."""
+
+    rank: int  # global
+    kind: str  # the error's class
+    exit_code: int
+    step: int | None
+    ranks: tuple[int, ...]  # the ranks its error blames (global)
+    message: str  # its first line
+
+    @classmethod
+    def of(cls, rank: int, exc: BaseException) -> FailureNote:
+        code, step = getattr(exc, "exit_code", EXIT_FAILURE), getattr(exc, "step", None)
+        ranks = getattr(exc, "ranks", None) or ()
+        first = (str(exc).strip().splitlines() or [""])[0][:MESSAGE_CHARS]
+        return cls(rank, type(exc).__name__, code if isinstance(code, int) else EXIT_FAILURE,
+                   step if isinstance(step, int) else None, tuple(int(r) for r in ranks), first)
+
+    def encode(self) -> str:
+        step = "" if self.step is None else str(self.step)
+        return SEP.join((VERSION, str(self.rank), self.kind, str(self.exit_code), step,
+                         ",".join(str(r) for r in self.ranks), self.message))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> FailureNote | None:
+        """The note, or None for anything that is not one of ours."""
+        try:
+            version, rank, kind, code, step, ranks, message = raw.decode().split(SEP, 6)
+            if version != VERSION:
+                return None
+            return cls(int(rank), kind, int(code), int(step) if step else None,
+                       tuple(int(r) for r in ranks.split(",") if r), message)
+        except ValueError:
+            return None
+
+
+class JobEnd:
+    """One rank's account of whether the job has failed elsewhere (module docstring). Times
+    are passed in, never read, so tests drive every order without sleeping."""
+
+    def __init__(self, rank: int, namespace: str, deadline_s: float, grace_s: float) -> None:
+        self.rank, self.key = rank, failure_key(namespace)
+        self.deadline_s, self.grace_s = deadline_s, grace_s
+        self.declared = False  # this rank failed itself: its own error ends it
+        self.note: FailureNote | None = None
+        self._seen_at = 0.0
+        self._gone_since: float | None = None
+        self._gone_error = ""
+
+    def declare(self, store: dist.Store, exc: BaseException) -> None:
+        """This rank fails with ``exc``: leave the note unless a peer's is there first. Never
+        raises (the store may be what failed)."""
+        if self.declared:
+            return
+        self.declared = True
+        try:
+            store.compare_set(self.key, "", FailureNote.of(self.rank, exc).encode())
+        except Exception:  # noqa: BLE001 - a note is a courtesy; the error stands without it
+            pass
+
+    def read(self, store: dist.Store) -> FailureNote | None:
+        """The note in the store, if any (store errors propagate: the caller counts them)."""
+        if not store.check([self.key]):
+            return None
+        return FailureNote.decode(store.get(self.key))
+
+    def saw(self, note: FailureNote | None, now: float) -> None:
+        if note is not None and note.rank != self.rank and self.note is None:
+            self.note, self._seen_at = note, now
+
+    def store_failed(self, exc: BaseException, now: float) -> None:
+        if isinstance(exc, GONE):
+            if self._gone_since is None:
+                self._gone_since = now
+            self._gone_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        else:
+            self._gone_since = None
+
+    def store_answered(self) -> None:
+        self._gone_since = None
+
+    def verdict(self, now: float) -> JobFailed | None:
+        """Why this rank must end now, or None."""
+        if self.declared:
+            return None
+        note = self.note
+        if note is not None and now - self._seen_at >= self.grace_s:
+            blames = f"blaming ranks {list(note.ranks)}" if note.ranks else "blaming no rank"
+            return JobFailed(f"rank {note.rank} failed with {note.kind} ({blames}): "
+                             f"{note.message}; rank {self.rank} ends too", rank=note.rank,
+                             ranks=list(note.ranks), step=note.step, exit_code=note.exit_code)
+        if self._gone_since is not None and now - self._gone_since >= self.deadline_s:
+            return JobFailed(f"the job's store has not answered for {now - self._gone_since:.1f} "
+                             f"s ({self._gone_error}): its host (the launcher, or the torchrun "
+                             f"agent that hosts the rendezvous) is gone, so the job has failed; "
+                             f"rank {self.rank} ends too")
+        return None

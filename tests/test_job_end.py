@@ -1,0 +1,175 @@
+"""A failed job ends on every rank (``sync/evidence/job_end.py``): a failing rank's note in the
+store ends its peers after a grace, a store whose host is gone ends them after a deadline of
+connection errors, a flaky store or ``REPORT`` never does, and a rank that fails itself leaves
+through its own error. Real TCPStores on loopback; the clock is passed in where the rule is
+unit-tested, and the watchdog tests wait on observed state, never on elapsed time."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from openclaw_ref.core.triage import FailureTriage, Report
+from openclaw_ref.sync.base import WatchdogAction
+from openclaw_ref.sync.errors import JobFailed, ReplicaDivergence, SyncTimeout
+from openclaw_ref.sync.evidence.job_end import FailureNote, JobEnd
+from openclaw_ref.sync.evidence.watchdog import Watchdog
+
+DEADLINE_S = 0.3
+LATE = SyncTimeout("rank 0: allreduce of the step's exchange at step 3 still waiting", ranks=[1],
+                   step=3)
+
+
+@pytest.fixture
+def store():
+    return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10),
+                         wait_for_workers=False)
+
+
+def test_a_note_says_who_failed_with_what_and_whom_it_blames_and_survives_its_encoding():
+    note = FailureNote.of(0, LATE)
+    assert (note.rank, note.kind, note.exit_code, note.step, note.ranks) == \
+        (0, "SyncTimeout", 4, 3, (1,))
+    assert FailureNote.decode(note.encode().encode()) == note
+    piped = FailureNote.of(2, ReplicaDivergence("a | b", step=5, ranks=[1, 3]))
+    assert FailureNote.decode(piped.encode().encode()) == piped
+    assert FailureNote.decode(b"not a note") is None
+
+
+def test_a_peers_note_ends_this_rank_after_the_grace_naming_the_peer_and_whom_it_blamed(store):
+    peer, me = JobEnd(0, "ns", 2.0, 1.0), JobEnd(1, "ns", 2.0, 1.0)
+    peer.declare(store, LATE)
+    me.saw(me.read(store), now=10.0)
+    assert me.verdict(now=10.9) is None
+    ended = me.verdict(now=11.0)
+    assert isinstance(ended, JobFailed) and ended.rank == 0 and ended.ranks == [1]
+    assert ended.exit_code == 4 and ended.step == 3
+    assert str(ended).startswith("rank 0 failed with SyncTimeout (blaming ranks [1]): rank 0:")
+    assert str(ended).endswith("rank 1 ends too")
+
+
+def test_the_first_note_is_kept_and_a_rank_that_failed_itself_is_not_ended_by_another(store):
+    first, second = JobEnd(0, "ns", 2.0, 1.0), JobEnd(1, "ns", 2.0, 1.0)
+    first.declare(store, LATE)
+    second.declare(store, ReplicaDivergence("x", step=1, ranks=[0]))
+    assert second.read(store).rank == 0
+    second.saw(second.read(store), now=0.0)
+    assert second.verdict(now=100.0) is None  # its own error ends it
+
+
+def test_a_note_in_another_namespace_is_not_this_jobs(store):
+    JobEnd(0, "earlier-task", 2.0, 1.0).declare(store, LATE)
+    assert JobEnd(1, "this-task", 2.0, 1.0).read(store) is None
+
+
+def test_a_store_whose_host_is_gone_ends_the_rank_after_a_deadline_of_connection_errors():
+    me = JobEnd(1, "ns", 2.0, 1.0)
+    gone = dist.DistNetworkError("Broken pipe")
+    me.store_failed(gone, now=5.0)
+    me.store_failed(gone, now=6.5)
+    assert me.verdict(now=6.9) is None
+    ended = me.verdict(now=7.0)
+    assert isinstance(ended, JobFailed) and ended.rank is None and ended.exit_code == 1
+    assert "has not answered for 2.0 s (DistNetworkError: Broken pipe)" in str(ended)
+
+
+def test_a_slow_store_or_one_that_answers_again_ends_nothing():
+    me = JobEnd(1, "ns", 2.0, 1.0)
+    me.store_failed(dist.DistNetworkError("Broken pipe"), now=0.0)
+    me.store_answered()
+    me.store_failed(RuntimeError("Socket Timeout"), now=1.0)
+    assert me.verdict(now=100.0) is None
+
+
+def _watchdog(store, rank: int, ns: str, action=WatchdogAction.RAISE, ended=None) -> Watchdog:
+    def report(exc: BaseException) -> None:
+        ended.append(exc)
+        done.set()
+
+    done = threading.Event()
+    dog = Watchdog(store, rank, 2, DEADLINE_S, ns, on_timeout=report, tick_s=0.02,
+                   action=action)
+    dog.done = done
+    return dog
+
+
+def test_a_peers_watchdog_ends_its_process_once_a_rank_declared_the_job_failed(store):
+    ended: list[BaseException] = []
+    me = _watchdog(store, 1, "declared", ended=ended)
+    failing = _watchdog(store, 0, "declared", ended=[])
+    try:
+        failing.declare_failed(LATE)
+        assert me.done.wait(20)
+    finally:
+        me.close()
+        failing.close()
+    [exc] = ended
+    assert isinstance(exc, JobFailed) and exc.rank == 0 and exc.ranks == [1]
+    assert me.events[-1].kind == "JobFailed"
+
+
+def test_report_records_nothing_more_than_it_did_and_never_ends_the_process(store):
+    ended: list[BaseException] = []
+    me = _watchdog(store, 1, "report", WatchdogAction.REPORT, ended=ended)
+    try:
+        JobEnd(0, me.namespace, DEADLINE_S, DEADLINE_S / 2).declare(store, LATE)
+        ticks = me._count
+        until_ticks = ticks + int(4 * DEADLINE_S / me.tick_s)
+        while me._count < until_ticks:  # four deadlines of ticks: observed, not slept
+            me._stop.wait(me.tick_s)
+    finally:
+        me.close()
+    assert ended == [] and me.job.note is not None
+
+
+def test_a_watchdog_whose_store_host_died_ends_its_process_within_the_deadline():
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5),
+                           wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 1, False,
+                           timeout=datetime.timedelta(seconds=5))
+    ended: list[BaseException] = []
+    me = _watchdog(client, 1, "gone", ended=ended)
+    try:
+        del server  # the store's host ends
+        assert me.done.wait(30)
+    finally:
+        me.close()
+    [exc] = ended
+    assert isinstance(exc, JobFailed) and "its host" in str(exc) and "rank 1 ends too" in str(exc)
+
+
+def test_the_launcher_blames_the_failing_peer_not_the_rank_that_ended_because_of_it():
+    triage = FailureTriage(range(2))
+    echo = JobFailed("rank 0 failed with SyncTimeout (blaming ranks [1]): …", rank=0, ranks=[1],
+                     exit_code=4)
+    triage.report(Report(1, f"JobFailed: {echo}", "", echo), now=0.0)
+    assert triage.decide(now=0.1) is None  # the peer's own report may follow
+    triage.report(Report(0, f"SyncTimeout: {LATE}", "", LATE), now=0.2)
+    assert triage.decide(now=0.2).rank == 0
+
+
+class Pending:
+    """A collective that never completes (its peer never arrives)."""
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def test_a_timeout_raised_in_the_training_thread_leaves_the_failure_note_for_the_late_rank(
+        store):
+    me = _watchdog(store, 0, "raised", ended=[])
+    me.issued(2, 0, Pending())  # rank 1 never publishes a beat: silent
+    try:
+        for _ in range(2000):  # until the diagnosis is recorded (observed, polled)
+            if me.events:
+                break
+            me._stop.wait(0.01)
+        with pytest.raises(SyncTimeout):
+            me.check()
+    finally:
+        me.close()
+    note = JobEnd(1, me.namespace, DEADLINE_S, DEADLINE_S / 2).read(store)
+    assert (note.rank, note.kind, note.exit_code, note.ranks) == (0, "SyncTimeout", 4, (1,))
