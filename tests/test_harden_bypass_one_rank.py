@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError, GradientsNotAveraged
 from openclaw_ref.sync.hardening import harden
 
@@ -61,7 +62,7 @@ def _params(module: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in module.parameters()]
 
 
-def accumulation_task(ctx, micro: int, idiom: str) -> dict:
+def accumulation_task(ctx, micro: int, idiom: str, guard: str = "step") -> dict:
     """Stock DDP without and with the bypass at (``BYPASS_STEP``, ``micro``), then the hardened
     job with it: the final parameters of each, and what the hardened job raised."""
     stock_clean = DDP(_model())
@@ -72,7 +73,7 @@ def accumulation_task(ctx, micro: int, idiom: str) -> dict:
         _train(ctx, stock, (BYPASS_STEP, micro), idiom)
         reply["stock"] = _params(stock.module)
     hardened = DDP(_model())
-    state = harden(hardened)
+    state = harden(hardened, SyncConfig(guard=guard))
     before = None
     try:
         _train(ctx, hardened, (BYPASS_STEP, micro), idiom)
@@ -142,9 +143,11 @@ def test_a_bypass_on_the_syncing_micro_step_raises_one_verdict_everywhere(pools,
     assert "the forward ran through ddp.module" in str(err)
 
 
+@pytest.mark.parametrize("guard", ["step", "bucket"])
 @pytest.mark.parametrize("idiom", ["flag", "no_sync"])
-def test_a_bypass_on_a_micro_step_ddp_does_not_sync_trains_bitwise_as_stock_ddp(pools, idiom):
-    for reply in pools.get(2).run(accumulation_task, 0, idiom):
+def test_a_bypass_on_a_micro_step_ddp_does_not_sync_trains_bitwise_as_stock_ddp(pools, idiom,
+                                                                                guard):
+    for reply in pools.get(2).run(accumulation_task, 0, idiom, guard):
         assert reply["error"] is None, reply["error"]
         assert reply["events"] == []
         s = reply["summary"]

@@ -102,8 +102,8 @@ class AveragingWatch:
         via, self.via_wrapper = self.via_wrapper, False
         if self.closed or not torch.is_grad_enabled():
             return
-        if via and not self.ddp.require_backward_grad_sync:  # no_sync(): nothing to average
-            return
+        if not self.ddp.require_backward_grad_sync:  # no_sync(): DDP averages nothing, and a
+            return  # forward around the wrapper would not have had it average either
         out = output if isinstance(output, torch.Tensor) else next(
             (t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad),
             None)
