@@ -89,11 +89,11 @@ def accumulation_task(ctx, micro: int, idiom: str, guard: str = "step") -> dict:
     return reply
 
 
-def plain_task(ctx) -> dict:
+def plain_task(ctx, guard: str) -> dict:
     """A plain ``backward(); opt.step()`` loop; rank ``BYPASS_RANK``'s forward of step
     ``BYPASS_STEP`` through ``ddp.module``."""
     ddp = DDP(_model())
-    state = harden(ddp)
+    state = harden(ddp, SyncConfig(guard=guard))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + ctx.rank)
     reply: dict = {"error": None}
@@ -125,8 +125,10 @@ def _one_verdict(replies: list[dict]) -> ConsistencyError:
     return first
 
 
-def test_a_syncing_forward_through_ddp_module_on_one_rank_raises_one_verdict_everywhere(pools):
-    replies = pools.get(2).run(plain_task)
+@pytest.mark.parametrize("guard", ["step", "bucket"])
+def test_a_syncing_forward_through_ddp_module_on_one_rank_raises_one_verdict_everywhere(pools,
+                                                                                        guard):
+    replies = pools.get(2).run(plain_task, guard)
     err = _one_verdict(replies)
     assert isinstance(err, GradientsNotAveraged), err
     assert err.step == BYPASS_STEP and err.ranks == [BYPASS_RANK]
@@ -134,9 +136,10 @@ def test_a_syncing_forward_through_ddp_module_on_one_rank_raises_one_verdict_eve
     assert all(r["unchanged"] for r in replies)  # no optimizer step applied that step
 
 
+@pytest.mark.parametrize("guard", ["step", "bucket"])
 @pytest.mark.parametrize("idiom", ["flag", "no_sync"])
-def test_a_bypass_on_the_syncing_micro_step_raises_one_verdict_everywhere(pools, idiom):
-    replies = pools.get(2).run(accumulation_task, ACCUM - 1, idiom)
+def test_a_bypass_on_the_syncing_micro_step_raises_one_verdict_everywhere(pools, idiom, guard):
+    replies = pools.get(2).run(accumulation_task, ACCUM - 1, idiom, guard)
     err = _one_verdict(replies)
     assert isinstance(err, GradientsNotAveraged), err
     assert err.step == BYPASS_STEP and err.ranks == [BYPASS_RANK]

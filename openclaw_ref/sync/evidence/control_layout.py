@@ -70,7 +70,6 @@ class NotIssued(enum.Enum):
     STOPPED = 0x3C  # DDP waited for a parameter that got no gradient
 
 
-MAGIC_UNISSUED = NotIssued.STOPPED.value
 _NOT_ISSUED = {w.value: w for w in NotIssued}
 READY_UNIT_US = 10.0  # ready-time resolution: 10 µs, floor-quantized
 SCALE_OFFSET = 128
