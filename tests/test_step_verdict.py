@@ -82,8 +82,13 @@ def _judge(rank: int, kinds: list[str], raise_nonfinite: bool = True) -> tuple:
     return ("passed", applies, [e.to_json() for e in ledger.events], ledger.last["buckets"])
 
 
+def _verdicts(kinds: list[str], raise_nonfinite: bool = True) -> list[tuple]:
+    """Every rank's verdict on the same exchange, in rank order."""
+    return [_judge(r, kinds, raise_nonfinite) for r in range(len(kinds))]
+
+
 def _everywhere(kinds: list[str], raise_nonfinite: bool = True) -> tuple:
-    verdicts = [_judge(r, kinds, raise_nonfinite) for r in range(len(kinds))]
+    verdicts = _verdicts(kinds, raise_nonfinite)
     assert all(v == verdicts[0] for v in verdicts), verdicts
     return verdicts[0]
 
@@ -94,7 +99,8 @@ KINDS = ["clean", "nonfinite", "ahead", "layout", "absent", "stopped", "bypassed
 
 @given(st.lists(st.sampled_from(KINDS), min_size=2, max_size=5), st.booleans())
 def test_the_same_exchange_gives_the_same_verdict_on_every_rank(kinds, raise_nonfinite):
-    _everywhere(kinds, raise_nonfinite)
+    first, *others = _verdicts(kinds, raise_nonfinite)
+    assert all(v == first for v in others), (first, others)
 
 
 @pytest.mark.parametrize("kinds,kind,ranks,params", [

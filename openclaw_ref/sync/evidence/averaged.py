@@ -3,11 +3,11 @@
 The invariant: a backward that accumulates a gradient into a parameter DDP synchronizes, after
 a forward DDP was asked to synchronize (``require_backward_grad_sync`` set, outside
 ``no_sync()``: through the wrapper, or the inner module called directly), issues at least one
-bucket through the hardened comm hook. Two published
-silent errors break it on every rank at once, with no collective to disagree on: a forward
-through ``ddp.module`` (DDP's reducer is never armed) and a dtype/device conversion after
-wrapping (``ddp.double(); ddp.float()``, ``.cpu()``/``.cuda()`` as in pytorch#104336: autograd
-replaces the gradient accumulators DDP hooked, so DDP never sees a gradient).
+bucket through the hardened comm hook. Two published silent errors break it on every rank at
+once, with no collective to disagree on: a forward through ``ddp.module`` (DDP's reducer is
+never armed) and a dtype/device conversion after wrapping (``ddp.double(); ddp.float()``,
+``.cpu()``/``.cuda()`` as in pytorch#104336: autograd replaces the gradient accumulators DDP
+hooked, so DDP never sees a gradient).
 
 How: a forward hook on ``ddp.module`` puts one pre-hook on the output's autograd node; when the
 backward reaches it, it queues an end-of-backward callback that queues a second one, which so
