@@ -74,7 +74,6 @@ def accumulation_task(ctx, micro: int, idiom: str, guard: str = "step") -> dict:
         reply["stock"] = _params(stock.module)
     hardened = DDP(_model())
     state = harden(hardened, SyncConfig(guard=guard))
-    before = None
     try:
         _train(ctx, hardened, (BYPASS_STEP, micro), idiom)
     except ConsistencyError as exc:
@@ -83,9 +82,8 @@ def accumulation_task(ctx, micro: int, idiom: str, guard: str = "step") -> dict:
         reply["events"] = list(state.events)
         reply["summary"] = state.summary()
     finally:
-        before = _params(hardened.module)
         state.close(verify=reply["error"] is None)
-    reply["hardened"] = before
+    reply["hardened"] = _params(hardened.module)
     return reply
 
 
