@@ -84,12 +84,13 @@ def _queue(callback: Callable[[], None]) -> None:
 class AveragingWatch:
     """Raises ``GradientsNotAveraged`` from a backward that DDP should have averaged and did
     not (see the module docstring). ``progress`` is the hook's (clock, issued records);
-    ``unissued(why)`` sends this step's buckets as never issued, for ``why``, and judges the
-    step (it raises, the same error on every rank)."""
+    ``unissued(why, concerned)`` sends this step's buckets as never issued, for ``why``
+    naming the first ``concerned`` parameter, and judges the step (it raises, the same error on
+    every rank)."""
 
     def __init__(self, ddp: nn.Module, synchronized: list[tuple[str, nn.Parameter]],
                  progress: Callable[[], tuple[int, int]], rank: int,
-                 unissued: Callable[[NotIssued], None]) -> None:
+                 unissued: Callable[[NotIssued, list[str]], None]) -> None:
         self.ddp = ddp
         self.synchronized = synchronized
         self.progress = progress
@@ -135,5 +136,6 @@ class AveragingWatch:
             if replaced:
                 cause, params, why = Cause.REPLACED, replaced, NotIssued.REPLACED
         step = self.progress()[0]
-        self.unissued(why)  # zeros for every bucket, marked why; the step judged: it raises
+        concerned = params if why is NotIssued.REPLACED else []
+        self.unissued(why, concerned)  # zeros for every bucket, marked why; judged: it raises
         raise GradientsNotAveraged(cause.value, step=step, ranks=[self.rank], params=params)
