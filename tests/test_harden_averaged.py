@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import GradientsNotAveraged
 from openclaw_ref.sync.hardening import harden
 
@@ -100,10 +101,10 @@ def clean_task(ctx, case: str) -> dict:
     return reply
 
 
-def faulty_task(ctx, case: str) -> dict:
+def faulty_task(ctx, case: str, guard: str = "step") -> dict:
     """The published pattern ``case`` on every rank; what each rank saw."""
     ddp = _wrap("plain")
-    state = harden(ddp)
+    state = harden(ddp, SyncConfig(guard=guard))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + ctx.rank)
     forward = ddp.module if case == "bypassed" else ddp
@@ -141,6 +142,7 @@ def test_legitimate_uses_of_ddp_stay_silent_and_average(pools, case):
         assert reply["replicas_equal"]
 
 
+@pytest.mark.parametrize("guard", ["step", "bucket"])
 @pytest.mark.parametrize("case,cause,step", [
     ("converted", "parameters were replaced after DDP wrapped them", 0),
     ("converted later", "parameters were replaced after DDP wrapped them", 2),
@@ -148,8 +150,8 @@ def test_legitimate_uses_of_ddp_stay_silent_and_average(pools, case):
     ("reassigned", "parameters were replaced after DDP wrapped them", 1),
 ])
 def test_gradients_ddp_never_averaged_raise_on_every_rank_before_the_step(pools, case, cause,
-                                                                           step):
-    replies = pools.get(2).run(faulty_task, case)
+                                                                           step, guard):
+    replies = pools.get(2).run(faulty_task, case, guard)
     for reply in replies:
         assert reply["kind"] == "GradientsNotAveraged", reply
         assert cause in reply["error"]

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -83,7 +83,7 @@ from openclaw_ref.sync.ddp.harden_state import HardenState
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.averaged import AveragingWatch
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
-from openclaw_ref.sync.evidence.control_layout import joined_slot, unissued_slot
+from openclaw_ref.sync.evidence.control_layout import NotIssued, joined_slot, unissued_slot
 from openclaw_ref.sync.evidence.ledger import BucketRecord
 from openclaw_ref.sync.evidence.precision import (
     divide,
@@ -197,17 +197,20 @@ def _shadow_allreduce(state: HardenState, bucket):
     return fut.then(done)
 
 
-def _unissued_allreduce(state: HardenState, bucket) -> None:
+def _unissued_allreduce(state: HardenState, bucket, why: NotIssued,
+                        concerned: Sequence[str] = ()) -> None:
     """Send zeros for a bucket of this step that this rank's DDP never issued (``bucket``: one
     of the reducer's zero-filled buckets), in the wire format the other ranks used for it, with
-    a slot that says so (``control_layout.unissued_slot``); the last one carries the step's
-    control block. The others are waiting inside these allreduces: they complete, and every
-    rank reads the same block and raises the same ``MissingGradient`` (``control.verify``)."""
+    a slot that says so, and ``why`` (``control_layout.unissued_slot``) and the first member
+    among the ``concerned`` parameters; the last one carries the step's control block. The
+    others are waiting inside these allreduces: they complete, and every rank reads the same
+    block and raises the same error (``control.not_reduced``)."""
     grads = bucket.buffer()
     n, index, last = grads.numel(), bucket.index(), bucket.is_last()
     digest, names = state.membership(bucket)
     exponent = state.policy.exponent_for(state.rank)
-    state.block.add(unissued_slot(state.slot(index, digest, exponent, 0.0, None)),
+    first = next((i for i, name in enumerate(names) if name in concerned), None)
+    state.block.add(unissued_slot(state.slot(index, digest, exponent, 0.0, first), why),
                     torch.zeros((), dtype=torch.float32))
     if _in_place(state, grads, last, exponent):
         wire = grads
@@ -224,20 +227,23 @@ def _unissued_allreduce(state: HardenState, bucket) -> None:
     record.done = work.get_future()
 
 
-def _complete_unissued(state: HardenState, ddp_model: DDP) -> None:
+def _complete_unissued(state: HardenState, ddp_model: DDP,
+                       why: NotIssued = NotIssued.STOPPED, concerned: Sequence[str] = ()) -> None:
     """The step's buckets this rank's DDP never issued (DDP issues them in index order, so the
     issued ones are a prefix), sent as zeros by ``_unissued_allreduce``."""
     issued = {r.index for r in state._records}
     for bucket in ddp_model.reducer._get_zeros_like_grad_buckets():
         if bucket.index() not in issued:
-            _unissued_allreduce(state, bucket)
+            _unissued_allreduce(state, bucket, why, concerned)
 
 
-def _unissued_step(state: HardenState, ddp_model: DDP) -> None:
-    """A backward in which this rank's DDP issued no bucket (it stopped before bucket 0): the
-    step's buckets go as zeros marked "never issued", and the step is judged — the same
-    ``MissingGradient`` on every rank (``averaged.AveragingWatch``)."""
-    _complete_unissued(state, ddp_model)
+def _unissued_step(state: HardenState, ddp_model: DDP, why: NotIssued,
+                   concerned: Sequence[str]) -> None:
+    """A backward in which this rank's DDP issued no bucket (``why``: it stopped before bucket
+    0, the forward bypassed the wrapper, the ``concerned`` parameters were replaced): the step's
+    buckets go as zeros marked "never issued", and the step is judged — the same error on every
+    rank (``averaged.AveragingWatch``)."""
+    _complete_unissued(state, ddp_model, why, concerned)
     state._settle()
 
 

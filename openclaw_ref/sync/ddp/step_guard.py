@@ -28,8 +28,11 @@ Per step, on every rank, with the default ``native``/``fp32`` wire (no comm hook
      one more collective, on that step only, and raises the same named error.
 A rank whose DDP did not reduce every bucket (a parameter without a gradient under
 ``find_unused_parameters=False``, a forward through ``ddp.module``, parameters replaced after
-wrapping) sends zeros for the buckets its DDP never issued, then its slot marked so, so that
-the other ranks' allreduces complete and every rank stops at the same step. A rank that joined
+wrapping) sends zeros for the buckets its DDP never issued, then its slot marked so, with
+why and the first parameter concerned, so that the other ranks' allreduces complete and every
+rank raises the same error at the same step, worded from that evidence (``control.not_reduced``).
+A forward DDP would not have averaged (``no_sync()``, ``require_backward_grad_sync = False``)
+arms nothing, through the wrapper or around it. A rank that joined
 (``DDP.join()``) sends a "joined" slot after DDP's shadow allreduces.
 
 What this mode does not see (``Guard.BUCKET`` does): which bucket held a rank's NaN, the
@@ -57,21 +60,16 @@ from openclaw_ref.sync.ddp.step_setup import (
     exchange_layout,
     queue_callback,
     send_unissued,
+    why_unissued,
 )
-from openclaw_ref.sync.errors import (
-    CollectiveFailed,
-    ConsistencyError,
-    GradientsNotAveraged,
-    MissingGradient,
-    backend_message,
-)
-from openclaw_ref.sync.evidence.averaged import Cause, _accumulates, _accumulator
+from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
+from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
-    MAGIC_UNISSUED,
     encode_slot,
     joined_slot,
     membership_digest,
+    unissued_slot,
 )
 from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.evidence.precision import ScalePolicy, finite_sum, nonfinite_flags
@@ -130,11 +128,9 @@ class StepGuard:
         self.present = bytearray(len(self.tracked))
         # this backward's sums of each rank's own gradients, taken as each is accumulated
         self.local_sums: list[torch.Tensor] = []
-        self.via_wrapper = False
         self.prepared = False  # a forward through the wrapper armed DDP's reducer
         self._task = -2  # graph task whose end runs the exchange (one per backward)
-        self._pending: tuple[BucketRecord, CountedStep, tuple[Cause, list[str]] | None] | None \
-            = None
+        self._pending: tuple[BucketRecord, CountedStep] | None = None
         self._sent: list[int] = []  # this step's slot and flags, for a failure gather
         self._flags: list[bool] | torch.Tensor | None = None
         self._verdict: bool | None = None
@@ -177,7 +173,6 @@ class StepGuard:
     # -- the step -------------------------------------------------------------------------------
     def _wrapper_forward(self, module, args) -> None:
         self._enter()
-        self.via_wrapper = True
         if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
             self.prepared = True  # DDP.forward arms its reducer for the next backward
         self._start_clock()
@@ -191,13 +186,14 @@ class StepGuard:
 
     def _module_forward(self, module, args, output) -> None:
         """Forward hook of ``ddp.module``: arm the exchange for the backward of an output that
-        DDP should average (through the wrapper outside ``no_sync``, or around it)."""
-        via, self.via_wrapper = self.via_wrapper, False
+        DDP should average — outside ``no_sync()`` / with ``require_backward_grad_sync`` set,
+        as DDP decides at its forward, whether this one ran through the wrapper or around it
+        (a bypass on a micro-step DDP would not have averaged changes nothing DDP does)."""
         if self.closed or not torch.is_grad_enabled():
             return
         self._forget_arrivals()  # a no_sync backward's, not this step's
-        if via and not self.ddp.require_backward_grad_sync:
-            return
+        if not self.ddp.require_backward_grad_sync:
+            return  # DDP's own decision for this forward, through the wrapper or around it
         out = next((t for t in tree_leaves(output)
                     if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
         if out is not None:
@@ -228,18 +224,19 @@ class StepGuard:
         t = time.perf_counter()
         prepared, self.prepared = self.prepared, False
         complete = prepared and hooked and (self._unused_allowed() or all(self.present))
-        first_unissued = 0
+        first_unissued, why = 0, None
+        absent = next((i for i in self.required if not self.present[i]), None)
         if not complete:
             present = {id(p): bool(seen) for (_, p), seen in zip(self.tracked, self.present)}
             first_unissued = send_unissued(self.ddp, prepared, present, self.cfg.wire, self.group)
-        cause = None if complete else self._cause(prepared)
-        absent = next((i for i in self.required if not self.present[i]), None)
+            why, absent = why_unissued(self.module, self.tracked, self.accumulators,
+                                       self.present, prepared)
         flags = nonfinite_flags(self.local_sums)
         self._forget_arrivals()
         slot = encode_slot(clock=self.clock, bucket=first_unissued, digest=self.digest,
                            scale_exp=0, ready_s=t - self.step_t0, absent=absent)
-        if not complete:
-            slot = [MAGIC_UNISSUED] + slot[1:]
+        if why is not None:
+            slot = unissued_slot(slot, why)
         replica = None
         if self.replicas.enabled:
             replica = self.replicas.digest_slice(self.clock)
@@ -254,7 +251,7 @@ class StepGuard:
         record = BucketRecord(None, self.names, sum(g.numel() for g in grads), None, grads,
                               done=work.get_future())
         counted = CountedStep(self.block, self.layout, self._gather, self._replica_error)
-        self._pending = (record, counted, cause)
+        self._pending = (record, counted)
         if not self.deferred:
             # Waited on here, before DDP's finalize: a peer that died makes this wait fail,
             # and it is raised as the failed collective it is (DDP's own wait would raise a
@@ -287,24 +284,11 @@ class StepGuard:
         ready itself) under ``find_unused_parameters`` and a static graph."""
         return bool(self.ddp.find_unused_parameters or getattr(self.ddp, "static_graph", False))
 
-    def _cause(self, prepared: bool) -> tuple[Cause, list[str]] | None:
-        """Why DDP did not reduce, where this rank can tell, with the parameters concerned: no
-        forward through the wrapper, or parameters replaced after wrapping (another Parameter
-        object, or another gradient accumulator after a dtype/device conversion); None: a
-        genuine missing gradient."""
-        if not prepared:
-            return Cause.BYPASSED, [n for (n, _), seen in zip(self.tracked, self.present)
-                                    if seen] or list(self.names)
-        current = dict(self.module.named_parameters())
-        replaced = [n for (n, p), node in zip(self.tracked, self.accumulators)
-                    if current.get(n) is not p or _accumulator(p) is not node]
-        return (Cause.REPLACED, replaced) if replaced else None
-
     def _settle(self) -> None:
         """Judge the pending step (callback 2, or where a deferred verdict is read)."""
         if self._pending is None:
             return
-        record, counted, cause = self._pending
+        record, counted = self._pending
         self._pending = None
         t = time.perf_counter()
         if self.cfg.wire is Wire.FP16 and record.reduced:  # the fp16 wire itself may overflow
@@ -317,11 +301,8 @@ class StepGuard:
             if self._device_t0 is not None and self._device_ready is not None:  # synced
                 self.ledger.last["device_ready_ms"] = {
                     "step": self._device_t0.elapsed_time(self._device_ready)}
-        except ConsistencyError as exc:
+        except ConsistencyError:
             self.failed = True
-            if cause is not None and isinstance(exc, MissingGradient):
-                raise GradientsNotAveraged(cause[0].value, step=step, ranks=exc.ranks,
-                                           params=cause[1]) from None
             raise
         except RuntimeError as exc:
             self._fail(exc, step)

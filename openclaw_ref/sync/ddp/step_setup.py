@@ -1,18 +1,22 @@
 """What ``harden()`` sets on a DDP model for the step guard besides the guard itself: the wire
 refused or registered before any hook (the step guard has no Python comm hook, so it can send
 only what DDP's C++ path sends), the handle that undoes an attribute it set, the join hook of a
-joined rank, and the two engine helpers the guard's step uses (a CUDA timing mark, a callback at
-the end of the backward's graph task)."""
+joined rank, the two engine helpers the guard's step uses (a CUDA timing mark, a callback at
+the end of the backward's graph task), and what a rank whose DDP did not reduce every bucket
+sends: zeros for the buckets it never issued, and why (``why_unissued``)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.evidence.averaged import _accumulator
 from openclaw_ref.sync.evidence.control_counts import CountLayout
+from openclaw_ref.sync.evidence.control_layout import NotIssued
 from openclaw_ref.sync.evidence.precision import ScalePolicy
 
 
@@ -109,3 +113,24 @@ def send_unissued(ddp: DDP, prepared: bool, present: dict[int, bool], wire: Wire
             buffer = buffer.to(torch.float16)
         dist.all_reduce(buffer, group=group)
     return 0 if first is None else first
+
+
+def why_unissued(module: nn.Module, tracked: list[tuple[str, nn.Parameter]], accumulators: list,
+                 present: bytearray, prepared: bool) -> tuple[NotIssued, int | None]:
+    """Why this rank's DDP did not reduce every bucket of a backward, and the index in
+    ``tracked`` of the first parameter concerned (None: not one in particular) — the evidence
+    only this rank holds, which its slot carries so that every rank words the verdict alike
+    (``control.not_reduced``): no forward through the wrapper armed the reducer (the whole
+    forward is concerned); parameters replaced after wrapping (another Parameter object under
+    the name, or another gradient accumulator than the one DDP hooked, after a dtype/device
+    conversion: the first replaced); else DDP waited for a parameter without a gradient (the
+    first such). ``accumulators``: the nodes DDP hooked, as ``tracked``; ``present``: 1 where
+    the parameter got a gradient through it."""
+    if not prepared:  # the whole forward: every parameter's gradient is concerned
+        return NotIssued.BYPASSED, None
+    current = dict(module.named_parameters())
+    replaced = next((i for i, ((n, p), node) in enumerate(zip(tracked, accumulators))
+                     if current.get(n) is not p or _accumulator(p) is not node), None)
+    if replaced is not None:
+        return NotIssued.REPLACED, replaced
+    return NotIssued.STOPPED, next((i for i, seen in enumerate(present) if not seen), None)

@@ -1,12 +1,13 @@
 """``averaged``: were this backward's gradients averaged by DDP? One watch per hardened model.
 
 The invariant: a backward that accumulates a gradient into a parameter DDP synchronizes, after
-a forward DDP was asked to synchronize (the wrapper outside ``no_sync()``, or the inner module
-called directly), issues at least one bucket through the hardened comm hook. Two published
-silent errors break it on every rank at once, with no collective to disagree on: a forward
-through ``ddp.module`` (DDP's reducer is never armed) and a dtype/device conversion after
-wrapping (``ddp.double(); ddp.float()``, ``.cpu()``/``.cuda()`` as in pytorch#104336: autograd
-replaces the gradient accumulators DDP hooked, so DDP never sees a gradient).
+a forward DDP was asked to synchronize (``require_backward_grad_sync`` set, outside
+``no_sync()``: through the wrapper, or the inner module called directly), issues at least one
+bucket through the hardened comm hook. Two published silent errors break it on every rank at
+once, with no collective to disagree on: a forward through ``ddp.module`` (DDP's reducer is
+never armed) and a dtype/device conversion after wrapping (``ddp.double(); ddp.float()``,
+``.cpu()``/``.cuda()`` as in pytorch#104336: autograd replaces the gradient accumulators DDP
+hooked, so DDP never sees a gradient).
 
 How: a forward hook on ``ddp.module`` puts one pre-hook on the output's autograd node; when the
 backward reaches it, it queues an end-of-backward callback that queues a second one, which so
@@ -15,8 +16,7 @@ allreduce) and compares the hook's progress (clock, issued records) with its val
 forward. Per step: one forward hook, one node pre-hook, two callbacks, O(1) Python (~10 µs
 timed by hand on CPU, not by the hook-cost job; nothing per bucket). Only when no bucket was
 issued does the watch look at the parameters (O(parameters), asking the engine whether their
-accumulators ran), and raise ``GradientsNotAveraged`` from ``backward()``, so the optimizer
-never applies the step. A
+accumulators ran), and end the step from ``backward()``, so the optimizer never applies it. A
 backward that reaches no parameter (a loss that does not depend on them, ``autograd.grad``
 towards the inputs) is silent.
 
@@ -27,8 +27,12 @@ bucket" has one cause: this rank's DDP
 stopped before bucket 0 (a parameter of that bucket got no gradient under
 ``find_unused_parameters=False``; DDP issues buckets in index order), while the other ranks may
 have issued theirs and wait inside bucket 0's allreduce. That is the last-bucket-missing case
-at its extreme, so it takes that path (``unissued``: every bucket sent as zeros marked "never
-issued", then the step judged): every rank raises the same ``MissingGradient`` at the same step.
+at its extreme, and every cause takes its path (``unissued``: every bucket sent as zeros marked
+"never issued" with the cause, ``control_layout.NotIssued``, then the step judged), since the
+other ranks may be waiting whatever the cause (one rank's forward through ``ddp.module``):
+every rank raises the same error at the same step, worded from the slots
+(``control.not_reduced``) — ``GradientsNotAveraged`` for a bypass or a replacement,
+``MissingGradient`` for a DDP that stopped.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from openclaw_ref.sync.errors import GradientsNotAveraged
+from openclaw_ref.sync.evidence.control_layout import NotIssued
 
 
 class Cause(enum.Enum):
@@ -79,11 +84,13 @@ def _queue(callback: Callable[[], None]) -> None:
 class AveragingWatch:
     """Raises ``GradientsNotAveraged`` from a backward that DDP should have averaged and did
     not (see the module docstring). ``progress`` is the hook's (clock, issued records);
-    ``unissued`` sends this step's buckets as never issued and judges the step (it raises)."""
+    ``unissued(why, concerned)`` sends this step's buckets as never issued, for ``why``
+    naming the first ``concerned`` parameter, and judges the step (it raises, the same error on
+    every rank)."""
 
     def __init__(self, ddp: nn.Module, synchronized: list[tuple[str, nn.Parameter]],
                  progress: Callable[[], tuple[int, int]], rank: int,
-                 unissued: Callable[[], None]) -> None:
+                 unissued: Callable[[NotIssued, list[str]], None]) -> None:
         self.ddp = ddp
         self.synchronized = synchronized
         self.progress = progress
@@ -102,8 +109,8 @@ class AveragingWatch:
         via, self.via_wrapper = self.via_wrapper, False
         if self.closed or not torch.is_grad_enabled():
             return
-        if via and not self.ddp.require_backward_grad_sync:  # no_sync(): nothing to average
-            return
+        if not self.ddp.require_backward_grad_sync:  # no_sync(): DDP averages nothing, and a
+            return  # forward around the wrapper would not have had it average either
         out = output if isinstance(output, torch.Tensor) else next(
             (t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad),
             None)
@@ -119,16 +126,16 @@ class AveragingWatch:
         received = [(n, p) for n, p in self.synchronized if p.requires_grad and _accumulates(p)]
         if not received:
             return
-        cause, params = Cause.NO_BUCKET, [n for n, _ in received]
+        cause, params, why = Cause.NO_BUCKET, [n for n, _ in received], NotIssued.STOPPED
         if not via_wrapper:
-            cause = Cause.BYPASSED
+            cause, why = Cause.BYPASSED, NotIssued.BYPASSED
         else:
             current = dict(self.ddp.module.named_parameters())
             replaced = ([n for n, p in received if _accumulator(p) is not self.hooked.get(id(p))]
                         or [n for n, p in self.synchronized if current.get(n) is not p])
             if replaced:
-                cause, params = Cause.REPLACED, replaced
-            else:  # DDP stopped before bucket 0 here: MissingGradient on every rank
-                self.unissued()
-        raise GradientsNotAveraged(cause.value, step=self.progress()[0], ranks=[self.rank],
-                                   params=params)
+                cause, params, why = Cause.REPLACED, replaced, NotIssued.REPLACED
+        step = self.progress()[0]
+        concerned = params if why is NotIssued.REPLACED else []
+        self.unissued(why, concerned)  # zeros for every bucket, marked why; judged: it raises
+        raise GradientsNotAveraged(cause.value, step=step, ranks=[self.rank], params=params)

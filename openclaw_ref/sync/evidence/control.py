@@ -7,8 +7,9 @@ or none does. For each field the reference value is the one most ranks report (t
 of the lowest such rank; ``vote.plurality``); the ranks reporting anything else are the
 disagreeing ranks (``ranks`` of the error). The message claims a majority only where there is
 one; otherwise it says the ranks disagree and gives every rank's value (``split_view``).
-Checks run in cause order: missing slot → a bucket some rank's DDP never issued → clock → bucket
-index/membership → scale → absent required gradient; a local non-finite gradient is reported
+Checks run in cause order: missing slot → a bucket some rank's DDP never issued (worded from
+the slots of the ranks that did not reduce, ``not_reduced``) → clock → bucket index/membership →
+scale → absent required gradient; a local non-finite gradient is reported
 with its ranks (what to do about it is the ledger's policy). ``verify`` states the rule and
 names the ranks; ``check_blocks`` passes the clean buckets of a whole step with a few tensor
 operations whatever the world size, and only a bucket it cannot pass is decoded on the host for
@@ -25,9 +26,12 @@ import torch
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ClockMismatch,
+    ConsistencyError,
+    GradientsNotAveraged,
     MissingGradient,
     ScaleMismatch,
 )
+from openclaw_ref.sync.evidence.averaged import Cause
 from openclaw_ref.sync.evidence.control_layout import (
     ABSENT,
     CHUNK,
@@ -36,6 +40,7 @@ from openclaw_ref.sync.evidence.control_layout import (
     NONFINITE,
     READY,
     SLOT_FIELDS,
+    NotIssued,
     Slot,
     units_to_ms,
 )
@@ -98,13 +103,7 @@ def verify(slots: list[Slot], *, bucket: int | None, params: list[str]) -> Bucke
             bucket=bucket, params=params)
     unissued = [r for r in active if slots[r].unissued]
     if unissued:
-        clocks = [slots[r].clock for r in active]
-        first = slots[unissued[0]].bucket if bucket is None else bucket  # step: from the slot
-        raise MissingGradient(
-            "DDP never reduced this backward's last bucket on these ranks: their DDP stopped "
-            f"before bucket {first} (a parameter without a gradient under "
-            "find_unused_parameters=False?); they sent zeros so that every rank stops here",
-            step=int(plurality(clocks)[0]), ranks=unissued, bucket=bucket, params=params)
+        raise not_reduced(slots, active, unissued, bucket=bucket, params=params)
     joined = len(active) < len(slots)
     if not active:
         return BucketVerdict(bucket, [], 0.0, 0, joined)
@@ -143,6 +142,44 @@ def verify(slots: list[Slot], *, bucket: int | None, params: list[str]) -> Bucke
             f"{ {r: slots[r].absent for r in absent} }); the sum would silently miss them",
             step=step, ranks=absent, bucket=at, params=named)
     return _passed(at, [slots[r] for r in active], active, joined)
+
+
+def not_reduced(slots: Sequence[Slot], active: Sequence[int], unissued: Sequence[int], *,
+                bucket: int | None, params: Sequence[str]) -> ConsistencyError:
+    """The verdict of a step on which the ``unissued`` ranks' DDP did not reduce every bucket,
+    from their slots alone (each says why, ``NotIssued``, and the first parameter concerned), so
+    every rank words it alike: the rank with the evidence decides. The class is that of the
+    surest cause any of them reports (cause order): ``GradientsNotAveraged`` for a forward that
+    bypassed the wrapper or parameters replaced after wrapping, else ``MissingGradient``; the
+    parameter named is the one the first rank with that cause reported; ``ranks`` are every
+    rank whose DDP did not reduce, each cause's ranks in the words when they differ."""
+    step = int(plurality([slots[r].clock for r in active])[0])
+    by_why: dict[NotIssued, list[int]] = {}
+    for r in unissued:
+        by_why.setdefault(slots[r].unissued, []).append(r)
+    causes = [w for w in NotIssued if w in by_why]
+    words = [_why_words(w, slots[by_why[w][0]], bucket, params)
+             + (f" (ranks {by_why[w]})" if len(causes) > 1 else "") for w in causes]
+    first = slots[by_why[causes[0]][0]].absent
+    named = [params[first]] if first is not None and first < len(params) else list(params)
+    kind = MissingGradient if causes[0] is NotIssued.STOPPED else GradientsNotAveraged
+    return kind("; ".join(words), step=step, ranks=list(unissued), bucket=bucket, params=named)
+
+
+def _why_words(why: NotIssued, slot: Slot, bucket: int | None, params: Sequence[str]) -> str:
+    """One cause's words: ``averaged.Cause``'s for a bypass or a replacement; for a DDP that
+    stopped, the bucket it stopped before and the parameter it waited for, where known."""
+    if why is NotIssued.BYPASSED:
+        return Cause.BYPASSED.value
+    if why is NotIssued.REPLACED:
+        return Cause.REPLACED.value
+    first = slot.bucket if bucket is None else bucket  # step guard: from the slot
+    waited = (f": {params[slot.absent]} got no gradient, and under "
+              "find_unused_parameters=False DDP waits for every parameter"
+              if slot.absent is not None and slot.absent < len(params) else
+              " (a parameter without a gradient under find_unused_parameters=False?)")
+    return (f"DDP never reduced this backward's last bucket on these ranks: their DDP stopped "
+            f"before bucket {first}{waited}; they sent zeros so that every rank stops here")
 
 
 def _passed(index: int | None, mine: list[Slot], active: list[int], joined: bool) -> BucketVerdict:

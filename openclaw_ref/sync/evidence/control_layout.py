@@ -16,9 +16,11 @@ bucketed engine still sends one slot per rank per bucket.
 Fields of a slot (chunks, most significant first):
   ``magic``      1  0xA5: the slot was written (a zero slot = that rank sent no block); 0x5A: the
                     rank has joined (``DDP.join()``) and sends zeros in DDP's shadow allreduce —
-                    its slot abstains from every comparison; 0x3C: the rank's DDP never issued
-                    this bucket in this backward (it sends zeros once it learns so, to end the
-                    step on every rank with the same verdict)
+                    its slot abstains from every comparison; 0x3C/0x3D/0x3E: the rank's DDP never
+                    issued this bucket in this backward, and why (``NotIssued``: it stopped at a
+                    parameter without a gradient, no forward through the wrapper armed it, its
+                    parameters were replaced); the rank sends zeros once it learns so, to end
+                    the step on every rank with the same verdict
   ``clock``      4  the rank's logical clock (training step) mod 2**32
   ``bucket``     2  the bucket index the rank thinks it is reducing
   ``digest``     8  64-bit digest of the bucket's parameter membership (names, shapes, dtypes,
@@ -26,7 +28,9 @@ Fields of a slot (chunks, most significant first):
                     zero-filled and stays a member
   ``scale``      1  the rank's power-of-two pre-scale exponent, offset by 128
   ``absent``     2  1 + the member index of the first *required* parameter (one the model does
-                    not declare conditional) that got no local gradient this step; 0 = none
+                    not declare conditional) that got no local gradient this step; 0 = none. In
+                    a slot marked never issued: 1 + the index of the first parameter the cause
+                    concerns (``NotIssued``), so every rank names the one this rank saw
   ``nonfinite``  1  1 if the rank's own gradients in the bucket held NaN/inf before the wire
   ``ready``      3  bucket-ready time relative to the rank's step start, in units of
                     ``READY_UNIT_US`` µs (floor), saturating at 2**24 − 1 units (≈ 167 s)
@@ -42,6 +46,7 @@ rank.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import math
 from collections.abc import Sequence
@@ -54,7 +59,18 @@ CHUNK_BITS = 8
 CHUNK = 1 << CHUNK_BITS
 MAGIC = 0xA5
 MAGIC_JOINED = 0x5A
-MAGIC_UNISSUED = 0x3C
+
+
+class NotIssued(enum.Enum):
+    """Why a rank's DDP never issued a bucket in a backward, as the magic of the slot it sends
+    instead (cause order: the evidence that names the cause most surely first)."""
+
+    BYPASSED = 0x3D  # no forward through the wrapper armed DDP's reducer (``ddp.module(x)``)
+    REPLACED = 0x3E  # parameters replaced after wrapping: DDP's hooks never ran
+    STOPPED = 0x3C  # DDP waited for a parameter that got no gradient
+
+
+_NOT_ISSUED = {w.value: w for w in NotIssued}
 READY_UNIT_US = 10.0  # ready-time resolution: 10 µs, floor-quantized
 SCALE_OFFSET = 128
 
@@ -143,9 +159,9 @@ def joined_slot() -> list[int]:
     return [MAGIC_JOINED] + [0] * (SLOT_FIELDS - 1)
 
 
-def unissued_slot(slot: list[int]) -> list[int]:
-    """``slot`` marked as sent for a bucket this rank's DDP never issued (magic 0x3C)."""
-    return [MAGIC_UNISSUED] + slot[1:]
+def unissued_slot(slot: list[int], why: NotIssued = NotIssued.STOPPED) -> list[int]:
+    """``slot`` marked as sent for a bucket this rank's DDP never issued, for ``why``."""
+    return [why.value] + slot[1:]
 
 
 def write_block(block: torch.Tensor, rank: int, slot: Sequence[int]) -> None:
@@ -199,7 +215,7 @@ class Slot:
     nonfinite: bool = False
     ready_ms: float = 0.0
     absent: int | None = None  # member index of the first required parameter without gradient
-    unissued: bool = False  # the rank's DDP never issued this bucket (magic 0x3C)
+    unissued: NotIssued | None = None  # the rank's DDP never issued this bucket, and why
 
 
 def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
@@ -213,7 +229,7 @@ def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
         if ok and ints[0] == MAGIC_JOINED:
             slots.append(Slot(True, joined=True))
             continue
-        if not ok or ints[0] not in (MAGIC, MAGIC_UNISSUED):
+        if not ok or (ints[0] != MAGIC and ints[0] not in _NOT_ISSUED):
             slots.append(Slot(False))
             continue
         value = {name: _unchunk(ints[o:o + _WIDTH[name]]) for name, o in _OFFSET.items()}
@@ -222,5 +238,5 @@ def decode_block(values: Sequence[float], world_size: int) -> list[Slot]:
             scale_exp=value["scale"] - SCALE_OFFSET, nonfinite=bool(value["nonfinite"]),
             ready_ms=units_to_ms(value["ready"]),
             absent=value["absent"] - 1 if value["absent"] else None,
-            unissued=ints[0] == MAGIC_UNISSUED))
+            unissued=_NOT_ISSUED.get(ints[0])))
     return slots
