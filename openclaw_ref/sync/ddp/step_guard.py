@@ -64,6 +64,7 @@ from openclaw_ref.sync.errors import (
     backend_message,
 )
 from openclaw_ref.sync.evidence.averaged import Cause, _accumulates, _accumulator
+from openclaw_ref.sync.evidence.canary import canary_for, step_digests
 from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
@@ -138,6 +139,8 @@ class StepGuard:
         self._flags: list[bool] | torch.Tensor | None = None
         self._verdict: bool | None = None
         self.shadow_steps = 0
+        self.canary = canary_for(self, cfg.canary_every)  # the compute canary (``canary``)
+        self.digests = step_digests(self.replicas, self.canary)
 
     # -- registration (harden) ----------------------------------------------------------------
     def install(self, required: set[str] | None) -> None:
@@ -151,6 +154,8 @@ class StepGuard:
                 self.handles.append(p.register_post_accumulate_grad_hook(self._summed))
         self.handles.append(self.entry.register_forward_pre_hook(self._wrapper_forward))
         self.handles.append(self.module.register_forward_hook(self._module_forward))
+        if self.canary is not None:
+            self.handles.append(self.canary.install())
         original = self.ddp.join_hook
         self.ddp.join_hook = lambda **kwargs: JoinedExchange(original(**kwargs), self)
         self.handles.append(Unset(self.ddp, "join_hook"))
@@ -243,6 +248,8 @@ class StepGuard:
         if self.replicas.enabled:
             replica = self.replicas.digest_slice(self.clock)
             self.ledger.replica_checks += 1
+        if self.canary is not None:
+            replica = self.canary.fold(replica)
         write_counts(self.block, self.layout, self.rank, [slot], flags, replica)
         self._sent, self._flags = slot, flags
         self._device_ready = cuda_mark() if self._device_t0 is not None else None
@@ -313,6 +320,8 @@ class StepGuard:
         try:
             self._verdict = self.ledger.settle(step, [record], sync_ms=(t - self.step_t0) * 1e3,
                                                verify_started=t, counted=counted)
+            if self.canary is not None:
+                self.canary.settled(step)
             if self._device_t0 is not None and self._device_ready is not None:  # synced
                 self.ledger.last["device_ready_ms"] = {
                     "step": self._device_t0.elapsed_time(self._device_ready)}
@@ -341,10 +350,10 @@ class StepGuard:
                 for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
 
     def _gather(self) -> list[list[int]]:
-        return gather_step_rows(self.group, [self._sent], self._flags, self.replicas)
+        return gather_step_rows(self.group, [self._sent], self._flags, self.digests)
 
     def _replica_error(self, rows: list[list[int]], active: list[int]):
-        return self.replicas.divergence(rows, active, step=self.clock - 1)
+        return self.digests.divergence(rows, active, step=self.clock - 1)
 
     def joined_exchange(self) -> None:
         """A joined rank's part of an active step (``DDP.join()``): after DDP's shadow
