@@ -79,13 +79,14 @@ def _fires(call: int, rate: float) -> bool:
 
 class FaultyMatmul(TorchDispatchMode):
     """The faulty rank's matrix unit (module docstring). ``active`` switches it on (from the
-    fault's STEP); ``fired`` counts the corrupted results."""
+    fault's STEP); ``fired`` counts the corrupted results; ``offset`` starts the call count
+    elsewhere (another stretch of the same pseudo-random sequence of faulty calls)."""
 
-    def __init__(self, model: SDCModel) -> None:
+    def __init__(self, model: SDCModel, offset: int = 0) -> None:
         super().__init__()
         self.model = model
         self.active = False
-        self.calls = 0
+        self.calls = offset
         self.fired = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
