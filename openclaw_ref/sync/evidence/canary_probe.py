@@ -14,7 +14,9 @@ with its parameters and buffers swapped for stand-ins for the call
 (``torch.nn.utils.stateless._reparametrize_module``, tied weights kept tied) — each parameter a
 new leaf sharing its storage (``detach``), each buffer a clone (BatchNorm's running statistics
 go to the clone) — so no ``.grad`` of the user's parameters, no buffer, no gradient
-accumulator DDP hooked and no hook of the root module runs; the RNG streams are forked and
+accumulator DDP hooked and no hook of the root module runs (the backward runs inside the swap
+too: a checkpointed segment recomputes its forward in the backward, and would otherwise reach
+the user's parameters); the RNG streams are forked and
 seeded with the probe's own seed (``torch.random.fork_rng``), so the user's streams continue
 as if nothing ran; the backward starts from a cotangent drawn from a fixed CPU generator.
 Submodules' hooks do run (they are part of the computation the probe checks).
@@ -41,6 +43,7 @@ _DTYPES: tuple[torch.dtype, ...] = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 TENSOR, INT, FLOAT, BOOL, NONE, OTHER = range(1, 7)
+_GRAD_BIT = 8  # a tensor's dtype code carries its requires_grad flag above this bit
 
 
 @dataclass
@@ -62,7 +65,8 @@ def capture(args: tuple, kwargs: dict) -> ProbeInput:
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             rows = leaf.dim() > 0 and leaf.shape[0] == batch
-            leaf = (leaf[:PROBE_ROWS] if rows else leaf).detach().clone()
+            leaf = (leaf[:PROBE_ROWS] if rows else leaf).detach().clone().requires_grad_(
+                leaf.requires_grad)
         out.append(leaf)
     return ProbeInput(spec, out)
 
@@ -74,7 +78,8 @@ def _describe(leaves: Sequence[Any]) -> tuple[list[int], list[torch.Tensor]] | N
         if isinstance(leaf, torch.Tensor):
             if leaf.dtype not in _DTYPES or leaf.dim() > MAX_DIMS or leaf.is_sparse:
                 return None
-            words += [TENSOR, _DTYPES.index(leaf.dtype), leaf.dim(), *leaf.shape]
+            words += [TENSOR, _DTYPES.index(leaf.dtype) | leaf.requires_grad << _GRAD_BIT,
+                      leaf.dim(), *leaf.shape]
             tensors.append(leaf)
         elif isinstance(leaf, bool):
             words += [BOOL, int(leaf)]
@@ -124,13 +129,15 @@ def _decode(words: list[int], payload: torch.Tensor) -> list[Any]:
         at += 1
         kind = words[at]
         if kind == TENSOR:
-            dtype, ndim = _DTYPES[words[at + 1]], words[at + 2]
+            code, ndim = words[at + 1], words[at + 2]
+            dtype = _DTYPES[code & ((1 << _GRAD_BIT) - 1)]
             shape = words[at + 3:at + 3 + ndim]
             at += 2 + ndim
             n = dtype.itemsize
             for d in shape:
                 n *= d
-            leaves.append(payload[offset:offset + n].view(dtype).reshape(shape).clone())
+            leaf = payload[offset:offset + n].view(dtype).reshape(shape).clone()
+            leaves.append(leaf.requires_grad_(bool(code >> _GRAD_BIT)))
             offset += n
         elif kind in (INT, BOOL, FLOAT):
             at += 1
@@ -159,7 +166,7 @@ def rebuild(local: ProbeInput | None, shared: list[Any], device: torch.device
             leaves.append(mine)
         elif isinstance(theirs, torch.Tensor):
             where = mine.device if isinstance(mine, torch.Tensor) else device
-            leaves.append(theirs.to(where))
+            leaves.append(theirs.detach().to(where).requires_grad_(theirs.requires_grad))
         else:
             leaves.append(theirs)
     return tree_unflatten(leaves, local.spec)
@@ -189,13 +196,15 @@ def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], ar
         torch.default_generator.manual_seed(seed)
         for d in devices:
             torch.cuda.default_generators[d].manual_seed(seed)
+        # the backward too runs with the stand-ins in place: a checkpointed segment
+        # recomputes its forward there, and must not reach the user's parameters
         with _reparametrize_module(module, stand_ins, tie_weights=True):
             out = type(module).forward(module, *args, **kwargs)
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
-                and t.requires_grad and (t.is_floating_point() or t.is_complex())]
-        if outs:
-            torch.autograd.backward(outs, [cotangent_like(t, seed + i)
-                                           for i, t in enumerate(outs)])
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
+                    and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+            if outs:
+                torch.autograd.backward(outs, [cotangent_like(t, seed + i)
+                                               for i, t in enumerate(outs)])
     grads = []
     for _, p in tracked:
         g = by_id[id(p)].grad if id(p) in by_id else None

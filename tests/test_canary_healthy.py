@@ -1,0 +1,54 @@
+"""The compute canary never fires on a healthy job and leaves training bitwise as it was: the
+weights, buffers and RNG state with the canary at every step equal those without it, on the
+healthy-jobs corpus and the DDP option matrix (``experiments/canary_healthy.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openclaw_ref.experiments.canary_healthy import (
+    HealthyJob,
+    healthy_task,
+    option_task,
+    step_guard_cases,
+)
+
+
+def _bitwise_equal(a: dict, b: dict) -> None:
+    for part in ("params", "buffers"):
+        assert a[part].keys() == b[part].keys()
+        for name in a[part]:
+            assert torch.equal(a[part][name], b[part][name]), (part, name)
+    assert torch.equal(a["rng"], b["rng"])
+
+
+def _quiet(reply: dict, off: dict) -> None:
+    """No error, and no event the canary-off run did not have (a GradScaler's deliberate
+    overflows are skipped steps, with an event, in both runs)."""
+    assert reply["error"] is None, reply["error"]
+    assert reply["events"] == off["events"], reply["events"]
+
+
+@pytest.mark.parametrize("job", list(HealthyJob))
+def test_a_healthy_job_trains_bitwise_the_same_with_the_canary_and_raises_nothing(pools, job):
+    pool = pools.get(2)
+    off, on = pool.run(healthy_task, job, 0), pool.run(healthy_task, job, 1)
+    for a, b in zip(off, on):
+        _quiet(a, {"events": []})
+        _quiet(b, a)
+        assert b["probes"] >= 3  # the canary really probed
+        _bitwise_equal(a, b)
+
+
+@pytest.mark.parametrize("case", step_guard_cases(), ids=lambda c: c.name)
+def test_every_ddp_option_trains_bitwise_the_same_with_the_canary(pools, case):
+    world = max((max(g) for g in case.subgroups), default=1) + 1
+    pool = pools.get(world)
+    off, on = pool.run(option_task, case, 0), pool.run(option_task, case, 1)
+    for a, b in zip(off, on):
+        _quiet(b, a)
+        assert a["error"] is None
+        assert case.join or b["probes"] >= 1  # inside DDP.join() the canary pauses
+        assert a["scales"] == b["scales"]
+        _bitwise_equal(a, b)
