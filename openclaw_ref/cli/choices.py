@@ -26,4 +26,4 @@ CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consi
 CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",
                   "late-rank=250ms")  # conformance.settings.ConformSettings().faults
 HOOK_COST_ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
-                  "hardened-noreplica", "hardened-bucket-fp32")  # experiments.hook_cost.ARMS
+                  "hardened-noreplica", "hardened-bucket-fp32", "hardened+canary")  # hook_cost.ARMS

@@ -16,6 +16,7 @@ Arms:
                           the default digest costs
   ``hardened-bucket-fp32``  the per-bucket guard (the forensic mode: a Python comm hook that
                           checks every bucket), fp32 wire
+  ``hardened+canary``     ``hardened`` with the compute canary every ``CANARY_EVERY`` steps
 
 Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB bucket cap, about
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
@@ -43,15 +44,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.core.metrics import median_paired_ratio
 from openclaw_ref.experiments.interleave import interleaved_times, paired_figures, slowest_rank
+from openclaw_ref.sync.base import CANARY_EVERY
 from openclaw_ref.sync.errors import BadInput
 
 ARMS = ("ddp", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
-        "hardened-noreplica", "hardened-bucket-fp32")
+        "hardened-noreplica", "hardened-bucket-fp32", "hardened+canary")
 BASELINE = "ddp"
 # each hardened arm's SyncConfig beyond the defaults
 HARDENED_ARMS: dict[str, dict] = {"hardened": {}, "hardened-fp16": {"wire": "fp16"},
                                   "hardened-noreplica": {"replica_slices": 0},
-                                  "hardened-bucket-fp32": {"guard": "bucket", "wire": "fp32"}}
+                                  "hardened-bucket-fp32": {"guard": "bucket", "wire": "fp32"},
+                                  "hardened+canary": {"canary_every": CANARY_EVERY}}
 # each hardened arm beside PyTorch's Python hook for the same wire
 PYTHON_HOOK_FOR = {"hardened": "allreduce_hook", "hardened-fp16": "fp16_compress_hook",
                    "hardened-noreplica": "allreduce_hook",

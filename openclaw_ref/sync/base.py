@@ -232,6 +232,9 @@ class SyncConfig:
         return parse_scale(self.scale)[1]
 
 
+CANARY_EVERY = 256  # the recommended ``SyncConfig.canary_every`` (docs/hardening.md: its cost)
+
+
 def harden_defaults() -> SyncConfig:
     """What ``harden(ddp_model)`` runs with when given no config: every field at its default.
     One definition, so the columns that claim to be ``harden()`` as users call it (the fault
