@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         CheckpointMismatch,
         ClockMismatch,
         CollectiveFailed,
+        ComputeMismatch,
         ConsistencyError,
         GradientsNotAveraged,
         MissingGradient,
@@ -47,7 +48,8 @@ _HOME = {
     "make_strategy": "strategies.registry",
     # errors.py imports only the standard library: catching one of these loads no torch
     **dict.fromkeys(("BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch",
-                     "CollectiveFailed", "ConsistencyError", "GradientsNotAveraged",
+                     "CollectiveFailed", "ComputeMismatch", "ConsistencyError",
+                     "GradientsNotAveraged",
                      "MissingGradient", "NonFiniteGradient", "OpenClawError", "OptimizerMismatch",
                      "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch",
                      "SyncTimeout"),
@@ -66,7 +68,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy",
     "BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch", "CollectiveFailed",
-    "ConsistencyError",
+    "ComputeMismatch", "ConsistencyError",
     "GradientsNotAveraged", "MissingGradient", "NonFiniteGradient", "OpenClawError",
     "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch",
     "ShapeMismatch", "SyncTimeout",
