@@ -151,3 +151,21 @@ def option_task(ctx, case: matrix.DDPCase, canary_every: int) -> dict:
 def step_guard_cases() -> list[matrix.DDPCase]:
     """The option matrix's cases the step guard runs (bf16 needs the per-bucket guard)."""
     return [c for c in matrix.CASES if c.wire != "bf16"]
+
+
+def _equal_states(a: dict, b: dict) -> bool:
+    return (all(torch.equal(a[part][n], b[part][n]) for part in ("params", "buffers")
+                for n in a[part]) and torch.equal(a["rng"], b["rng"]))
+
+
+def _alarms(reply: dict) -> int:
+    """A raised error and every event are alarms on a healthy job."""
+    return int(reply["error"] is not None) + len(reply["events"])
+
+
+def healthy_pair_task(ctx, job: HealthyJob, steps: int = 4) -> dict:
+    """``job`` with the canary off and at every step, on this rank: the alarms of each, the
+    probes run and whether the two trained bitwise the same (figures only)."""
+    off, on = healthy_task(ctx, job, 0, steps), healthy_task(ctx, job, 1, steps)
+    return {"job": job.value, "alarms_off": _alarms(off), "alarms_on": _alarms(on),
+            "probes": on["probes"], "bitwise_equal": _equal_states(off, on)}

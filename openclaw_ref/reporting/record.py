@@ -36,7 +36,9 @@ Versions:
   ``fully_shard``, one interleaved job per model (``experiments.fsdp_cost.job_figures``).
   ``fsdp_corpus`` (optional; absent = not run): the published FSDP2 mistakes under stock FSDP2
   and ``harden()``'s defaults, per pattern × column the outcome, error class, step and ranks
-  named (``experiments.sections.fsdp_corpus.case_figures``).
+  named (``experiments.sections.fsdp_corpus.case_figures``). ``sdc`` (optional; absent = not
+  run): the silent-data-corruption corpus under stock DDP and ``harden()`` with the compute
+  canary off and on, its detection rates and the healthy jobs (``experiments.sections.sdc``).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ REGENERATE = "regenerate it with `openclaw-bench compare`"
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
 SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
             "raw_allreduce", "ablations", "doctor", "lightning", "quantization", "hook_cost",
-            "fsdp_cost", "fsdp_corpus")
+            "fsdp_cost", "fsdp_corpus", "sdc")
 
 
 class RecordError(BadInput):

@@ -323,6 +323,12 @@ def _false_alarm_tables(sec: Figures, cfg: Figures) -> list[Table]:
     return false_alarm_tables(sec, cfg)
 
 
+def _sdc_tables(sec: Figures, cfg: Figures) -> list[Table]:
+    from openclaw_ref.reporting.sdc_tables import sdc_tables  # imports Table from here
+
+    return sdc_tables(sec, cfg)
+
+
 # Section → (heading, its tables), in the document's order.
 SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]] = {
     "faults": ("Fault × strategy outcomes", fault_tables),
@@ -340,4 +346,5 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "fsdp_cost": ("What harden() costs an FSDP2 job", _fsdp_cost_tables),
     "fsdp_corpus": ("Published FSDP2 mistakes: stock FSDP2 and harden()",
                     _fsdp_corpus_tables),
+    "sdc": ("A rank whose hardware computes wrong: the compute canary", _sdc_tables),
 }
