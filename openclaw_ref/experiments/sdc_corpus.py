@@ -77,6 +77,7 @@ class SdcCase:
     fault_step: int = 2
     canary_every: int = 2
     trial: int = 0  # shifts the data and the fault's call sequence (``rate_task``)
+    replicate: bool = False  # the composable ``replicate()`` instead of the DDP wrapper
 
     @property
     def resolved_value(self) -> str:
@@ -114,7 +115,12 @@ def run_case(ctx, column: Column, case: SdcCase) -> SdcRun:
     loop, the fault's matrix unit on the last rank; never raises a ``ConsistencyError``."""
     torch.manual_seed(0)
     model = SdcNet()
-    ddp = DDP(model)
+    if case.replicate:
+        from torch.distributed._composable import replicate
+
+        ddp = replicate(model)  # the module itself is forwarded, and hardened
+    else:
+        ddp = DDP(model)
     cfg = _config(column, case)
     state = harden(ddp, cfg, ctx) if cfg is not None else None
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
