@@ -96,3 +96,13 @@ def test_sdc_faults_parse_like_every_fault(text):
 def test_a_bad_sdc_value_is_refused_before_any_process_starts(text):
     with pytest.raises(BadInput):
         parse_fault(text)
+
+
+@pytest.mark.slow
+def test_the_cli_names_an_injected_sdc_fault_and_exits_3():
+    from tests.helpers import run_cli
+
+    got = run_cli("train", "--sync", "hardened", "--canary-every", "2", "--inject",
+                  "sdc-ulp@1:2", "--world-size", "2", "--steps", "8", timeout=300)
+    assert got.returncode == 3, got.stderr[-2000:]
+    assert "ComputeMismatch at step 3, ranks [1]" in got.stderr + got.stdout
