@@ -119,11 +119,15 @@ def healthy_task(ctx, job: HealthyJob, canary_every: int, steps: int = 4) -> dic
             opt.zero_grad(set_to_none=True)
     except ConsistencyError as exc:
         error = exc
+    return {"job": job.value, **_closed(state, error, model)}
+
+
+def _closed(state, error: ConsistencyError | None, model: nn.Module) -> dict:
+    """Close the guard; what the run raised, its events, the probes run and its final state."""
     events = [e.kind for e in state.events]
     probes = state.canary.probes if state.canary is not None else 0
     state.close(verify=error is None)
-    return {"job": job.value, "error": error, "events": events, "probes": probes,
-            **_state(model)}
+    return {"error": error, "events": events, "probes": probes, **_state(model)}
 
 
 def option_task(ctx, case: matrix.DDPCase, canary_every: int) -> dict:
@@ -141,11 +145,8 @@ def option_task(ctx, case: matrix.DDPCase, canary_every: int) -> dict:
         trained = matrix._train(ddp, case, ctx.rank)
     except ConsistencyError as exc:
         error = exc
-    events = [e.kind for e in state.events]
-    probes = state.canary.probes if state.canary is not None else 0
-    state.close(verify=error is None)
-    return {"case": case.name, "error": error, "events": events, "probes": probes,
-            "scales": trained["scales"] if trained else [], **_state(ddp.module)}
+    return {"case": case.name, "scales": trained["scales"] if trained else [],
+            **_closed(state, error, ddp.module)}
 
 
 def step_guard_cases() -> list[matrix.DDPCase]:
