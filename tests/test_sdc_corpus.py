@@ -60,6 +60,12 @@ def test_the_canary_names_the_faulty_rank_under_the_composable_replicate(pools):
     _named_in_time(rows, 2)
 
 
+def test_the_canary_names_the_faulty_rank_when_the_verdict_waits_for_the_optimizer(pools):
+    case = SdcCase("sdc-backward", steps=6, canary_every=K, verdict_at="optimizer-step")
+    rows = _same_on_every_rank(pools.get(2).run(corpus_task, [case], (Column.ON,)))
+    _named_in_time(rows, 2)
+
+
 def test_stock_ddp_and_harden_without_the_canary_stay_silent_on_sdc(pools):
     rows = _same_on_every_rank(pools.get(2).run(corpus_task, _cases(SDC_FAULTS),
                                                 (Column.STOCK, Column.OFF)))

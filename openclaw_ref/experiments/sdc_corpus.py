@@ -78,6 +78,7 @@ class SdcCase:
     canary_every: int = 2
     trial: int = 0  # shifts the data and the fault's call sequence (``rate_task``)
     replicate: bool = False  # the composable ``replicate()`` instead of the DDP wrapper
+    verdict_at: str = "auto"  # ``SyncConfig.verdict_at`` of the hardened columns
 
     @property
     def resolved_value(self) -> str:
@@ -107,7 +108,8 @@ class SdcRun:
 def _config(column: Column, case: SdcCase) -> SyncConfig | None:
     if column is Column.STOCK:
         return None
-    return SyncConfig("hardened", canary_every=case.canary_every if column is Column.ON else 0)
+    return SyncConfig("hardened", canary_every=case.canary_every if column is Column.ON else 0,
+                      verdict_at=case.verdict_at)
 
 
 def run_case(ctx, column: Column, case: SdcCase) -> SdcRun:
