@@ -4,6 +4,7 @@ at start-up, turns the canary off and says why (``sync/evidence/canary*.py``).""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -15,12 +16,14 @@ from openclaw_ref.sync.errors import BadInput, ComputeMismatch, ConsistencyError
 from openclaw_ref.sync.evidence.canary import (
     HEAD,
     PROBED,
+    UNAVAILABLE_EVENT,
     UNBUILT,
     UNREPRODUCIBLE,
     UNREPRODUCIBLE_EVENT,
     Canary,
 )
 from openclaw_ref.sync.evidence.canary_probe import _decode, _describe, capture, run_probe
+from openclaw_ref.sync.evidence.canary_tolerance import outliers
 from openclaw_ref.sync.hardening import refuse_canary
 
 
@@ -68,7 +71,8 @@ def test_the_probe_input_is_a_slice_of_the_batch_and_survives_the_header_round_t
 def _canary(world: int) -> Canary:
     tracked = [("a.weight", nn.Parameter(torch.zeros(1))), ("b.weight", nn.Parameter(
         torch.zeros(1)))]
-    guard = SimpleNamespace(tracked=tracked, events=[], global_ranks=list(range(world)))
+    guard = SimpleNamespace(tracked=tracked, events=[], global_ranks=list(range(world)),
+                            group=None)
     return Canary(guard, every=2)
 
 
@@ -97,17 +101,35 @@ def test_agreeing_probes_raise_nothing():
 @pytest.mark.parametrize("rows", [
     [_row(PROBED, (1, 2), probe=0), _row(PROBED, (1, 3), probe=0)],  # start-up probe differs
     [_row(PROBED, (1, 2), probe=0), _row(UNREPRODUCIBLE, (1, 2), probe=0)],  # not reproducible
-    [_row(PROBED, (1, 2)), _row(UNBUILT, (0, 0))],  # input could not be rebuilt
 ])
-def test_what_a_bitwise_probe_cannot_judge_turns_the_canary_off_with_an_event(rows):
+def test_what_a_bitwise_probe_cannot_judge_switches_to_the_tolerance_with_an_event(rows):
     canary = _canary(2)
-    with pytest.warns(UserWarning, match="compute canary off"):
+    with pytest.warns(UserWarning, match="no longer seen"):
         assert canary.divergence(rows, [0, 1], step=1) is None
-    assert not canary.on
+    assert canary.on and canary.tolerant
     (event,) = canary.guard.events
-    assert event.ranks == [1] and event.kind.startswith("Canary")
-    assert rows[1][0] != UNREPRODUCIBLE or event.kind == UNREPRODUCIBLE_EVENT
-    assert len(rows[0]) == HEAD + 2
+    assert event.ranks == [1] and event.kind == UNREPRODUCIBLE_EVENT
+
+
+def test_a_probe_input_a_rank_could_not_rebuild_turns_the_canary_off_with_an_event():
+    canary = _canary(2)
+    with pytest.warns(UserWarning, match="canary off"):
+        assert canary.divergence([_row(PROBED, (1, 2)), _row(UNBUILT, (0, 0))], [0, 1],
+                                 step=1) is None
+    assert not canary.on and canary.guard.events[0].kind == UNAVAILABLE_EVENT
+    assert len(_row(PROBED, (1, 2))) == HEAD + 2
+
+
+def test_the_tolerance_names_a_rank_off_by_more_than_it_and_passes_rounding_noise():
+    healthy = [1.0, 1.0, 10.0, 0.5, 4.0]  # probed, then (sum, mass) of two parameters
+    noisy = [1.0, 1.0 + 1e-6, 10.0, 0.5, 4.0 - 1e-6]
+    wild = [1.0, 1.0, 10.0, 3e30, 3e30]
+    assert outliers([healthy, noisy, healthy]) == ([], None)
+    assert outliers([healthy, wild, noisy]) == ([1], 1)
+    assert outliers([healthy, wild]) == ([1], 1)  # two ranks: the larger mass is named
+    assert outliers([healthy, [0.0] * 5, wild]) == ([2], 1)  # rank 1 did not probe
+    assert outliers([healthy, [1.0, 1.0, 10.0, math.inf, math.inf]]) == ([1], 1)
+    assert outliers([[1.0, math.nan, math.nan]] * 2) == ([], None)  # nothing finite to judge
 
 
 def test_a_negative_canary_interval_is_refused():

@@ -4,6 +4,8 @@ faults (``experiments/sdc_corpus.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from openclaw_ref.core.faults import parse_fault
@@ -64,6 +66,18 @@ def test_the_canary_names_the_faulty_rank_when_the_verdict_waits_for_the_optimiz
     case = SdcCase("sdc-backward", steps=6, canary_every=K, verdict_at="optimizer-step")
     rows = _same_on_every_rank(pools.get(2).run(corpus_task, [case], (Column.ON,)))
     _named_in_time(rows, 2)
+
+
+def test_a_fault_present_at_start_up_switches_to_the_tolerance_which_still_names_a_flip(pools):
+    """A fault already there at the start-up probe is indistinguishable from heterogeneous
+    ranks: the canary says so (an event) and compares within its tolerance from then on — a
+    1-ulp error is no longer seen, the part degrading to exponent flips still is."""
+    ulp = SdcCase("sdc-ulp", steps=6, fault_step=0, canary_every=K)
+    flip = dataclasses.replace(ulp, then="sdc-flip-high", then_step=3)
+    named, unseen = _same_on_every_rank(pools.get(2).run(corpus_task, [flip, ulp], (Column.ON,)))
+    assert named["kind"] == "ComputeMismatch" and named["ranks"] == [1] and named["step"] == 3
+    assert named["events"] == ["CanaryUnreproducible"]
+    assert unseen["outcome"] != Outcome.DETECTED and unseen["events"] == ["CanaryUnreproducible"]
 
 
 def test_stock_ddp_and_harden_without_the_canary_stay_silent_on_sdc(pools):

@@ -79,6 +79,8 @@ class SdcCase:
     trial: int = 0  # shifts the data and the fault's call sequence (``rate_task``)
     replicate: bool = False  # the composable ``replicate()`` instead of the DDP wrapper
     verdict_at: str = "auto"  # ``SyncConfig.verdict_at`` of the hardened columns
+    then: str = ""  # the part degrades: from ``then_step`` on, this fault (VALUE 1) instead
+    then_step: int = 0
 
     @property
     def resolved_value(self) -> str:
@@ -137,6 +139,8 @@ def run_case(ctx, column: Column, case: SdcCase) -> SdcRun:
         for step in range(case.steps):
             if mode is not None:
                 mode.active = step >= case.fault_step
+                if case.then and step == case.then_step:
+                    mode.model = sdc_model(case.then, "1")
             x, y = sdc_batch(step + 97 * case.trial, ctx.rank)
             F.cross_entropy(ddp(x), y).backward()
             opt.step()

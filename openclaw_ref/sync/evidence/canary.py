@@ -29,15 +29,16 @@ A fault present at step t is therefore named by step t + K + 1 at the latest.
 Start-up self-test. The first probe (n = 0) runs twice on every rank: a rank whose two runs
 differ (non-deterministic kernels) or a first probe that differs across ranks (ranks with other
 thread counts, CPUs or devices — or a fault already present) cannot be told from SDC by a
-bitwise comparison; every rank reads the same gathered rows and switches the canary off
-together, with a ``CanaryUnreproducible`` event and a warning naming the ranks and saying what
-is no longer seen. A probe some rank could not build (its call's tree differs from the
-owner's) is a ``CanaryUnavailable`` event, and the canary goes off the same way.
+bitwise comparison; every rank reads the same gathered rows and switches together to the
+tolerance of ``canary_tolerance`` (one gather per probe, in the settle of the step after it),
+with a ``CanaryUnreproducible`` event and a warning naming the ranks and saying what is no
+longer seen. A probe some rank could not build (its call's tree differs from the owner's) is a
+``CanaryUnavailable`` event, and the canary goes off on every rank.
 
 What it cannot see: a fault that spares the probe (an op the probe does not run, data the
 probe's slice does not reach, an intermittent fault between probes — the detection rate of an
 intermittent fault is about its rate per probe, not per step), a fault present on every rank
-alike, and, after the self-test turned it off, anything.
+alike, and, under the tolerance, an error below it (a 1-ulp error).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from openclaw_ref.sync.evidence.canary_probe import (
     run_probe,
     share,
 )
+from openclaw_ref.sync.evidence.canary_tolerance import RTOL, fingerprints, not_probed, outliers
 from openclaw_ref.sync.evidence.control import split_view
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest, mix_int
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
@@ -79,6 +81,7 @@ class Canary:
         self.guard = guard
         self.every = every
         self.on = True
+        self.tolerant = False  # after the start-up self-test: ``canary_tolerance``
         self.probing = False
         self.digest = ReplicaDigest()
         self.device = guard.tracked[0][1].device if guard.tracked else torch.device("cpu")
@@ -90,6 +93,8 @@ class Canary:
         self._head = [NONE, 0, 0, 0]  # of the probe awaiting the exchange, then the sent one
         self._digests: list[int] | torch.Tensor | None = None
         self._pending: int | torch.Tensor | None = None
+        self._figures: torch.Tensor | None = None  # tolerant: the last probe's fingerprints
+        self._compare_at = -1  # tolerant: the step whose settle compares them
 
     def install(self) -> Any:
         """The forward pre-hook (with the call's keyword arguments) that notes and probes."""
@@ -107,6 +112,12 @@ class Canary:
             self._noted, self._noted_at = capture(args, kwargs), clock
 
     def _probe(self) -> None:
+        if self.tolerant:
+            self._figures = None if self._unbuilt else fingerprints(
+                self._grads(*self._input), _wire_device(self.guard.group, self.device))
+            self._input, self._unbuilt = None, False
+            self.probes += 1
+            return
         status = UNBUILT if self._unbuilt else PROBED
         digests: list[int] | torch.Tensor = []
         if status == PROBED:
@@ -122,14 +133,17 @@ class Canary:
                     else ReplicaDigest.combine(digests) if digests.numel() else 0)
         self._pending = _marked(combined, status)
 
-    def _digest(self, args: tuple, kwargs: dict) -> list[int] | torch.Tensor:
-        """Every tracked parameter's probe-gradient digest (0 where it got none)."""
+    def _grads(self, args: tuple, kwargs: dict) -> list[torch.Tensor | None]:
         self.probing = True
         try:
-            grads = run_probe(self.guard.module, self.guard.tracked, args, kwargs,
-                              _SEED0 + self.probes)
+            return run_probe(self.guard.module, self.guard.tracked, args, kwargs,
+                             _SEED0 + self.probes)
         finally:
             self.probing = False
+
+    def _digest(self, args: tuple, kwargs: dict) -> list[int] | torch.Tensor:
+        """Every tracked parameter's probe-gradient digest (0 where it got none)."""
+        grads = self._grads(args, kwargs)
         present = [g for g in grads if g is not None]
         if self.device.type == "cpu":
             got = iter(self.digest.digests_on_host(present))
@@ -143,7 +157,10 @@ class Canary:
 
     # -- 2: the settle of a capture step --------------------------------------------------------
     def settled(self, step: int) -> None:
-        """Step ``step`` passed on every rank: at a capture step, share the owner's slice."""
+        """Step ``step`` passed on every rank: after a tolerant probe, compare its figures; at a
+        capture step, share the owner's slice."""
+        if self.on and self.tolerant and step == self._compare_at:
+            self._compare_within_tolerance(step)
         if not self.on or step % self.every or _joining(self.guard.ddp):
             return
         owner = (step // self.every) % self.guard.world_size
@@ -156,6 +173,28 @@ class Canary:
         self._input = rebuild(noted if noted is not None else None, shared, self.device)
         self._unbuilt = self._input is None
         self._head[1], self._head[2] = step, owner
+        self._compare_at = step + 1
+
+    def _compare_within_tolerance(self, step: int) -> None:
+        """Every rank's fingerprints of the probe, gathered; ``ComputeMismatch`` naming those
+        beyond ``canary_tolerance.RTOL`` (module docstring of ``canary_tolerance``)."""
+        device = _wire_device(self.guard.group, self.device)
+        mine = self._figures if self._figures is not None else not_probed(
+            len(self.guard.tracked), device)
+        self._figures = None
+        rows = checks._gather_rows(mine, self.guard.group).tolist()
+        off, first = outliers(rows)
+        if not off:
+            return
+        name = self.guard.tracked[first][0] if first is not None else "?"
+        raise ComputeMismatch(
+            f"the ranks computed different gradients from the same probe, beyond the tolerance "
+            f"(rank {self._head[2]}'s input slice of step {self._head[1]}; the start-up "
+            f"self-test found the ranks not bitwise reproducible, so probes are compared within "
+            f"{RTOL:g} of each gradient's mass): first parameter off {name}"
+            + ("; with two ranks either side may be the faulty one" if len(rows) == 2 else "")
+            + "; drain the named node and rerun the job on other hardware",
+            step=step, ranks=off, params=[name]).renumbered(self.guard.global_ranks)
 
     # -- 4: the exchange ------------------------------------------------------------------------
     def fold(self, replica: int | torch.Tensor | None) -> int | torch.Tensor | None:
@@ -191,13 +230,12 @@ class Canary:
         if not sent:
             return None
         bad = [r for r in sent if rows[r][0] != PROBED]
+        if any(rows[r][0] == UNBUILT for r in bad):
+            self._off(step, bad)
+            return None
         if bad:
-            unbuilt = any(rows[r][0] == UNBUILT for r in bad)
-            self._off(UNAVAILABLE_EVENT if unbuilt else UNREPRODUCIBLE_EVENT, step, bad,
-                      "could not rebuild the probe's input from the owner's slice (its call's "
-                      "arguments have another structure)" if unbuilt else
-                      "computed two different results from the same probe (non-deterministic "
-                      "kernels)")
+            self._tolerate(step, bad, "computed two different results from the same probe "
+                           "(non-deterministic kernels)")
             return None
         values = [tuple(rows[r][HEAD:]) for r in sent]
         vote = plurality(values)
@@ -206,9 +244,9 @@ class Canary:
         off = [sent[i] for i in vote.differing]
         head = rows[sent[0]]
         if head[3] == 0:
-            self._off(UNREPRODUCIBLE_EVENT, step, off, "gave another result than the others "
-                      "for the start-up probe (other thread counts, CPUs or devices, or a fault "
-                      "already present)")
+            self._tolerate(step, off, "gave another result than the others for the start-up "
+                           "probe (other thread counts, CPUs or devices, or a fault already "
+                           "present)")
             return None
         names = [n for j, (n, _) in enumerate(self.guard.tracked)
                  if plurality([rows[r][HEAD + j] for r in sent]).differing]
@@ -223,18 +261,30 @@ class Canary:
             f"{names[0] if names else '?'}, gradient digest {split}; drain the named node and "
             "rerun the job on other hardware", step=step, ranks=off, params=names)
 
-    def _off(self, kind: str, step: int, ranks: list[int], why: str) -> None:
+    def _tolerate(self, step: int, ranks: list[int], why: str) -> None:
+        """From now on every rank compares probes within a tolerance (each reads the same
+        rows, so all switch together), saying what is no longer seen."""
+        self.tolerant = True
+        self._pending = None
+        self._say(UNREPRODUCIBLE_EVENT, step, ranks, f"{why}; a bitwise probe cannot tell that "
+                  "from silent data corruption, so from now on the canary compares each probe's "
+                  f"gradients within {RTOL:g} of their mass (one gather per probe): an error "
+                  "below that — a 1-ulp error in one element — is no longer seen")
+
+    def _off(self, step: int, ranks: list[int]) -> None:
         """The canary stops on every rank (each reads the same rows), saying why."""
         self.on = False
         self._input, self._unbuilt, self._pending = None, False, None
+        self._say(UNAVAILABLE_EVENT, step, ranks, "could not rebuild the probe's input from "
+                  "the owner's slice (its call's arguments have another structure): compute "
+                  "canary off, no rank's computation is compared from now on (clocks, averaging "
+                  "and replicas still are); pass canary_every=0 to silence this")
+
+    def _say(self, kind: str, step: int, ranks: list[int], detail: str) -> None:
         named = [self.guard.global_ranks[r] for r in ranks]
-        detail = (f"compute canary off: rank(s) {named} {why}; a bitwise probe cannot tell that "
-                  "from silent data corruption, so from now on no rank's computation is "
-                  "compared (replicas, clocks, gradients averaged are still checked); set "
-                  "canary_every=0 to silence this, or give every rank the same thread count "
-                  "and device type")
+        detail = f"compute canary: rank(s) {named} {detail}"
         self.guard.events.append(Event(kind, step, named, None, [], detail))
-        warnings.warn(detail, stacklevel=2)
+        warnings.warn(detail, stacklevel=3)
 
 
 def _same(a: list[int] | torch.Tensor, b: list[int] | torch.Tensor) -> bool:
