@@ -78,7 +78,7 @@ SECTIONS: dict[str, Section] = {
     "fsdp_corpus": _plain("published FSDP2 mistakes × (stock FSDP2, harden() defaults), "
                           "1-D at 2 ranks, HSDP at 4, torchrun", fsdp_corpus, 99.5),
     "sdc": _plain("silent data corruption × (stock DDP, harden() canary off, on) at 2 and 4 "
-                  "ranks, the canary's detection rates, healthy jobs on/off", sdc, 20.0),
+                  "ranks, the canary's detection rates, healthy jobs on/off", sdc, 2.2),
 }
 
 
