@@ -32,6 +32,10 @@ wrapping) sends zeros for the buckets its DDP never issued, then its slot marked
 the other ranks' allreduces complete and every rank stops at the same step. A rank that joined
 (``DDP.join()``) sends a "joined" slot after DDP's shadow allreduces.
 
+With the compute canary on (``SyncConfig.canary_every``, ``evidence.canary``) step 3 also XORs
+a probe's gradient digest into the replica digest, and every K steps the settle broadcasts the
+probe's input: two collectives per K steps, none per step.
+
 What this mode does not see (``Guard.BUCKET`` does): which bucket held a rank's NaN, the
 per-bucket ready-time skew, a bucket whose membership differs while its size matches (DDP's
 broadcast layout prevents it; the start-up check compares the layout), a pre-scaled fp16 wire
