@@ -1,11 +1,16 @@
 """The compute canary never fires on a healthy job and leaves training bitwise as it was: the
 weights, buffers and RNG state with the canary at every step equal those without it, on the
-healthy-jobs corpus and the DDP option matrix (``experiments/canary_healthy.py``)."""
+healthy-jobs corpus and the DDP option matrix (``experiments/canary_healthy.py``); FSDP2, which
+has no canary, refuses it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from openclaw_ref.experiments.canary_healthy import (
     HealthyJob,
@@ -13,6 +18,9 @@ from openclaw_ref.experiments.canary_healthy import (
     option_task,
     step_guard_cases,
 )
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.hardening import harden
 
 
 def _bitwise_equal(a: dict, b: dict) -> None:
@@ -52,3 +60,19 @@ def test_every_ddp_option_trains_bitwise_the_same_with_the_canary(pools, case):
         assert case.join or b["probes"] >= 1  # inside DDP.join() the canary pauses
         assert a["scales"] == b["scales"]
         _bitwise_equal(a, b)
+
+
+def fsdp_canary_task(ctx) -> str:
+    """harden() asked for the canary on an FSDP2 module: the refusal's text, or "accepted"."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    try:
+        harden(model, SyncConfig(name="hardened", canary_every=4))
+    except BadInput as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_fsdp2_refuses_the_canary_before_anything_is_registered(pools):
+    """FSDP2 has no canary: asked for one, harden() says so rather than run unprotected."""
+    assert all("FSDP2/HSDP have none yet" in r for r in pools.get(2).run(fsdp_canary_task))
