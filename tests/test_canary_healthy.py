@@ -76,3 +76,18 @@ def fsdp_canary_task(ctx) -> str:
 def test_fsdp2_refuses_the_canary_before_anything_is_registered(pools):
     """FSDP2 has no canary: asked for one, harden() says so rather than run unprotected."""
     assert all("FSDP2/HSDP have none yet" in r for r in pools.get(2).run(fsdp_canary_task))
+
+
+# ~15 s (a Lightning job): the slow profile
+@pytest.mark.slow
+def test_under_lightning_the_canary_says_it_cannot_probe_and_leaves_training_alone(tmp_path):
+    """Lightning redirects DDP's forward to training_step for each call; the probe cannot run
+    that without the step's side effects (its logging), so the canary turns off with an event
+    on every rank and the run completes."""
+    from tests.test_lightning import run_trainer
+
+    code, result, log = run_trainer(tmp_path, "--devices", "2", "--max-steps", "4",
+                                    "--precision", "32", "--canary-every", "2")
+    assert code == 0, log[-3000:]
+    assert [e["kind"] for e in result["events"]] == ["CanaryUnavailable"]
+    assert result["events"][0]["ranks"] == [0, 1] and result["steps"] == 4

@@ -95,6 +95,7 @@ class Canary:
         self._pending: int | torch.Tensor | None = None
         self._figures: torch.Tensor | None = None  # tolerant: the last probe's fingerprints
         self._compare_at = -1  # tolerant: the step whose settle compares them
+        self._failure = ""  # why this rank's probe raised, if it did
 
     def install(self) -> Any:
         """The forward pre-hook (with the call's keyword arguments) that notes and probes."""
@@ -104,6 +105,12 @@ class Canary:
     # -- 1 and 3: the forward ------------------------------------------------------------------
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.probing or not self.on or not torch.is_grad_enabled():
+            return
+        if "forward" in module.__dict__:  # patched for this call: every rank sees it alike
+            self._failure = ("the module's forward is replaced for the call (Lightning "
+                             "redirects it to training_step), which the probe cannot run "
+                             "without the step's side effects")
+            self._off(self.guard.clock, list(range(self.guard.world_size)))
             return
         if self._input is not None or self._unbuilt:
             self._probe()
@@ -122,9 +129,13 @@ class Canary:
         digests: list[int] | torch.Tensor = []
         if status == PROBED:
             args, kwargs = self._input
-            digests = self._digest(args, kwargs)
-            if self.probes == 0 and not _same(digests, self._digest(args, kwargs)):
-                status = UNREPRODUCIBLE
+            try:
+                digests = self._digest(args, kwargs)
+                if self.probes == 0 and not _same(digests, self._digest(args, kwargs)):
+                    status = UNREPRODUCIBLE
+            except Exception as exc:  # a probe must never end a healthy job
+                status, digests = UNBUILT, []
+                self._failure = f"{type(exc).__name__}: {exc}"
         self._input, self._unbuilt = None, False
         self._head[0], self._head[3] = status, self.probes
         self.probes += 1
@@ -132,6 +143,8 @@ class Canary:
         combined = (ReplicaDigest.combine_on_host(digests) if isinstance(digests, list)
                     else ReplicaDigest.combine(digests) if digests.numel() else 0)
         self._pending = _marked(combined, status)
+        if self._failure:  # this rank stops after this step's fold (the others learn it there)
+            self._off(self._head[1], [self.guard.rank])
 
     def _grads(self, args: tuple, kwargs: dict) -> list[torch.Tensor | None]:
         self.probing = True
@@ -272,13 +285,18 @@ class Canary:
                   "below that — a 1-ulp error in one element — is no longer seen")
 
     def _off(self, step: int, ranks: list[int]) -> None:
-        """The canary stops on every rank (each reads the same rows), saying why."""
+        """The canary stops (on every rank, each reading the same rows; or on this rank, whose
+        probe raised), saying why."""
+        if not self.on:
+            return
         self.on = False
-        self._input, self._unbuilt, self._pending = None, False, None
-        self._say(UNAVAILABLE_EVENT, step, ranks, "could not rebuild the probe's input from "
-                  "the owner's slice (its call's arguments have another structure): compute "
-                  "canary off, no rank's computation is compared from now on (clocks, averaging "
-                  "and replicas still are); pass canary_every=0 to silence this")
+        self._input, self._unbuilt = None, False
+        why = (f"could not run the probe ({self._failure})" if self._failure else
+               "could not rebuild the probe's input from the owner's slice (its call's "
+               "arguments have another structure)")
+        self._say(UNAVAILABLE_EVENT, step, ranks, f"{why}: compute canary off, no rank's "
+                  "computation is compared from now on (clocks, averaging and replicas still "
+                  "are); pass canary_every=0 to silence this")
 
     def _say(self, kind: str, step: int, ranks: list[int], detail: str) -> None:
         named = [self.guard.global_ranks[r] for r in ranks]

@@ -10,15 +10,15 @@ arguments (``rebuild``). A leaf the header cannot describe (a string, an object)
 receiving rank's own.
 
 What is not touched (``run_probe``): the module is called through ``type(module).forward``
-with its parameters and buffers swapped for stand-ins for the call
-(``torch.nn.utils.stateless._reparametrize_module``, tied weights kept tied) — each parameter a
-new leaf sharing its storage (``detach``), each buffer a clone (BatchNorm's running statistics
-go to the clone) — so no ``.grad`` of the user's parameters, no buffer, no gradient
-accumulator DDP hooked and no hook of the root module runs (the backward runs inside the swap
-too: a checkpointed segment recomputes its forward in the backward, and would otherwise reach
-the user's parameters); the RNG streams are forked and
-seeded with the probe's own seed (``torch.random.fork_rng``), so the user's streams continue
-as if nothing ran; the backward starts from a cotangent drawn from a fixed CPU generator.
+(not ``__call__``: no hook of the root module runs) with its parameters and buffers swapped for
+stand-ins for the call (``torch.nn.utils.stateless._reparametrize_module``, tied weights kept
+tied): each parameter a new leaf sharing its storage (``detach``), each buffer a clone
+(BatchNorm's running statistics go to the clone). So no ``.grad`` of the user's parameters, no
+buffer and no gradient accumulator DDP hooked is touched. The backward runs inside the swap too:
+a checkpointed segment recomputes its forward in the backward, and would otherwise reach the
+user's parameters. The RNG streams are forked and seeded with the probe's own seed
+(``torch.random.fork_rng``), so the user's streams continue as if nothing ran; the backward
+starts from a cotangent drawn from a fixed CPU generator.
 Submodules' hooks do run (they are part of the computation the probe checks).
 """
 
