@@ -31,41 +31,42 @@ def _same_on_every_rank(results: list[list[dict]]) -> list[dict]:
     return results[0]
 
 
-def _named_in_time(rows: list[dict], world: int) -> None:
-    for row in rows:
-        assert row["outcome"] == Outcome.DETECTED, row
-        assert row["kind"] == "ComputeMismatch" and row["ranks"] == [world - 1], row
-        assert row["step"] <= row["case"]["fault_step"] + 2 * K, row
-        assert row["params"], row
+def _not_named_in_time(rows: list[dict], world: int) -> list[dict]:
+    """The rows the canary did not name correctly within 2 K steps of the fault (the last
+    rank, ``ComputeMismatch``, a parameter)."""
+    return [row for row in rows
+            if not (row["outcome"] == Outcome.DETECTED and row["kind"] == "ComputeMismatch"
+                    and row["ranks"] == [world - 1] and row["params"]
+                    and row["step"] <= row["case"]["fault_step"] + 2 * K)]
 
 
 def test_the_canary_names_every_sdc_fault_on_two_ranks_within_2k_steps(pools):
     rows = _same_on_every_rank(pools.get(2).run(corpus_task, _cases(SDC_FAULTS), (Column.ON,)))
-    _named_in_time(rows, 2)
+    assert not _not_named_in_time(rows, 2), rows
 
 
 def test_the_canary_names_a_persistent_fault_on_four_ranks_as_the_outlier(pools):
     rows = _same_on_every_rank(pools.get(4).run(corpus_task, _cases(["sdc-ulp"]),
                                                 (Column.ON,)))
-    _named_in_time(rows, 4)
+    assert not _not_named_in_time(rows, 4), rows
 
 
 @pytest.mark.slow
 def test_the_canary_names_every_sdc_fault_on_four_ranks_within_2k_steps(pools):
     rows = _same_on_every_rank(pools.get(4).run(corpus_task, _cases(SDC_FAULTS), (Column.ON,)))
-    _named_in_time(rows, 4)
+    assert not _not_named_in_time(rows, 4), rows
 
 
 def test_the_canary_names_the_faulty_rank_under_the_composable_replicate(pools):
     case = SdcCase("sdc-ulp", steps=6, canary_every=K, replicate=True)
     rows = _same_on_every_rank(pools.get(2).run(corpus_task, [case], (Column.ON,)))
-    _named_in_time(rows, 2)
+    assert not _not_named_in_time(rows, 2), rows
 
 
 def test_the_canary_names_the_faulty_rank_when_the_verdict_waits_for_the_optimizer(pools):
     case = SdcCase("sdc-backward", steps=6, canary_every=K, verdict_at="optimizer-step")
     rows = _same_on_every_rank(pools.get(2).run(corpus_task, [case], (Column.ON,)))
-    _named_in_time(rows, 2)
+    assert not _not_named_in_time(rows, 2), rows
 
 
 def test_a_fault_present_at_start_up_switches_to_the_tolerance_which_still_names_a_flip(pools):
