@@ -20,11 +20,11 @@ WATCHDOG_ACTIONS = ("raise", "report", "exit")  # sync.base.WatchdogAction
 BACKENDS = ("auto", "gloo", "nccl")
 SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
             "raw_allreduce", "ablations", "lightning", "quantization",
-            "hook_cost", "fsdp_cost", "fsdp_corpus")  # experiments.registry
+            "hook_cost", "fsdp_cost", "fsdp_corpus", "sdc")  # experiments.registry
 CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consistency",
           "equivalence", "fault-detection")  # conformance.cluster.CHECKS
 CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",
                   "late-rank=250ms")  # conformance.settings.ConformSettings().faults
 # experiments.hook_cost.ARMS
 HOOK_COST_ARMS = ("ddp", "floor", "allreduce_hook", "fp16_compress_hook", "hardened",
-                  "hardened-fp16", "hardened-noreplica", "hardened-bucket-fp32")
+                  "hardened-fp16", "hardened-noreplica", "hardened-bucket-fp32", "hardened+canary")

@@ -45,6 +45,10 @@ def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_e
                         "run ends (1: all every step; 0: off; default here: "
                         + (str(replica_slices) if replica_slices is not None else "harden()'s")
                         + ")")
+    p.add_argument("--canary-every", type=int, default=0, metavar="K",
+                   help="hardened (step guard, DDP): every K steps every rank runs the same "
+                        "small probe and a rank whose gradients differ is named "
+                        "(ComputeMismatch); 0: off (the default); 256 is the recommended K")
     p.add_argument("--watchdog-s", type=float, default=60.0,
                    help="a bucket's allreduce unfinished this long gets a diagnosis of the "
                         "late ranks")
@@ -61,4 +65,5 @@ def sync_config_from_args(args: argparse.Namespace):
     return SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
                       nonfinite=args.nonfinite, bucket_cap_mb=args.bucket_cap_mb,
                       replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s,
-                      watchdog_action=args.watchdog_action, guard=args.guard, **slices)
+                      watchdog_action=args.watchdog_action, guard=args.guard,
+                      canary_every=args.canary_every, **slices)

@@ -46,6 +46,12 @@ The faults (VALUE in brackets, with its default):
                            STEP.
 ``hang[=3600s]``           the rank sleeps VALUE just before the backward of STEP: it stops
                            participating far past every deadline.
+
+The silent-data-corruption faults (``sdc_faults.SDC_FAULTS``: ``sdc-ulp``, ``sdc-forward``,
+``sdc-backward``, ``sdc-flip-low``, ``sdc-flip-high``, ``sdc-threshold``) model the rank's
+hardware computing matrix products wrong from the forward of STEP on, wherever they run (see
+``sdc_faults``). They are parsed here like every fault, but are not columns of the fault matrix
+(``FAULTS``): their corpus is ``experiments/sdc_corpus.py``.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ import torch
 from torch import nn
 
 from openclaw_ref.core.callbacks import Callback
+from openclaw_ref.core.sdc_faults import SDC_DEFAULTS, SDC_FAULTS, FaultyMatmul, sdc_model
 from openclaw_ref.sync.base import PreScale, ScaleMode, SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput
 
@@ -77,7 +84,9 @@ DEFAULT_VALUES: dict[str, str] = {
     "nan-grad": "layer.3.attn.v_proj.weight",
     "crash": "13",
     "hang": "3600s",
+    **SDC_DEFAULTS,
 }
+KNOWN_FAULTS: tuple[str, ...] = FAULTS + SDC_FAULTS  # what ``--inject`` accepts
 # Faults that stop the process group for good: a test needs a fresh group after one of them.
 GROUP_KILLING: frozenset[str] = frozenset({"crash", "hang"})
 # Faults applied at construction, in effect from step 0 whatever STEP says.
@@ -153,6 +162,8 @@ def _check_value(spec: FaultSpec) -> None:
         elif spec.name == "permuted-params":
             if len([m for m in v.split(",") if m]) != 2:
                 raise ValueError
+        elif spec.name in SDC_FAULTS:
+            sdc_model(spec.name, v)
     except ValueError:
         raise BadInput(f"bad value {v!r} for fault {spec.name}") from None
 
@@ -178,8 +189,8 @@ def parse_fault(text: str) -> FaultSpec:
     m = _SPEC.match(text.strip())
     if not m:
         raise BadInput(f"bad --inject {text!r}; expected NAME[=VALUE][@RANK][:STEP]")
-    if m["name"] not in FAULTS:
-        raise BadInput(f"unknown fault {m['name']!r}; choose one of {', '.join(FAULTS)}")
+    if m["name"] not in KNOWN_FAULTS:
+        raise BadInput(f"unknown fault {m['name']!r}; choose one of {', '.join(KNOWN_FAULTS)}")
     if m["step"]:
         _check_step(m["name"], int(m["step"]))
     spec = FaultSpec(m["name"], int(m["rank"]) if m["rank"] else None,
@@ -244,11 +255,16 @@ class FaultInjector(Callback):
         self._prescaled = False  # the strategy's own pre-scale takes the scale fault
         self._policy: PreScale | None = None
         self._base_exponent = DEFAULT_SCALE_EXPONENT
+        self._sdc: list[tuple[FaultSpec, FaultyMatmul]] = []  # entered by ``setup``
 
     def _active(self, name: str, step: int | None = None) -> list[FaultSpec]:
         return [s for s in self.mine if s.name == name and (step is None or s.step == step)]
 
     def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
+        for s in self.mine:  # this rank's faulty hardware, on from the fault's STEP, to close()
+            if s.name in SDC_FAULTS:
+                self._sdc.append((s, FaultyMatmul(sdc_model(s.name, s.resolved_value))))
+                self._sdc[-1][1].__enter__()
         for s in self._active("permuted-params"):
             first, second = s.resolved_value.split(",")
             swap_submodules(model, first.strip(), second.strip())
@@ -273,6 +289,8 @@ class FaultInjector(Callback):
         self._policy = policy
 
     def before_forward(self, step: int, model: nn.Module) -> None:
+        for s, mode in self._sdc:
+            mode.active = step >= s.step
         if self._policy is not None:  # from STEP on, this rank's pre-scale departs
             for s in self._active("scale-mismatch", step):
                 self._policy.override(self.rank, int(s.resolved_value))
@@ -319,6 +337,11 @@ class FaultInjector(Callback):
         self._restore.clear()
         for s in self._active("bitflip", step):
             flip_bit_(_named_param(model, s.resolved_value))
+
+    def close(self) -> None:
+        for _, mode in reversed(self._sdc):
+            mode.__exit__(None, None, None)
+        self._sdc.clear()
 
 
 def _poison_nan(grad: torch.Tensor) -> torch.Tensor:

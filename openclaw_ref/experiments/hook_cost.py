@@ -19,6 +19,7 @@ Arms:
                           the default digest costs
   ``hardened-bucket-fp32``  the per-bucket guard (the forensic mode: a Python comm hook that
                           checks every bucket), fp32 wire
+  ``hardened+canary``     ``hardened`` with the compute canary every ``CANARY_EVERY`` steps
 
 Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB bucket cap, about
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
@@ -50,12 +51,16 @@ from openclaw_ref.experiments.interleave import interleaved_times, paired_figure
 from openclaw_ref.sync.errors import BadInput
 
 ARMS = ("ddp", "floor", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
-        "hardened-noreplica", "hardened-bucket-fp32")
+        "hardened-noreplica", "hardened-bucket-fp32", "hardened+canary")
 BASELINE = "ddp"
 # each hardened arm's SyncConfig beyond the defaults
 HARDENED_ARMS: dict[str, dict] = {"hardened": {}, "hardened-fp16": {"wire": "fp16"},
                                   "hardened-noreplica": {"replica_slices": 0},
-                                  "hardened-bucket-fp32": {"guard": "bucket", "wire": "fp32"}}
+                                  "hardened-bucket-fp32": {"guard": "bucket", "wire": "fp32"},
+                                  # a probe every step: what one probe step costs (a cost paid once
+                                  # every K steps is invisible to a median of per-step ratios);
+                                  # the renderer amortizes it over CANARY_EVERY
+                                  "hardened+canary": {"canary_every": 1}}
 # (arm, over): the ratios between two arms each job reports beside every arm's ratio to ddp,
 # where both arms ran — each hardened arm beside PyTorch's Python hook of the same wire, the
 # default guard beside the floor (what its checks cost above the one collective), and any

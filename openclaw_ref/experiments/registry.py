@@ -32,6 +32,7 @@ from openclaw_ref.experiments.sections import (
     precision,
     quantization,
     raw_allreduce,
+    sdc,
     strategies,
 )
 from openclaw_ref.experiments.sections.strategies import Variant
@@ -79,6 +80,8 @@ SECTIONS: dict[str, Section] = {
                         "interleaved)", fsdp_cost, 44.5),  # measured at load average ~3
     "fsdp_corpus": _plain("published FSDP2 mistakes × (stock FSDP2, harden() defaults), "
                           "1-D at 2 ranks, HSDP at 4, torchrun", fsdp_corpus, 99.5),
+    "sdc": _plain("silent data corruption × (stock DDP, harden() canary off, on) at 2 and 4 "
+                  "ranks, the canary's detection rates, healthy jobs on/off", sdc, 2.2),
 }
 
 

@@ -38,7 +38,9 @@ Versions:
   and ``harden()``'s defaults, per pattern × column the outcome, error class, step and ranks
   named (``experiments.sections.fsdp_corpus.case_figures``). ``sync_last.buckets[].elements``
   (optional; absent = not recorded): each bucket's gradient elements on the wire, beside its
-  ready times (the bucket timeline's legend).
+  ready times (the bucket timeline's legend). ``sdc`` (optional; absent = not run): the
+  silent-data-corruption corpus under stock DDP and ``harden()`` with the compute canary off and
+  on, its detection rates and the healthy jobs (``experiments.sections.sdc``).
 - 5: each hook-cost job carries ``pairs``, the ratios between two arms of the job (``arm``,
   ``over``, ``ratio``, ``ratio_low``, ``ratio_high``; ``experiments.hook_cost.RATIO_PAIRS``), in
   place of each hardened arm's ``vs_python_hook``, ``vs_python_hook_ratio``, ``_low`` and
@@ -67,7 +69,7 @@ REGENERATE = "regenerate it with `openclaw-bench compare`"
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
 SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
             "raw_allreduce", "ablations", "doctor", "lightning", "quantization", "hook_cost",
-            "fsdp_cost", "fsdp_corpus")
+            "fsdp_cost", "fsdp_corpus", "sdc")
 
 
 class RecordError(BadInput):

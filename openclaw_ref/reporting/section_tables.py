@@ -14,6 +14,7 @@ from openclaw_ref.reporting.corpus_tables import corpus_tables
 from openclaw_ref.reporting.false_alarm_tables import false_alarm_tables
 from openclaw_ref.reporting.fsdp_tables import fsdp_corpus_tables, fsdp_cost_tables
 from openclaw_ref.reporting.hook_cost_tables import hook_cost_tables
+from openclaw_ref.reporting.sdc_tables import sdc_tables
 from openclaw_ref.reporting.table import Figures, Table, fixed, yes
 
 
@@ -219,4 +220,5 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "fsdp_cost": ("What harden() costs an FSDP2 job", fsdp_cost_tables),
     "fsdp_corpus": ("Published FSDP2 mistakes: stock FSDP2 and harden()",
                     fsdp_corpus_tables),
+    "sdc": ("A rank whose hardware computes wrong: the compute canary", sdc_tables),
 }

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         CheckpointMismatch,
         ClockMismatch,
         CollectiveFailed,
+        ComputeMismatch,
         ConsistencyError,
         GradientsNotAveraged,
         JobFailed,
@@ -48,9 +49,9 @@ _HOME = {
     "make_strategy": "strategies.registry",
     # errors.py imports only the standard library: catching one of these loads no torch
     **dict.fromkeys(("BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch",
-                     "CollectiveFailed", "ConsistencyError", "GradientsNotAveraged",
-                     "JobFailed", "MissingGradient", "NonFiniteGradient", "OpenClawError",
-                     "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence",
+                     "CollectiveFailed", "ComputeMismatch", "ConsistencyError",
+                     "GradientsNotAveraged", "JobFailed", "MissingGradient", "NonFiniteGradient",
+                     "OpenClawError", "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence",
                      "ScaleMismatch", "ShapeMismatch", "SyncTimeout"),
                     "errors"),
 }
@@ -67,7 +68,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy",
     "BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch", "CollectiveFailed",
-    "ConsistencyError",
+    "ComputeMismatch", "ConsistencyError",
     "GradientsNotAveraged", "JobFailed", "MissingGradient", "NonFiniteGradient", "OpenClawError",
     "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch",
     "ShapeMismatch", "SyncTimeout",

@@ -128,6 +128,13 @@ class ReplicaDivergence(ConsistencyError):
     """Parameters that must be bitwise equal on all ranks differ."""
 
 
+class ComputeMismatch(ConsistencyError):
+    """The compute canary (``evidence.canary``): every rank ran the same probe — the same
+    parameters, input, dropout seed and cotangent — and some rank's gradients differ bitwise
+    (or, once the start-up self-test found the ranks not bitwise reproducible, beyond the
+    stated tolerance): that rank's hardware computes wrong (silent data corruption)."""
+
+
 class NonFiniteGradient(ConsistencyError):
     """A NaN or inf gradient entered the sum that is not an FP16 overflow to be skipped."""
 

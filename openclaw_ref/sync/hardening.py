@@ -71,6 +71,7 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     rank 0 again) and harden that, or restore a checkpoint — on every rank.
     """
     cfg = cfg or harden_defaults()
+    refuse_canary(ddp_model, cfg)
     if isinstance(ddp_model, FSDPModule):
         return harden_fsdp(ddp_model, cfg, check_construction, optimizer,
                            lambda guard: _watchdog(guard, cfg, ctx))
@@ -109,6 +110,19 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
                       "was created; a failed collective may hang instead of aborting",
                       stacklevel=2)
     return state
+
+
+def refuse_canary(model: DDP | FSDPModule, cfg: SyncConfig) -> None:
+    """The compute canary runs in DDP's step guard only: asked for elsewhere, ``BadInput``
+    (silently unprotected would be worse than refused)."""
+    if not cfg.canary_every:
+        return
+    if isinstance(model, FSDPModule):
+        raise BadInput("the compute canary (canary_every) runs under DDP's step guard only; "
+                       "FSDP2/HSDP have none yet: pass canary_every=0")
+    if cfg.guard is not Guard.STEP:
+        raise BadInput("the compute canary (canary_every) runs under the step guard only; "
+                       "pass guard='step' or canary_every=0")
 
 
 def _watchdog(state: HardenState | StepGuard | FSDPGuard, cfg: SyncConfig, ctx: RankInfo | None

@@ -134,6 +134,8 @@ def _parse(argv: Sequence[str] | None) -> tuple[LightningRunConfig, str | None]:
     p.add_argument("--precision", default="bf16-mixed")
     p.add_argument("--sync", default="hardened")
     p.add_argument("--wire", default="native")
+    p.add_argument("--canary-every", type=int, default=0, metavar="K",
+                   help="hardened: the compute canary every K steps (0: off)")
     p.add_argument("--imbalance", type=float, default=1.0)
     p.add_argument("--balance", action="store_true", help="WeightedRandomSampler over labels")
     p.add_argument("--inject", action="append", default=[], metavar="NAME[=VALUE][@RANK][:STEP]")
@@ -148,7 +150,8 @@ def _parse(argv: Sequence[str] | None) -> tuple[LightningRunConfig, str | None]:
     cfg = LightningRunConfig(
         model=ModelSection(a.preset, a.seed), train=train, devices=a.devices,
         precision=a.precision, balance=a.balance,
-        data=DataConfig(imbalance=a.imbalance), sync=SyncConfig(name=a.sync, wire=a.wire),
+        data=DataConfig(imbalance=a.imbalance), sync=SyncConfig(name=a.sync, wire=a.wire,
+                                                         canary_every=a.canary_every),
         faults=tuple(parse_fault(f) for f in a.inject), out=a.out,
         metrics=MetricsConfig(port=a.metrics_port, skew_barrier_ms=a.skew_barrier_ms))
     return cfg, a.out

@@ -35,6 +35,10 @@ A forward DDP would not have averaged (``no_sync()``, ``require_backward_grad_sy
 arms nothing, through the wrapper or around it. A rank that joined
 (``DDP.join()``) sends a "joined" slot after DDP's shadow allreduces.
 
+With the compute canary on (``SyncConfig.canary_every``, ``evidence.canary``) step 3 also XORs
+a probe's gradient digest into the replica digest, and every K steps the settle broadcasts the
+probe's input: two collectives per K steps, none per step.
+
 What this mode does not see (``Guard.BUCKET`` does): which bucket held a rank's NaN, the
 per-bucket ready-time skew, a bucket whose membership differs while its size matches (DDP's
 broadcast layout prevents it; the start-up check compares the layout), a pre-scaled fp16 wire
@@ -64,6 +68,7 @@ from openclaw_ref.sync.ddp.step_setup import (
 )
 from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
 from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator
+from openclaw_ref.sync.evidence.canary import canary_for, step_digests
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
     encode_slot,
@@ -135,6 +140,8 @@ class StepGuard:
         self._flags: list[bool] | torch.Tensor | None = None
         self._verdict: bool | None = None
         self.shadow_steps = 0
+        self.canary = canary_for(self, cfg.canary_every)  # the compute canary (``canary``)
+        self.digests = step_digests(self.replicas, self.canary)
 
     # -- registration (harden) ----------------------------------------------------------------
     def install(self, required: set[str] | None) -> None:
@@ -148,6 +155,8 @@ class StepGuard:
                 self.handles.append(p.register_post_accumulate_grad_hook(self._summed))
         self.handles.append(self.entry.register_forward_pre_hook(self._wrapper_forward))
         self.handles.append(self.module.register_forward_hook(self._module_forward))
+        if self.canary is not None:
+            self.handles.append(self.canary.install())
         original = self.ddp.join_hook
         self.ddp.join_hook = lambda **kwargs: JoinedExchange(original(**kwargs), self)
         self.handles.append(Unset(self.ddp, "join_hook"))
@@ -241,6 +250,8 @@ class StepGuard:
         if self.replicas.enabled:
             replica = self.replicas.digest_slice(self.clock)
             self.ledger.replica_checks += 1
+        if self.canary is not None:
+            replica = self.canary.fold(replica)
         write_counts(self.block, self.layout, self.rank, [slot], flags, replica)
         self._sent, self._flags = slot, flags
         self._device_ready = cuda_mark() if self._device_t0 is not None else None
@@ -298,6 +309,8 @@ class StepGuard:
         try:
             self._verdict = self.ledger.settle(step, [record], sync_ms=(t - self.step_t0) * 1e3,
                                                verify_started=t, counted=counted)
+            if self.canary is not None:
+                self.canary.settled(step)
             if self._device_t0 is not None and self._device_ready is not None:  # synced
                 self.ledger.last["device_ready_ms"] = {
                     "step": self._device_t0.elapsed_time(self._device_ready)}
@@ -323,10 +336,10 @@ class StepGuard:
                 for b in self.ddp.reducer._get_zeros_like_grad_buckets()]
 
     def _gather(self) -> list[list[int]]:
-        return gather_step_rows(self.group, [self._sent], self._flags, self.replicas)
+        return gather_step_rows(self.group, [self._sent], self._flags, self.digests)
 
     def _replica_error(self, rows: list[list[int]], active: list[int]):
-        return self.replicas.divergence(rows, active, step=self.clock - 1)
+        return self.digests.divergence(rows, active, step=self.clock - 1)
 
     def joined_exchange(self) -> None:
         """A joined rank's part of an active step (``DDP.join()``): after DDP's shadow

@@ -1,0 +1,51 @@
+"""The compute canary on the conformance target (the user's model, or the openclaw model): a
+plain loop over the target's own batches, ``harden()`` with the canary every K steps, and
+optionally the last rank's matmuls computing wrong (``core.sdc_faults``) from a step on. What
+the run raised, its events, how many results the fault corrupted, and the final parameters
+(``conformance/suite/test_canary.py`` compares the canary on and off bitwise)."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from openclaw_ref.conformance.target import build_target, forward_loss
+from openclaw_ref.conformance.user_run import RUN_SEED
+from openclaw_ref.core.sdc_faults import FaultyMatmul, sdc_model
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.hardening import harden
+
+
+def canary_task(ctx, factory: str, canary_every: int, steps: int, fault: str = "",
+                fault_step: int = 0) -> dict:
+    """One run on this rank (module docstring); never raises a ``ConsistencyError``."""
+    torch.manual_seed(RUN_SEED)
+    target = build_target(factory)
+    model = target.module.to(ctx.device)
+    ddp = DDP(model, find_unused_parameters=target.find_unused_parameters)
+    state = harden(ddp, SyncConfig("hardened", canary_every=canary_every), ctx)
+    opt = torch.optim.SGD(model.parameters(), lr=target.lr)
+    mode = FaultyMatmul(sdc_model(fault, "")) if fault and ctx.rank == ctx.world_size - 1 \
+        else None
+    reply: dict = {"error": None, "fired": 0}
+    torch.manual_seed(RUN_SEED + 1 + ctx.rank)
+    try:
+        if mode is not None:
+            mode.__enter__()
+        for step in range(steps):
+            if mode is not None:
+                mode.active = step >= fault_step
+            forward_loss(target, ddp, target.batch(step, ctx.rank, ctx.world_size)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    except ConsistencyError as exc:
+        reply["error"] = {"kind": exc.kind, "step": exc.step, "ranks": exc.ranks}
+    finally:
+        if mode is not None:
+            mode.__exit__(None, None, None)
+            reply["fired"] = mode.fired
+        reply["events"] = [e.kind for e in state.events]
+        state.close(verify=reply["error"] is None)
+    reply["params"] = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+    return reply
