@@ -12,6 +12,7 @@ import torch
 
 from openclaw_ref.experiments.hook_cost import (
     ARMS,
+    HARDENED_ARMS,
     RATIO_PAIRS,
     HookCostConfig,
     hook_cost_rank,
@@ -20,6 +21,7 @@ from openclaw_ref.experiments.hook_cost import (
 )
 from openclaw_ref.experiments.verify_scale import block_bytes, block_share, synthesized_blocks
 from openclaw_ref.reporting.hook_cost_tables import hook_cost_table, pairs_table
+from openclaw_ref.sync.base import CANARY_EVERY
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence.control import check_blocks
 from openclaw_ref.sync.evidence.control_layout import SLOT_FIELDS
@@ -210,3 +212,22 @@ def test_the_floor_exchanges_once_per_step_and_reports_nothing(floor_run):
 def test_the_floor_trains_bitwise_as_stock_ddp(floor_run):
     assert all(torch.equal(a, b) for a, b in zip(floor_run["floor"]["params"],
                                                  floor_run["ddp"]["params"]))
+
+
+def test_the_canary_pair_records_how_often_its_arm_probed_and_the_k_to_spread_it_over():
+    ddp = [10.0] * 5
+    pairs = pair_ratios(_raw({"ddp": ddp, "hardened": ddp,
+                              "hardened+canary": [x * 1.3 for x in ddp]}))
+    (pair,) = [p for p in pairs if p["arm"] == "hardened+canary"]
+    assert pair["probe_every"] == HARDENED_ARMS["hardened+canary"]["canary_every"]
+    assert pair["amortize_over"] == CANARY_EVERY
+
+
+def test_a_canary_pair_gets_a_row_amortized_over_its_k():
+    pair = {**_pair("hardened+canary", "hardened", 1.256, 1.128, 1.512),
+            "probe_every": 1, "amortize_over": 256}
+    t = pairs_table({"mlp": {"pairs": [pair]}})
+    assert [r[0] for r in t.rows] == ["hardened+canary ÷ hardened",
+                                      "hardened+canary ÷ hardened at K = 256"]
+    assert t.rows[1][2] == "1.001 [1.000, 1.002]"
+    assert "not a run at that K" in t.caption

@@ -19,7 +19,8 @@ Arms:
                           the default digest costs
   ``hardened-bucket-fp32``  the per-bucket guard (the forensic mode: a Python comm hook that
                           checks every bucket), fp32 wire
-  ``hardened+canary``     ``hardened`` with the compute canary every ``CANARY_EVERY`` steps
+  ``hardened+canary``     ``hardened`` with the compute canary probing every step (what one
+                          probe step costs; the tables amortize it over ``CANARY_EVERY``)
 
 Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB bucket cap, about
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
@@ -48,6 +49,7 @@ from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
 from openclaw_ref.core.metrics import median_paired_ratio
 from openclaw_ref.experiments.exchange_floor import ExchangeFloor
 from openclaw_ref.experiments.interleave import interleaved_times, paired_figures, slowest_rank
+from openclaw_ref.sync.base import CANARY_EVERY
 from openclaw_ref.sync.errors import BadInput
 
 ARMS = ("ddp", "floor", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
@@ -305,8 +307,12 @@ def pair_ratios(raw: dict) -> list[dict]:
     for arm, over in RATIO_PAIRS:
         if arm in step_ms and over in step_ms:
             r = median_paired_ratio(step_ms[arm], step_ms[over])
-            out.append({"arm": arm, "over": over, "ratio": r.point, "ratio_low": r.low,
-                        "ratio_high": r.high})
+            pair = {"arm": arm, "over": over, "ratio": r.point, "ratio_low": r.low,
+                    "ratio_high": r.high}
+            every = HARDENED_ARMS.get(arm, {}).get("canary_every")
+            if every:  # a probe every `every` steps; the renderer amortizes it over K
+                pair.update(probe_every=every, amortize_over=CANARY_EVERY)
+            out.append(pair)
     return out
 
 

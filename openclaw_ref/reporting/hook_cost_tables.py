@@ -21,7 +21,7 @@ ARM_WORDS = {
                 "exchange per step)",
     "hardened-fp16": "the step guard on DDP's built-in fp16 wire",
     "hardened-noreplica": "the step guard without the replica digest",
-    "hardened+canary": "the step guard with the compute canary",
+    "hardened+canary": "the step guard with the compute canary probing every step",
     "hardened-bucket-fp32": "the per-bucket guard (a Python comm hook checking every bucket, "
                             "the forensic mode), fp32 wire",
 }
@@ -65,20 +65,37 @@ def pairs_table(jobs: Figures) -> Table | None:
     stored them), one column per model; None when no job stored a pair."""
     models = list(jobs)
     cells: dict[tuple[str, str], dict[str, str]] = {}
+    amortized = ""
     for model, job in jobs.items():
         for p in job.get("pairs", []):
             cells.setdefault((p["arm"], p["over"]), {})[model] = ratio_cell(
                 p["ratio"], p["ratio_low"], p["ratio_high"])
+            if "probe_every" in p:
+                k = p["amortize_over"]
+                cells.setdefault((p["arm"], f"{p['over']} at K = {k}"), {})[model] = ratio_cell(
+                    *(_amortized(p[f], p["probe_every"], k)
+                      for f in ("ratio", "ratio_low", "ratio_high")))
+                amortized = (
+                    f" The canary arm probes every {p['probe_every']} step(s), so its ratio is "
+                    "what one probe step costs (a cost paid once every K steps is invisible to "
+                    "a median of per-step ratios); the row 'at K' spreads it over the "
+                    f"recommended K = {k}: 1 + (ratio − 1) × {p['probe_every']} ÷ K, bounds "
+                    "alike — arithmetic on the measured ratio, not a run at that K.")
     if not cells:
         return None
-    rows = [[f"{arm} ÷ {over}", PAIR_WORDS.get((arm, over), "")]
+    rows = [[f"{arm} ÷ {over}", PAIR_WORDS.get((arm, over.split(" at K")[0]), "")]
             + [by_model.get(m, "") for m in models] for (arm, over), by_model in cells.items()]
     return Table(
         "Ratios between two arms of the same interleaved job (the tables above): the median of "
         "the per-step ratios of one arm's step to the other's, with a 95 % bootstrap interval; "
-        "where it contains 1 the difference is inside the noise here.",
+        "where it contains 1 the difference is inside the noise here." + amortized,
         ["ratio", "what it says"] + [f"{m} [95 %]" for m in models],
         rows)
+
+
+def _amortized(ratio: float, probe_every: int, k: int) -> float:
+    """A per-probe-step ratio spread over a probe every ``k`` steps."""
+    return 1.0 + (ratio - 1.0) * probe_every / k
 
 
 def _memory_table(rows: list[Figures]) -> Table:
