@@ -36,7 +36,7 @@ from openclaw_ref.fsdp_corpus.patterns import (
     Mesh,
     acting_rank,
 )
-from openclaw_ref.fsdp_corpus.silent_errors_script import parse_args
+from openclaw_ref.fsdp_corpus.silent_errors_script import harness_watchdog_s, parse_args
 from openclaw_ref.sync.errors import BadInput
 
 ISSUE_NAMES = ("optimizer-before-shard", "extra-backward-one-rank", "no-sync-one-rank",
@@ -92,6 +92,14 @@ def test_an_unknown_pattern_is_refused_in_one_line_before_any_process_group(caps
 
 def _res(rank: int, status: Status, step: int = 6, **kw) -> RankResult:
     return RankResult(rank, "p", status, step, **kw)
+
+
+def test_the_harness_outlasts_harden_s_watchdog_and_its_peers_grace_under_the_hardened_column():
+    # harden()'s default 60 s deadline, then half of it for the peers: the harness must not call
+    # the run hung first (it did at 2 x 10 + 30 = 50 s, reporting the detection as a hang)
+    assert harness_watchdog_s(10, Column.HARDENED, None) > 60 * 1.5
+    assert harness_watchdog_s(10, Column.HARDENED, 5) == 2 * 10 + 30
+    assert harness_watchdog_s(10, Column.STOCK, None) == 2 * 10 + 30
 
 
 def test_a_rank_that_died_is_named_not_the_rank_that_saw_its_peer_vanish():

@@ -284,6 +284,18 @@ def reference_of(name: str) -> str:
 References = dict[str, tuple[RankResult, dict[str, torch.Tensor] | None]]
 
 
+def harness_watchdog_s(timeout_s: float, column: Column, guard_s: float | None) -> float:
+    """How long one run may take before this script calls it hung: past gloo's timeout (twice,
+    and 30 s), and under harden() past its own watchdog's deadline and the grace its peers then
+    have (half of it), and 30 s — a harness that gave up first would report harden()'s hang
+    detection as a hang."""
+    own = 2 * timeout_s + 30
+    if column is not Column.HARDENED:
+        return own
+    guard = SyncConfig().watchdog_s if guard_s is None else guard_s
+    return max(own, 1.5 * guard + 30)
+
+
 def run_pattern(name: str, args: argparse.Namespace, out_dir: Path,
                 references: References) -> bool:
     """The run without the mistake (the reference, cached in ``references``), then the run
@@ -291,7 +303,7 @@ def run_pattern(name: str, args: argparse.Namespace, out_dir: Path,
     written. True when every rank left the run normally (finished, or a check stopped it)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     column, mesh_kind = Column(args.column), Mesh(args.mesh)
-    watchdog_s = 2 * args.timeout_s + 30
+    watchdog_s = harness_watchdog_s(args.timeout_s, column, args.watchdog_s)
 
     def on_watchdog(step: int) -> None:
         write_result(out_dir, RankResult(rank, name, Status.WATCHDOG, step,
