@@ -84,8 +84,9 @@ class StopRecord:
     ``events`` (as JSON) at the moment of the write."""
 
     def __init__(self, out: str | os.PathLike, rank: int, head: Callable[[], dict],
-                 known: Known) -> None:
+                 known: Known, cause: Callable[[], BaseException | None] = lambda: None) -> None:
         self.out, self.rank, self.head, self.known = Path(out), rank, head, known
+        self.cause = cause  # a peer's failure this rank knows of: what a SIGTERM then says
         self._lock = threading.Lock()
         self.written: str | None = None  # the reason of the part written, once written
 
@@ -174,6 +175,12 @@ class StopRecord:
             os.close(write_end)  # the thread reads end-of-file and leaves
             thread.join(timeout=LOCK_WAIT_S)
 
+    def _cause(self) -> BaseException | None:
+        try:
+            return self.cause()
+        except Exception:  # noqa: BLE001 - the record is written whatever the strategy says
+            return None
+
     def _await_sigterm(self, read_end: int) -> None:
         try:
             while True:
@@ -185,7 +192,7 @@ class StopRecord:
         finally:
             os.close(read_end)
         try:
-            self.stopped("SIGTERM: ended from outside (torchrun's agent ends a job's other "
-                         "workers when one fails)")
+            self.stopped(self._cause() or "SIGTERM: ended from outside (torchrun's agent ends "
+                         "a job's other workers when one fails)")
         finally:
             os._exit(EXIT_SIGTERM)

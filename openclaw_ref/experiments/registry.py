@@ -76,12 +76,12 @@ SECTIONS: dict[str, Section] = {
                            quantization, 23.5),
     "hook_cost": _plain("hook cost per step and bucket (arms interleaved), verification at "
                         "scale", hook_cost, 36.8),
+    "sdc": _plain("silent data corruption × (stock DDP, harden() canary off, on) at 2 and 4 "
+                  "ranks, the canary's detection rates, healthy jobs on/off", sdc, 2.2),
     "fsdp_cost": _plain("harden() on FSDP2 beside stock fully_shard per step (arms "
                         "interleaved)", fsdp_cost, 44.5),  # measured at load average ~3
     "fsdp_corpus": _plain("published FSDP2 mistakes × (stock FSDP2, harden() defaults), "
                           "1-D at 2 ranks, HSDP at 4, torchrun", fsdp_corpus, 99.5),
-    "sdc": _plain("silent data corruption × (stock DDP, harden() canary off, on) at 2 and 4 "
-                  "ranks, the canary's detection rates, healthy jobs on/off", sdc, 2.2),
 }
 
 

@@ -295,6 +295,12 @@ class SyncStrategy(abc.ABC):
         """This rank stops with ``exc``: tell the peers, so that none outlives the failed job
         (``hardened``: the watchdog's failure note, ``evidence/job_end.py``). Never raises."""
 
+    def peer_failure(self) -> BaseException | None:
+        """A peer's failure this rank has learned of (``hardened``: the failure note its
+        watchdog read), or None: what this rank says if it is ended from outside before it
+        ends itself. Never raises."""
+        return None
+
     def close(self, verify: bool = True) -> None:
         """Release hooks and threads. ``verify``: the run ended cleanly on every rank, so a
         strategy may run a last collective check (``hardened``: every replica slice); with

@@ -17,14 +17,19 @@ Two facts end a rank (``JobEnd.verdict``; the watchdog acts on it under ``RAISE`
   * the store's host gone: the store has failed with nothing but connection errors
     (``DistNetworkError``) for ``deadline_s``. A slow or flaky store raises other errors (a
     timeout) and only blinds the watchdog.
-The note lives in the watchdog's namespace (one per construction), so a note left by an earlier
-task on a reused rank pool is never read as this one's. Cost: one store ``check`` per tick, on
-the watchdog's thread.
+The note's writer waits, at most ``ack_wait_s``, until every peer has ended on it or failed
+itself (each says so in the store just before): a writer that left at once could take the
+store with it (torchrun's agent hosts it) or make the peer's agent end the peer, before the
+peer's grace had passed, and that peer would tell another story or none. The note lives in the
+watchdog's namespace (one per construction), so a note left by an earlier task on a reused rank
+pool is never read as this one's. Cost: one store ``check`` per tick, on the watchdog's thread.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -38,6 +43,11 @@ GONE = getattr(dist, "DistNetworkError", ConnectionError)  # torch < 2.2: no suc
 
 def failure_key(namespace: str) -> str:
     return f"{namespace}/failed"
+
+
+def ack_key(key: str, rank: int) -> str:
+    """Where ``rank`` says it has read the failure note under ``key``."""
+    return f"{key}/read/{rank}"
 
 
 @dataclass(frozen=True)
@@ -81,9 +91,12 @@ class JobEnd:
     """One rank's account of whether the job has failed elsewhere (module docstring). Times
     are passed in, never read, so tests drive every order without sleeping."""
 
-    def __init__(self, rank: int, namespace: str, deadline_s: float, grace_s: float) -> None:
+    def __init__(self, rank: int, namespace: str, deadline_s: float, grace_s: float,
+                 peers: Sequence[int] = (), ack_wait_s: float = 0.0) -> None:
         self.rank, self.key = rank, failure_key(namespace)
         self.deadline_s, self.grace_s = deadline_s, grace_s
+        # whose acknowledgement the note's writer waits for, and how long at most
+        self.peers, self.ack_wait_s = tuple(p for p in peers if p != rank), ack_wait_s
         self.declared = False  # this rank failed itself: its own error ends it
         self.note: FailureNote | None = None
         self._seen_at = 0.0
@@ -96,10 +109,24 @@ class JobEnd:
         if self.declared:
             return
         self.declared = True
+        mine = FailureNote.of(self.rank, exc).encode()
         try:
-            store.compare_set(self.key, "", FailureNote.of(self.rank, exc).encode())
+            kept = store.compare_set(self.key, "", mine)
+            if kept != mine.encode():  # a peer's note was first: this rank ends on its own error
+                self.acknowledge(store)
+            elif self.peers and self.ack_wait_s > 0:
+                # the writer stays until every peer has read its note (or ack_wait_s passed):
+                # a writer that left at once could take the store with it (torchrun's agent
+                # hosts it) before a peer read the note, and that peer would tell another story
+                store.wait([ack_key(self.key, p) for p in self.peers],
+                           timedelta(seconds=self.ack_wait_s))
         except Exception:  # noqa: BLE001 - a note is a courtesy; the error stands without it
             pass
+
+    def acknowledge(self, store: dist.Store) -> None:
+        """Tell the note's writer this rank is ending on it or on its own error (store errors
+        propagate)."""
+        store.set(ack_key(self.key, self.rank), "1")
 
     def read(self, store: dist.Store) -> FailureNote | None:
         """The note in the store, if any (store errors propagate: the caller counts them)."""
@@ -107,9 +134,12 @@ class JobEnd:
             return None
         return FailureNote.decode(store.get(self.key))
 
-    def saw(self, note: FailureNote | None, now: float) -> None:
+    def saw(self, note: FailureNote | None, now: float) -> bool:
+        """Keep a peer's note, the first one seen; True when this call is the first."""
         if note is not None and note.rank != self.rank and self.note is None:
             self.note, self._seen_at = note, now
+            return True
+        return False
 
     def store_failed(self, exc: BaseException, now: float) -> None:
         if isinstance(exc, GONE):
@@ -122,16 +152,23 @@ class JobEnd:
     def store_answered(self) -> None:
         self._gone_since = None
 
+    def known(self) -> JobFailed | None:
+        """The peer's failure this rank has read, as the error it would end with (whatever the
+        grace: what a rank ended from outside during it should say), or None."""
+        note = self.note
+        if note is None:
+            return None
+        blames = f"blaming ranks {list(note.ranks)}" if note.ranks else "blaming no rank"
+        return JobFailed(f"rank {note.rank} failed with {note.kind} ({blames}): "
+                         f"{note.message}; rank {self.rank} ends too", rank=note.rank,
+                         ranks=list(note.ranks), step=note.step, exit_code=note.exit_code)
+
     def verdict(self, now: float) -> JobFailed | None:
         """Why this rank must end now, or None."""
         if self.declared:
             return None
-        note = self.note
-        if note is not None and now - self._seen_at >= self.grace_s:
-            blames = f"blaming ranks {list(note.ranks)}" if note.ranks else "blaming no rank"
-            return JobFailed(f"rank {note.rank} failed with {note.kind} ({blames}): "
-                             f"{note.message}; rank {self.rank} ends too", rank=note.rank,
-                             ranks=list(note.ranks), step=note.step, exit_code=note.exit_code)
+        if self.note is not None and now - self._seen_at >= self.grace_s:
+            return self.known()
         if self._gone_since is not None and now - self._gone_since >= self.deadline_s:
             return JobFailed(f"the job's store has not answered for {now - self._gone_since:.1f} "
                              f"s ({self._gone_error}): its host (the launcher, or the torchrun "

@@ -50,6 +50,10 @@ class Hardened(SyncStrategy):
         if watchdog is not None:
             watchdog.declare_failed(exc)
 
+    def peer_failure(self) -> BaseException | None:
+        watchdog = getattr(getattr(self, "state", None), "watchdog", None)
+        return None if watchdog is None else watchdog.peer_failure()
+
     def close(self, verify: bool = True) -> None:
         """Every replica slice compared once (the guard's close-time check), then closed."""
         if hasattr(self, "state"):
