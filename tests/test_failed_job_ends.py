@@ -115,7 +115,11 @@ def test_on_two_torchrun_agents_the_rank_a_timeout_blamed_ends_itself_and_says_w
     said = {str(r): text for rec in records for r, text in rec["summary"]["stopped_by"].items()}
     assert sorted(said) == ["0", "1"], said
     assert said["0"].startswith("SyncTimeout: rank 0: allreduce of the step's exchange"), said
-    assert said["1"].startswith("JobFailed: rank 0 failed with SyncTimeout (blaming ranks [1])")
+    # rank 1 ends on the job's failure, whichever comes first: rank 0's note after its grace
+    # (one line), the store gone with rank 0's agent (its host), or its own agent's SIGTERM once
+    # rank 0's node is gone — its record then names rank 0's failure when it had read the note.
+    # Never an orphan (below), never "ran until killed".
+    assert said["1"].startswith("JobFailed: "), said
     ends = [line for e in errs for line in e.splitlines() if line.startswith("fatal: JobFailed")]
-    assert len(ends) == 1 and ends[0].endswith("rank 1 ends too"), ends
+    assert len(ends) <= 1 and all(line.endswith("rank 1 ends too") for line in ends), ends
     assert _left_behind(tmp_path) == []

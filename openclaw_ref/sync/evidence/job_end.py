@@ -17,19 +17,16 @@ Two facts end a rank (``JobEnd.verdict``; the watchdog acts on it under ``RAISE`
   * the store's host gone: the store has failed with nothing but connection errors
     (``DistNetworkError``) for ``deadline_s``. A slow or flaky store raises other errors (a
     timeout) and only blinds the watchdog.
-The note's writer waits, at most ``ack_wait_s``, until every peer has ended on it or failed
-itself (each says so in the store just before): a writer that left at once could take the
-store with it (torchrun's agent hosts it) or make the peer's agent end the peer, before the
-peer's grace had passed, and that peer would tell another story or none. The note lives in the
-watchdog's namespace (one per construction), so a note left by an earlier task on a reused rank
-pool is never read as this one's. Cost: one store ``check`` per tick, on the watchdog's thread.
+A rank that read a peer's note but is ended from outside during its grace (torchrun's
+agent, once the writer's node is gone) records the peer's failure all the same (``known``).
+The note lives in the watchdog's namespace (one per construction), so a note left by an
+earlier task on a reused rank pool is never read as this one's. Cost: one store ``check`` per
+tick, on the watchdog's thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -43,11 +40,6 @@ GONE = getattr(dist, "DistNetworkError", ConnectionError)  # torch < 2.2: no suc
 
 def failure_key(namespace: str) -> str:
     return f"{namespace}/failed"
-
-
-def ack_key(key: str, rank: int) -> str:
-    """Where ``rank`` says it has read the failure note under ``key``."""
-    return f"{key}/read/{rank}"
 
 
 @dataclass(frozen=True)
@@ -91,12 +83,9 @@ class JobEnd:
     """One rank's account of whether the job has failed elsewhere (module docstring). Times
     are passed in, never read, so tests drive every order without sleeping."""
 
-    def __init__(self, rank: int, namespace: str, deadline_s: float, grace_s: float,
-                 peers: Sequence[int] = (), ack_wait_s: float = 0.0) -> None:
+    def __init__(self, rank: int, namespace: str, deadline_s: float, grace_s: float) -> None:
         self.rank, self.key = rank, failure_key(namespace)
         self.deadline_s, self.grace_s = deadline_s, grace_s
-        # whose acknowledgement the note's writer waits for, and how long at most
-        self.peers, self.ack_wait_s = tuple(p for p in peers if p != rank), ack_wait_s
         self.declared = False  # this rank failed itself: its own error ends it
         self.note: FailureNote | None = None
         self._seen_at = 0.0
@@ -109,24 +98,10 @@ class JobEnd:
         if self.declared:
             return
         self.declared = True
-        mine = FailureNote.of(self.rank, exc).encode()
         try:
-            kept = store.compare_set(self.key, "", mine)
-            if kept != mine.encode():  # a peer's note was first: this rank ends on its own error
-                self.acknowledge(store)
-            elif self.peers and self.ack_wait_s > 0:
-                # the writer stays until every peer has read its note (or ack_wait_s passed):
-                # a writer that left at once could take the store with it (torchrun's agent
-                # hosts it) before a peer read the note, and that peer would tell another story
-                store.wait([ack_key(self.key, p) for p in self.peers],
-                           timedelta(seconds=self.ack_wait_s))
+            store.compare_set(self.key, "", FailureNote.of(self.rank, exc).encode())
         except Exception:  # noqa: BLE001 - a note is a courtesy; the error stands without it
             pass
-
-    def acknowledge(self, store: dist.Store) -> None:
-        """Tell the note's writer this rank is ending on it or on its own error (store errors
-        propagate)."""
-        store.set(ack_key(self.key, self.rank), "1")
 
     def read(self, store: dist.Store) -> FailureNote | None:
         """The note in the store, if any (store errors propagate: the caller counts them)."""

@@ -157,9 +157,7 @@ class Watchdog:
         self._retry_at = 0.0
         self.blind = False  # the store failed and has not answered since
         self.fired: SyncTimeout | None = None  # the latest diagnosis
-        self.job = JobEnd(self.global_ranks[rank], namespace, deadline_s, deadline_s / 2,
-                          self.global_ranks,
-                          ack_wait_s=min(deadline_s, deadline_s / 2 + 2 * self.tick_s + 1))
+        self.job = JobEnd(self.global_ranks[rank], namespace, deadline_s, deadline_s / 2)
         self.outside = OutsideWork()  # FSDP2's collectives, judged by their guard's evidence
         self._store_op(lambda: store.set(self._key(rank), self._beat().encode()))
         self._thread = threading.Thread(target=self._run, name=f"openclaw-watchdog-{rank}",
@@ -252,7 +250,6 @@ class Watchdog:
         if ended is None or self.action is WatchdogAction.REPORT:
             return False
         self.events.append(ended.event())
-        self._store_op(lambda: self.job.acknowledge(self.store))  # the note's writer may go
         self.on_timeout(ended)
         return True
 
