@@ -109,12 +109,10 @@ class JobEnd:
             return None
         return FailureNote.decode(store.get(self.key))
 
-    def saw(self, note: FailureNote | None, now: float) -> bool:
-        """Keep a peer's note, the first one seen; True when this call is the first."""
+    def saw(self, note: FailureNote | None, now: float) -> None:
+        """Keep a peer's note, the first one seen."""
         if note is not None and note.rank != self.rank and self.note is None:
             self.note, self._seen_at = note, now
-            return True
-        return False
 
     def store_failed(self, exc: BaseException, now: float) -> None:
         if isinstance(exc, GONE):
