@@ -64,15 +64,17 @@ def pairs_table(jobs: Figures) -> Table | None:
     """The ratios between two arms of the same job, one row per pair (in the order the jobs
     stored them), one column per model; None when no job stored a pair."""
     models = list(jobs)
-    cells: dict[tuple[str, str], dict[str, str]] = {}
+    # row label → (what it says, cell per model), in the order the jobs stored the pairs
+    cells: dict[str, tuple[str, dict[str, str]]] = {}
     amortized = ""
     for model, job in jobs.items():
         for p in job.get("pairs", []):
-            cells.setdefault((p["arm"], p["over"]), {})[model] = ratio_cell(
+            label, words = f"{p['arm']} ÷ {p['over']}", PAIR_WORDS.get((p["arm"], p["over"]), "")
+            cells.setdefault(label, (words, {}))[1][model] = ratio_cell(
                 p["ratio"], p["ratio_low"], p["ratio_high"])
             if "probe_every" in p:
                 k = p["amortize_over"]
-                cells.setdefault((p["arm"], f"{p['over']} at K = {k}"), {})[model] = ratio_cell(
+                cells.setdefault(f"{label} at K = {k}", (words, {}))[1][model] = ratio_cell(
                     *(_amortized(p[f], p["probe_every"], k)
                       for f in ("ratio", "ratio_low", "ratio_high")))
                 amortized = (
@@ -83,8 +85,8 @@ def pairs_table(jobs: Figures) -> Table | None:
                     "alike — arithmetic on the measured ratio, not a run at that K.")
     if not cells:
         return None
-    rows = [[f"{arm} ÷ {over}", PAIR_WORDS.get((arm, over.split(" at K")[0]), "")]
-            + [by_model.get(m, "") for m in models] for (arm, over), by_model in cells.items()]
+    rows = [[label, words] + [by_model.get(m, "") for m in models]
+            for label, (words, by_model) in cells.items()]
     return Table(
         "Ratios between two arms of the same interleaved job (the tables above): the median of "
         "the per-step ratios of one arm's step to the other's, with a 95 % bootstrap interval; "
