@@ -172,7 +172,7 @@ def floor_beside_guard(ctx, steps: int = 3) -> dict | None:
 
     net, loss = plain_mlp(0), mlp_loss(0, ctx)
     out = {}
-    for arm in ("ddp", "floor", "hardened"):
+    for arm in ("ddp", "floor", "floor+nancheck", "hardened"):
         ddp, state = wrap_arm(arm, copy.deepcopy(net), ctx, 1.0, False)
         step = arm_step(ddp, state, torch.optim.SGD(ddp.parameters(), lr=1e-2), loss)
         for i in range(steps):
@@ -182,6 +182,7 @@ def floor_beside_guard(ctx, steps: int = 3) -> dict | None:
                     "params": [p.detach().clone() for p in ddp.parameters()],
                     "block": None if block is None else (block.numel(), block.dtype),
                     "exchanges": getattr(state, "exchanges", None),
+                    "flagged": getattr(state, "flagged", None),
                     "events": len(state.events) if state is not None else 0}
         if state is not None:
             state.close()
@@ -212,6 +213,32 @@ def test_the_floor_exchanges_once_per_step_and_reports_nothing(floor_run):
 def test_the_floor_trains_bitwise_as_stock_ddp(floor_run):
     assert all(torch.equal(a, b) for a, b in zip(floor_run["floor"]["params"],
                                                  floor_run["ddp"]["params"]))
+
+
+def test_the_nancheck_floor_adds_no_collective_and_trains_bitwise_as_stock_ddp(floor_run):
+    floor, nancheck, ddp = floor_run["floor"], floor_run["floor+nancheck"], floor_run["ddp"]
+    assert nancheck["collectives"] == floor["collectives"] and nancheck["flagged"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(nancheck["params"], ddp["params"]))
+
+
+def nan_on_rank1(ctx) -> int:
+    """Rank task: the nancheck floor over 2 steps whose step 1 has a NaN loss on rank 1 only
+    (rank 0's own gradients stay finite: DDP writes the NaN average back after the exchange);
+    the steps its pass flagged on this rank."""
+    from openclaw_ref.experiments.hook_cost import arm_step, mlp_loss, plain_mlp, wrap_arm
+
+    loss = mlp_loss(0, ctx)
+    ddp, floor = wrap_arm("floor+nancheck", plain_mlp(0), ctx, 1.0, False)
+    step = arm_step(ddp, floor, torch.optim.SGD(ddp.parameters(), lr=1e-2),
+                    lambda m, i: loss(m, i) * (float("nan") if i == 1 and ctx.rank == 1 else 1))
+    for i in range(2):
+        step(i)
+    floor.close()
+    return floor.flagged
+
+
+def test_the_nancheck_floors_pass_sees_a_local_nan_on_its_own_rank_only(pools):
+    assert pools.get(2).run(nan_on_rank1) == [0, 1]
 
 
 def test_the_canary_pair_records_how_often_its_arm_probed_and_the_k_to_spread_it_over():

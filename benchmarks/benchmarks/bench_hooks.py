@@ -93,6 +93,19 @@ class HookCost(common.JobBenchmark):
 
     track_floor_over_ddp.unit = "ratio"
 
+    def track_nancheck_floor_over_floor(self, *_):
+        """The floor plus the guard's local non-finite pass ÷ the floor: what reading every
+        gradient once costs here, the second part of the limit (reported)."""
+        return self._ratio("floor+nancheck", "floor")
+
+    track_nancheck_floor_over_floor.unit = "ratio"
+
+    def track_replica_digest_cost(self, *_):
+        """The step guard ÷ the step guard without its replica digest (reported)."""
+        return self._ratio("hardened", "hardened-noreplica")
+
+    track_replica_digest_cost.unit = "ratio"
+
     def track_hardened_fp16_over_ddp(self, *_):
         return self._arm("hardened-fp16", "ratio")
 

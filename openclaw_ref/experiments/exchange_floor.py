@@ -10,6 +10,14 @@ runs at the end of the backward's graph task, before DDP's finalize waits for it
 so the exchange overlaps that bucket) and waited on there, as the guard waits on CPU. No
 gradient, buffer, RNG stream or reducer state is touched, so it trains bitwise as stock DDP.
 ``hardened ÷ floor`` is what the guard's checks cost above the one collective.
+
+``nancheck=True`` (the ``floor+nancheck`` arm) adds the one pass no guard that names a rank's
+NaN can avoid: each local gradient summed as it is accumulated (the guard's own hooks on the
+accumulators DDP hooked, ``precision.finite_sum``) and the rank's flag read on the host before
+the exchange is issued — the guard's pass, nothing else of it. Against it, ``hardened-noreplica
+÷ floor+nancheck`` is the guard's bookkeeping alone (slots, counts, verdict), and ``floor+nancheck
+÷ floor`` the pass itself: reading every gradient byte once, which on a CPU host costs about
+what a memory pass over the gradients costs.
 """
 
 from __future__ import annotations
@@ -20,20 +28,36 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
 from openclaw_ref.sync.ddp.step_setup import exchange_block, queue_callback
+from openclaw_ref.sync.evidence.averaged import _accumulator
+from openclaw_ref.sync.evidence.precision import finite_sum, nonfinite_flags
 
 
 class ExchangeFloor:
     """The per-step bare exchange on one DDP model, with the surface the hook-cost job asks of
     a guard (``finish_step``, ``events``, ``held_bytes``, ``close``)."""
 
-    def __init__(self, ddp: DDP) -> None:
+    def __init__(self, ddp: DDP, nancheck: bool = False) -> None:
         self.group = ddp.process_group
         device = next(ddp.parameters()).device
         self.block = exchange_block(dist.get_world_size(self.group), device)
         self.events: list = []  # nothing is checked, so nothing is ever reported
         self.exchanges = 0
         self._task = -2  # the graph task whose end runs the exchange (one per backward)
-        self._handle = ddp.module.register_forward_hook(self._forward)
+        self.sums: list[torch.Tensor] = []  # this backward's local sums (``nancheck``)
+        self.flagged = 0  # steps whose pass found a non-finite local gradient
+        self._handles = [ddp.module.register_forward_hook(self._forward)]
+        if nancheck:
+            self._handles += [_accumulator(p).register_hook(self._summer(p))
+                              for p in ddp.module.parameters() if p.requires_grad]
+        self.nancheck = nancheck
+
+    def _summer(self, p: torch.nn.Parameter):
+        sums = self.sums
+
+        def summed(grad_inputs, grad_outputs) -> None:
+            if p.grad is not None:
+                sums.append(finite_sum(p.grad))
+        return summed
 
     def _forward(self, module, args, output) -> None:
         if not torch.is_grad_enabled():
@@ -51,6 +75,9 @@ class ExchangeFloor:
 
     def _exchange(self) -> None:
         self._task = -2
+        if self.nancheck:
+            self.flagged += bool(nonfinite_flags(self.sums)[0])
+            self.sums.clear()
         dist.all_reduce(self.block, group=self.group, async_op=True).wait()
         self.exchanges += 1
 
@@ -61,4 +88,5 @@ class ExchangeFloor:
         return self.block.numel() * self.block.element_size()
 
     def close(self) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()

@@ -10,6 +10,9 @@ Arms:
   ``floor``               stock DDP plus one bare exchange of the step guard's bytes per step,
                           nothing checked (``exchange_floor``): what any guard that reads a
                           per-step verdict before the optimizer must pay
+  ``floor+nancheck``      the floor plus the guard's local non-finite pass (each gradient
+                          summed as it is accumulated, the flag read before the exchange):
+                          what a guard that names a rank's NaN cannot avoid
   ``allreduce_hook``      PyTorch's Python ``default_hooks.allreduce_hook``
   ``fp16_compress_hook``  PyTorch's ``default_hooks.fp16_compress_hook``
   ``hardened``            ``harden()`` with its defaults: the step guard (DDP's own C++
@@ -52,8 +55,8 @@ from openclaw_ref.experiments.interleave import interleaved_times, paired_figure
 from openclaw_ref.sync.base import CANARY_EVERY
 from openclaw_ref.sync.errors import BadInput
 
-ARMS = ("ddp", "floor", "allreduce_hook", "fp16_compress_hook", "hardened", "hardened-fp16",
-        "hardened-noreplica", "hardened-bucket-fp32", "hardened+canary")
+ARMS = ("ddp", "floor", "floor+nancheck", "allreduce_hook", "fp16_compress_hook", "hardened",
+        "hardened-fp16", "hardened-noreplica", "hardened-bucket-fp32", "hardened+canary")
 BASELINE = "ddp"
 # each hardened arm's SyncConfig beyond the defaults
 HARDENED_ARMS: dict[str, dict] = {"hardened": {}, "hardened-fp16": {"wire": "fp16"},
@@ -69,6 +72,8 @@ HARDENED_ARMS: dict[str, dict] = {"hardened": {}, "hardened-fp16": {"wire": "fp1
 # variant beside the arm it extends
 RATIO_PAIRS: tuple[tuple[str, str], ...] = (
     ("hardened", "floor"), ("hardened", "allreduce_hook"),
+    ("floor+nancheck", "floor"), ("hardened-noreplica", "floor+nancheck"),
+    ("hardened", "hardened-noreplica"),
     ("hardened+canary", "hardened"),
     ("hardened-fp16", "fp16_compress_hook"), ("hardened-noreplica", "allreduce_hook"),
     ("hardened-bucket-fp32", "allreduce_hook"))
@@ -139,8 +144,8 @@ def wrap_arm(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_u
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif arm == "fp16_compress_hook":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif arm == "floor":
-        return ddp, ExchangeFloor(ddp)
+    elif arm in ("floor", "floor+nancheck"):
+        return ddp, ExchangeFloor(ddp, nancheck=arm == "floor+nancheck")
     elif arm in HARDENED_ARMS:
         cfg = SyncConfig(name="hardened", bucket_cap_mb=cap_mb, **HARDENED_ARMS[arm])
         return ddp, harden(ddp, cfg, ctx)

@@ -15,6 +15,9 @@ ARM_WORDS = {
     "floor": "stock DDP plus one bare exchange per step of exactly the step guard's bytes, "
              "issued where the guard issues it and waited on before the optimizer, nothing "
              "checked: what any guard that reads a per-step verdict before the optimizer pays",
+    "floor+nancheck": "the floor plus the guard's local non-finite pass (each gradient summed "
+                      "as it is accumulated, the flag read before the exchange): what a guard "
+                      "that names a rank's NaN cannot avoid",
     "allreduce_hook": "PyTorch's Python default_hooks.allreduce_hook",
     "fp16_compress_hook": "PyTorch's Python default_hooks.fp16_compress_hook",
     "hardened": "harden()'s defaults, the step guard (DDP's own C++ reduction, one small "
@@ -30,6 +33,9 @@ PAIR_WORDS = {
     ("hardened", "floor"): "what the guard's checks cost above the one collective",
     ("hardened", "allreduce_hook"): "the default guard beside PyTorch's own Python hook",
     ("hardened+canary", "hardened"): "what the compute canary adds",
+    ("floor+nancheck", "floor"): "one local pass over the gradients (the NaN flag)",
+    ("hardened-noreplica", "floor+nancheck"): "the guard's bookkeeping above its passes",
+    ("hardened", "hardened-noreplica"): "the replica digest (one slice per step)",
 }
 
 
