@@ -7,6 +7,7 @@ while an exponent flip on a faulty rank is still named (``canary``, ``canary_tol
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import pytest
@@ -73,21 +74,18 @@ def _train(ctx, run: HeteroRun) -> dict:
             if run.fault and ctx.rank == run.fault_rank else None)
     error = None
     try:
-        if mode is not None:
-            mode.__enter__()
-        for step in range(run.steps):
-            if mode is not None:
-                mode.active = step >= run.fault_step
-            g = torch.Generator().manual_seed(1_000 * ctx.rank + step)
-            x = torch.randn(BATCH, FEATURES, generator=g)
-            F.cross_entropy(ddp(x), torch.randint(0, CLASSES, (BATCH,), generator=g)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        with mode if mode is not None else contextlib.nullcontext():
+            for step in range(run.steps):
+                if mode is not None:
+                    mode.active = step >= run.fault_step
+                g = torch.Generator().manual_seed(1_000 * ctx.rank + step)
+                x, y = torch.randn(BATCH, FEATURES, generator=g), torch.randint(
+                    0, CLASSES, (BATCH,), generator=g)
+                F.cross_entropy(ddp(x), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     except ConsistencyError as exc:
         error = {"kind": exc.kind, "step": exc.step, "ranks": list(exc.ranks), "text": str(exc)}
-    finally:
-        if mode is not None:
-            mode.__exit__(None, None, None)
     canary = state.canary
     reply = {"error": error, "events": [(e.kind, list(e.ranks)) for e in state.events],
              "tolerant": canary is not None and canary.tolerant,

@@ -111,9 +111,9 @@ class Canary:
         if self.probing or not self.on or not torch.is_grad_enabled():
             return
         if module.__dict__.get("forward") is not self._forward:  # patched for this call alone
-            self._failure = ("the module's forward is replaced for the call (Lightning "
-                             "redirects it to training_step), which the probe cannot run "
-                             "without the step's side effects")
+            self._failure = ("the module's forward is not the one it had at hardening "
+                             "(Lightning replaces it with training_step for each call), which "
+                             "the probe cannot run without the step's side effects")
             self._off(self.guard.clock, list(range(self.guard.world_size)))
             return
         if self._input is not None or self._unbuilt:
