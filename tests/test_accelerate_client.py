@@ -9,16 +9,22 @@ Accelerate joins the process group it finds initialised (``PartialState``: it ca
 ``init_process_group`` only when ``dist.is_initialized()`` is false), so the tasks run on the
 session's rank pools; ``_accelerate_env`` gives it the environment it reads and puts the rank's
 own back afterwards (its singleton state, ``os.environ`` and the thread count), so the next task
-on the pool starts as before.
+on the pool starts as before. The ``slow`` tests run the same loop under ``accelerate launch``
+itself (``tests/accelerate_launched.py``), where Accelerate initialises the group.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +36,7 @@ from openclaw_ref.experiments.sdc_corpus import CLASSES, FEATURES, SdcNet
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.hardening import harden
+from tests.helpers import ROOT, free_port
 
 pytest.importorskip("accelerate")
 
@@ -87,19 +94,22 @@ def accelerate_task(ctx, run: AccelerateRun) -> dict:
         acc = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE,
                           mixed_precision=run.mixed_precision)
         assert (acc.num_processes, acc.process_index) == (ctx.world_size, ctx.rank)
-        torch.manual_seed(0)
-        model = SdcNet()
-        model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05),
-                                         _loader())
-        return _train(ctx, acc, model, opt, loader, run)
+        return train_under(acc, run, ctx)
 
 
-def _train(ctx, acc, model, opt, loader, run: AccelerateRun) -> dict:
+def train_under(acc, run: AccelerateRun, ctx=None) -> dict:
+    """The loop under ``acc`` (``ctx``: the launcher's rank context for ``harden``, or None
+    under ``accelerate launch``): what ``accelerate_task`` returns."""
+    rank = acc.process_index
+    torch.manual_seed(0)
+    model = SdcNet()
+    model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05),
+                                     _loader())
     state = (harden(model, SyncConfig("hardened", canary_every=run.canary_every), ctx)
              if run.hardened else None)
-    mode = FaultyMatmul(sdc_model(run.fault, run.value)) if run.fault and ctx.rank == 1 else None
+    mode = FaultyMatmul(sdc_model(run.fault, run.value)) if run.fault and rank == 1 else None
     error = None
-    torch.manual_seed(1 + ctx.rank)  # the dropout streams: rank-dependent, as in a real job
+    torch.manual_seed(1 + rank)  # the dropout streams: rank-dependent, as in a real job
     try:
         with mode if mode is not None else contextlib.nullcontext():
             for i, (x, y) in enumerate(loader):
@@ -183,3 +193,46 @@ def test_an_exponent_flip_under_harden_without_the_canary_moves_the_weights_unre
     for a, b in zip(clean, faulty):
         _quiet(b)
         assert not _same_weights(a, b)
+
+
+def _launched(tmp_path: Path, *args: str, timeout_s: float = 150) -> list[dict]:
+    """Each rank's reply from ``accelerate launch`` of ``tests/accelerate_launched.py`` on 2
+    CPU ranks (loopback rendezvous, 1 thread each); ``args``: the script's options."""
+    out = tmp_path / "ranks"
+    out.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+               "--num_processes", "2", "--num_machines", "1", "--main_process_ip", "127.0.0.1",
+               "--main_process_port", str(free_port()), "--mixed_precision", "no",
+               "--dynamo_backend", "no", "-m", "tests.accelerate_launched", "--out", str(out),
+               *args]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's ranks live in its session
+        proc.wait()
+    assert proc.returncode == 0, log[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+# ~12 s per launch here: the slow profile
+@pytest.mark.slow
+def test_under_accelerate_launch_the_canary_on_and_off_train_bitwise_the_same(tmp_path):
+    off = _launched(tmp_path / "off")
+    on = _launched(tmp_path / "on", "--canary-every", "1")
+    for a, b in zip(off, on):
+        assert b["world_size"] == 2 and b["error"] is None and b["events"] == []
+        assert b["probes"] >= STEPS - 1 and a["weights"] == b["weights"]
+
+
+@pytest.mark.slow
+def test_under_accelerate_launch_a_faulty_rank_is_named_on_every_rank(tmp_path):
+    replies = _launched(tmp_path, "--canary-every", str(K), "--fault", "sdc-backward")
+    assert replies[1]["fired"] > 0
+    for reply in replies:
+        assert reply["error"]["kind"] == "ComputeMismatch" and reply["error"]["ranks"] == [1]
+    assert replies[0]["error"] == replies[1]["error"]
