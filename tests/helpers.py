@@ -12,6 +12,7 @@ import ast
 import builtins
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -47,6 +48,13 @@ def run_cli(*args: str, timeout: float = 180, launcher: tuple[str, ...] | None =
     full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env=full_env)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the OS's pick), for a launcher's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def exception_classes_of(path: Path) -> set[str]:

@@ -5,7 +5,7 @@ at start-up, turns the canary off and says why (``sync/evidence/canary*.py``).""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import pytest
 import torch
@@ -140,3 +140,14 @@ def test_a_negative_canary_interval_is_refused():
 def test_the_canary_is_refused_under_the_per_bucket_guard():
     with pytest.raises(BadInput, match="step guard only"):
         refuse_canary(nn.Linear(2, 2), SyncConfig("hardened", guard="bucket", canary_every=4))
+
+
+def test_the_probe_runs_the_forward_the_instance_carries_rather_than_the_class_one():
+    """A client's persistent wrapper (Accelerate's autocast) is what training runs, so it is
+    what the probe checks: here one that doubles the output doubles every gradient."""
+    net, x = _net(), torch.randn(2, 6)
+    net.forward = MethodType(lambda self, t: 2 * type(self).forward(self, t), net)
+    plain = run_probe(net, list(net.named_parameters()), (x,), {}, seed=7)
+    wrapped = run_probe(net, list(net.named_parameters()), (x,), {}, seed=7,
+                        forward=net.forward)
+    assert all(torch.equal(2 * g, h) for g, h in zip(plain, wrapped))

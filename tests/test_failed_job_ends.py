@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from openclaw_ref.core.jsonio import read_json
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 AGENT = str(ROOT / "tests" / "agent_like.py")
 QUICK = ("--world-size", "2", "--global-batch", "8", "--eval-every", "0", "--no-progress",
@@ -78,12 +77,6 @@ def test_a_rank_ended_by_the_agent_after_its_peer_crashed_writes_the_record_alon
     assert _left_behind(tmp_path) == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _agent(port: int, node_dir: Path, *train: str) -> subprocess.Popen:
     node_dir.mkdir(parents=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
@@ -100,7 +93,7 @@ def test_on_two_torchrun_agents_the_rank_a_timeout_blamed_ends_itself_and_says_w
     """Rank 1 sleeps 600 s before a backward; rank 0's watchdog ends it at its 2 s deadline
     (SyncTimeout naming rank 1, exit 4). Rank 1, in no collective, reads rank 0's failure note
     and ends itself in one line — before its sleep, and before any outside kill."""
-    port = _free_port()
+    port = free_port()
     train = ("--steps", "3", "--watchdog-s", "2", "--watchdog-action", "exit",
              "--inject", "hang=600s@1:1")
     agents = [_agent(port, tmp_path / f"node{n}", *train) for n in (0, 1)]

@@ -96,9 +96,13 @@ class Canary:
         self._figures: torch.Tensor | None = None  # tolerant: the last probe's fingerprints
         self._compare_at = -1  # tolerant: the step whose settle compares them
         self._failure = ""  # why this rank's probe raised, if it did
+        self._forward: Any = None  # the instance's own forward at hardening, if it had one
 
     def install(self) -> Any:
-        """The forward pre-hook (with the call's keyword arguments) that notes and probes."""
+        """The forward pre-hook (with the call's keyword arguments) that notes and probes. A
+        forward the instance already carries at hardening (Accelerate's mixed-precision
+        wrapper: autocast, outputs to fp32) is what every call runs, so the probe runs it too."""
+        self._forward = self.guard.module.__dict__.get("forward")
         return self.guard.module.register_forward_pre_hook(self._before_forward,
                                                           with_kwargs=True)
 
@@ -106,10 +110,10 @@ class Canary:
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.probing or not self.on or not torch.is_grad_enabled():
             return
-        if "forward" in module.__dict__:  # patched for this call: every rank sees it alike
-            self._failure = ("the module's forward is replaced for the call (Lightning "
-                             "redirects it to training_step), which the probe cannot run "
-                             "without the step's side effects")
+        if module.__dict__.get("forward") is not self._forward:  # patched for this call alone
+            self._failure = ("the module's forward is not the one it had at hardening "
+                             "(Lightning replaces it with training_step for each call), which "
+                             "the probe cannot run without the step's side effects")
             self._off(self.guard.clock, list(range(self.guard.world_size)))
             return
         if self._input is not None or self._unbuilt:
@@ -150,7 +154,7 @@ class Canary:
         self.probing = True
         try:
             return run_probe(self.guard.module, self.guard.tracked, args, kwargs,
-                             _SEED0 + self.probes)
+                             _SEED0 + self.probes, forward=self._forward)
         finally:
             self.probing = False
 

@@ -9,10 +9,12 @@ header, then the bytes; never a pickle), and rebuilt into the tree of the receiv
 arguments (``rebuild``). A leaf the header cannot describe (a string, an object) stays the
 receiving rank's own.
 
-What is not touched (``run_probe``): the module is called through ``type(module).forward``
-(not ``__call__``: no hook of the root module runs) with its parameters and buffers swapped for
-stand-ins for the call (``torch.nn.utils.stateless._reparametrize_module``, tied weights kept
-tied): each parameter a new leaf sharing its storage (``detach``), each buffer a clone
+What is not touched (``run_probe``): the module is called through ``type(module).forward``, or
+through the forward its instance carried at hardening (a client's persistent wrapper, such as
+Accelerate's mixed-precision autocast) — not ``__call__``: no hook of the root module runs —
+with its parameters and buffers swapped for stand-ins for the call
+(``torch.nn.utils.stateless._reparametrize_module``, tied weights kept tied): each parameter a
+new leaf sharing its storage (``detach``), each buffer a clone
 (BatchNorm's running statistics go to the clone). So no ``.grad`` of the user's parameters, no
 buffer and no gradient accumulator DDP hooked is touched. The backward runs inside the swap too:
 a checkpointed segment recomputes its forward in the backward, and would otherwise reach the
@@ -25,7 +27,7 @@ Submodules' hooks do run (they are part of the computation the probe checks).
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,9 +182,11 @@ def cotangent_like(t: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], args: tuple,
-              kwargs: dict, seed: int) -> list[torch.Tensor | None]:
+              kwargs: dict, seed: int, forward: Callable[..., Any] | None = None
+              ) -> list[torch.Tensor | None]:
     """Each tracked parameter's gradient of the probe (None where it got none), computed as
-    the module docstring says: nothing of training is read back or written."""
+    the module docstring says: nothing of training is read back or written. ``forward``: the
+    instance's own forward to call instead of the class's (a client's persistent wrapper)."""
     stand_ins: dict[str, torch.Tensor] = {}
     by_id: dict[int, torch.Tensor] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
@@ -199,7 +203,8 @@ def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], ar
         # the backward too runs with the stand-ins in place: a checkpointed segment
         # recomputes its forward there, and must not reach the user's parameters
         with _reparametrize_module(module, stand_ins, tie_weights=True):
-            out = type(module).forward(module, *args, **kwargs)
+            out = (forward(*args, **kwargs) if forward is not None
+                   else type(module).forward(module, *args, **kwargs))
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
                     and t.requires_grad and (t.is_floating_point() or t.is_complex())]
             if outs:
