@@ -135,8 +135,7 @@ class FSDPGuard:
         self.closed = self.failed = False
         self.exchanges = self.passed = self.extra_forward_exchanges = self.reduce_exchanges = 0
         self.rs_seq = 0  # reduce-scatters in the current backward (the reduce check's clock)
-        self._rs_backward = -1
-        self._task = -2
+        self._rs_backward, self._task = -1, -2
 
     # -- registration ---------------------------------------------------------------------------
     def install(self) -> None:
