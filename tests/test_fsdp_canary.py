@@ -261,3 +261,25 @@ def test_an_sdc_rank_under_hsdp_is_named_as_the_outlier_on_every_rank(pools):
         kind, step, ranks, text = reply["error"]
         assert (kind, ranks) == ("ComputeMismatch", [3]) and step - FAULT_STEP <= 2 * K, text
 
+
+
+# the zoo's models that stock fully_shard runs (tied_lm, sparse_embedding and moe_router it
+# refuses; branching leaves parameters unused, which the guard names before any probe)
+ZOO = ("models:batchnorm_cnn", "models:frozen_layers", "models:contrastive", "fsdp:mlp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ZOO)
+def test_on_the_zoos_models_the_fsdp2_canary_is_bitwise_silent_and_names_an_sdc_rank(
+        pools, model):
+    from openclaw_ref.conformance.canary_run import canary_task
+
+    factory, pool = f"openclaw_ref.conformance.zoo.{model}", pools.get(2)
+    off, on = (pool.run(canary_task, factory, every, 4, "", 0, "fsdp2") for every in (0, 1))
+    for a, b in zip(off, on):
+        assert a["error"] is b["error"] is None and b["events"] == [], (a["error"], b["error"])
+        assert all(torch.equal(p, b["params"][n]) for n, p in a["params"].items())
+    faulty = pool.run(canary_task, factory, K, 6, "sdc-ulp", FAULT_STEP, "fsdp2")
+    assert [(r["error"]["kind"], r["error"]["ranks"]) for r in faulty] == [
+        ("ComputeMismatch", [1])] * 2
+    assert all(r["error"]["step"] - FAULT_STEP <= 2 * K for r in faulty)
