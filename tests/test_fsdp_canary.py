@@ -209,9 +209,11 @@ def test_the_fsdp2_probe_gives_the_unsharded_models_gradients_and_leaves_fsdp2_a
         assert sum(reply["inside"]) == 0 < sum(reply["outside"])  # FSDP2's hooks were hidden
 
 
-def sdc_task(ctx, wrapper: str, fault: str, every: int, faulty_rank: int) -> dict:
-    """``fault`` (``core/sdc_faults.py``) on ``faulty_rank`` from FAULT_STEP; what harden()
-    with the canary every ``every`` steps (0: off) raised."""
+def sdc_task(ctx, wrapper: str, fault: str, every: int, faulty_rank: int,
+             start: int = FAULT_STEP, then: str = "", then_at: int = 0) -> dict:
+    """``fault`` (``core/sdc_faults.py``) on ``faulty_rank`` from step ``start`` (from step
+    ``then_at``, fault ``then`` instead, if given); what harden() with the canary every
+    ``every`` steps (0: off) raised, and its events."""
     model = _sharded(wrapper, "default")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     guard = harden(model, SyncConfig(name="hardened", canary_every=every), ctx)
@@ -222,7 +224,9 @@ def sdc_task(ctx, wrapper: str, fault: str, every: int, faulty_rank: int) -> dic
             mode.__enter__()
         for step in range(SDC_STEPS):
             if mode is not None:
-                mode.active = step >= FAULT_STEP
+                mode.active = step >= start
+                if then and step == then_at:
+                    mode.model = sdc_model(then, "1")
             x, y = _batch(step, ctx.rank)
             F.mse_loss(model(x), y).backward()
             opt.step()
@@ -233,7 +237,8 @@ def sdc_task(ctx, wrapper: str, fault: str, every: int, faulty_rank: int) -> dic
         if mode is not None:
             mode.__exit__(None, None, None)
         guard.close(verify=error is None)
-    return {"error": error, "fired": mode.fired if mode is not None else None}
+    return {"error": error, "fired": mode.fired if mode is not None else None,
+            "events": [e.kind for e in guard.events]}
 
 
 @pytest.mark.parametrize("fault", ["sdc-backward", "sdc-forward"])
@@ -243,7 +248,7 @@ def test_an_sdc_rank_under_fsdp2_is_named_by_the_canary_within_2k_steps_on_every
     assert replies[1]["fired"] > 0
     for reply in replies:
         kind, step, ranks, text = reply["error"]
-        assert (kind, ranks) == ("ComputeMismatch", [1]) and step - FAULT_STEP <= 2 * K, text
+        assert (kind, ranks) == ("ComputeMismatch", [1]) and 0 <= step - FAULT_STEP <= 2 * K, text
         assert "either may be the faulty one" in text or "no majority" in text, text
 
 
@@ -254,12 +259,24 @@ def test_an_sdc_rank_under_fsdp2_goes_unseen_by_harden_without_the_canary(pools,
     assert [r["error"] for r in replies] == [None, None]
 
 
+def test_a_fault_present_at_start_up_switches_the_fsdp2_canary_to_its_tolerance(pools):
+    """A 1-ulp fault from step 0 makes the start-up probe differ: an event, nothing raised
+    (below the tolerance); the part degrading to exponent flips is then named."""
+    replies = pools.get(2).run(sdc_task, "fsdp2", "sdc-ulp", K, 1, 0, "sdc-flip-high",
+                               FAULT_STEP)
+    for reply in replies:
+        assert reply["events"][0] == "CanaryUnreproducible", reply["events"]
+        kind, step, ranks, text = reply["error"]
+        assert (kind, ranks) == ("ComputeMismatch", [1]) and "tolerance" in text, text
+        assert 0 <= step - FAULT_STEP <= 2 * K, text
+
+
 @pytest.mark.slow
 def test_an_sdc_rank_under_hsdp_is_named_as_the_outlier_on_every_rank(pools):
     replies = pools.get(4).run(sdc_task, "hsdp", "sdc-backward", K, 3)
     for reply in replies:
         kind, step, ranks, text = reply["error"]
-        assert (kind, ranks) == ("ComputeMismatch", [3]) and step - FAULT_STEP <= 2 * K, text
+        assert (kind, ranks) == ("ComputeMismatch", [3]) and 0 <= step - FAULT_STEP <= 2 * K, text
 
 
 
@@ -282,4 +299,4 @@ def test_on_the_zoos_models_the_fsdp2_canary_is_bitwise_silent_and_names_an_sdc_
     faulty = pool.run(canary_task, factory, K, 6, "sdc-ulp", FAULT_STEP, "fsdp2")
     assert [(r["error"]["kind"], r["error"]["ranks"]) for r in faulty] == [
         ("ComputeMismatch", [1])] * 2
-    assert all(r["error"]["step"] - FAULT_STEP <= 2 * K for r in faulty)
+    assert all(0 <= r["error"]["step"] - FAULT_STEP <= 2 * K for r in faulty)
