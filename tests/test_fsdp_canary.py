@@ -300,3 +300,27 @@ def test_on_the_zoos_models_the_fsdp2_canary_is_bitwise_silent_and_names_an_sdc_
     assert [(r["error"]["kind"], r["error"]["ranks"]) for r in faulty] == [
         ("ComputeMismatch", [1])] * 2
     assert all(0 <= r["error"]["step"] - FAULT_STEP <= 2 * K for r in faulty)
+
+
+def unhideable_task(ctx) -> tuple[str, bool]:
+    """harden() with the canary where FSDP2 keeps no handle of its root's forward pre-hook (as
+    a torch other than 2.13 might): the refusal, and whether the root's hooks are as before."""
+    from openclaw_ref.sync.errors import BadInput
+
+    model = _sharded("fsdp2", "default")
+    state = model._get_fsdp_state()
+    handle, state._pre_forward_hook_handle = state._pre_forward_hook_handle, None
+    before = (tuple(model._forward_pre_hooks), tuple(model._forward_hooks))
+    try:
+        harden(model, SyncConfig(name="hardened", canary_every=1), ctx)
+    except BadInput as exc:
+        return str(exc), before == (tuple(model._forward_pre_hooks), tuple(model._forward_hooks))
+    finally:
+        state._pre_forward_hook_handle = handle
+    return "accepted", False
+
+
+def test_fsdp2_hooks_the_probe_cannot_hide_refuse_the_canary_before_anything_is_registered(
+        pools):
+    for text, untouched in pools.get(2).run(unhideable_task):
+        assert "cannot hide FSDP2's own forward hooks" in text and untouched, text

@@ -33,7 +33,7 @@ from openclaw_ref.sync.ddp.step_setup import Unset, refuse_unsupported, register
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
-from openclaw_ref.sync.fsdp.canary import fsdp_canary_for
+from openclaw_ref.sync.fsdp.canary import fsdp_canary_for, hooks_found
 from openclaw_ref.sync.fsdp.guard import FSDPGuard, FSDPModule, harden_fsdp
 from openclaw_ref.sync.target import HARDENED_MARK, bucket_sizes, validate_target
 
@@ -121,6 +121,10 @@ def refuse_canary(model: DDP | FSDPModule, cfg: SyncConfig) -> None:
     would be worse than refused)."""
     if not cfg.canary_every:
         return
+    if isinstance(model, FSDPModule) and not hooks_found(model):
+        raise BadInput("the compute canary (canary_every) cannot hide FSDP2's own forward hooks "
+                       "in this torch (their handles are not where torch 2.13 keeps them), and "
+                       "a probe through them would change training: pass canary_every=0")
     if cfg.guard is not Guard.STEP:
         raise BadInput("the compute canary (canary_every) runs under the step guard only; "
                        "pass guard='step' or canary_every=0")

@@ -59,15 +59,27 @@ def full_value(p: torch.Tensor) -> torch.Tensor:
     return p.detach()
 
 
+_HANDLES = ("_pre_forward_hook_handle", "_post_forward_hook_handle")
+
+
+def hooks_found(model: nn.Module) -> bool:
+    """Whether every FSDP state in ``model`` keeps the handles of its forward hooks where
+    ``hidden_fsdp_hooks`` looks (torch's private attributes: a probe that cannot hide them
+    would run through them, so the canary is refused instead)."""
+    return all(getattr(m._get_fsdp_state(), name, None) is not None
+               for m in model.modules() if isinstance(m, FSDPModule) for name in _HANDLES)
+
+
 def _fsdp_handles(model: nn.Module) -> list[Any]:
     """Every forward pre-/post-hook handle of every FSDP state in ``model``."""
+    if not hooks_found(model):
+        raise RuntimeError("FSDP2's forward hook handles are not where they were at harden()")
     out: list[Any] = []
     for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        state = module._get_fsdp_state()
-        for handle in (state._pre_forward_hook_handle, state._post_forward_hook_handle):
-            out += list(getattr(handle, "handles", (handle,)))
+        if isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            for handle in (getattr(state, name) for name in _HANDLES):
+                out += list(getattr(handle, "handles", (handle,)))
     return out
 
 
