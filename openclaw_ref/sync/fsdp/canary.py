@@ -155,7 +155,8 @@ class FSDPCanary(Canary):
         try:
             if self.on and not self.tolerant and step == self._compare_at:
                 self.fold(None)  # the probe's row is sent once
-                row = torch.tensor(self.gather_row(), dtype=torch.int64)
+                row = torch.tensor(self.gather_row(), dtype=torch.int64, device=(
+                    checks._collective_device(self.guard.group, self.device)))
                 rows = checks._gather_rows(row, self.guard.group).tolist()
                 error = self.divergence(rows, list(range(self.guard.world_size)), step=step)
                 if error is not None:
@@ -163,6 +164,7 @@ class FSDPCanary(Canary):
             self.settled(step)  # under the tolerance, the compare is there
         except ComputeMismatch as error:
             guard._raise(error)
+
 
 def fsdp_canary_for(guard: Any, every: int) -> FSDPCanary | None:
     """The FSDP guard's canary, installed; None when ``every`` is 0 (off) or nothing is
