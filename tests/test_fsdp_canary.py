@@ -55,8 +55,14 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _sharded(wrapper: str, option_set: str, bf16: bool = False) -> nn.Module:
+    """``Net`` under ``fully_shard`` (``fsdp2``, ``hsdp``: ``fsdp_run.shard_model``) or
+    ``replicate_with_fsdp`` (``replicate``)."""
     torch.manual_seed(0)
     model = Net(bf16)
+    if wrapper == "replicate":
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        return replicate(model)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()
     shard_model(model, device_mesh(wrapper, dist.get_world_size()),
                 FSDP_OPTION_SETS[option_set], mp)
@@ -326,44 +332,13 @@ def test_fsdp2_hooks_the_probe_cannot_hide_refuse_the_canary_before_anything_is_
         assert "cannot hide FSDP2's own forward hooks" in text and untouched, text
 
 
-def replicate_task(ctx, fault: str, every: int) -> dict:
-    """``replicate_with_fsdp`` (FSDP2's replicate mesh: every rank holds whole parameters),
-    the canary every ``every`` steps, ``fault`` on rank 1 from FAULT_STEP ("": none)."""
-    from torch.distributed._composable.replicate_with_fsdp import replicate
-
-    torch.manual_seed(0)
-    model = replicate(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    guard = harden(model, SyncConfig(name="hardened", canary_every=every), ctx)
-    mode = FaultyMatmul(sdc_model(fault, "")) if fault and ctx.rank == 1 else None
-    error = None
-    try:
-        if mode is not None:
-            mode.__enter__()
-        for step in range(SDC_STEPS):
-            if mode is not None:
-                mode.active = step >= FAULT_STEP
-            x, y = _batch(step, ctx.rank)
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    except ConsistencyError as exc:
-        error = (exc.kind, exc.step, exc.ranks)
-    finally:
-        if mode is not None:
-            mode.__exit__(None, None, None)
-        guard.close(verify=error is None)
-    return {"error": error, "events": [e.kind for e in guard.events],
-            "params": [_full(p).detach().clone() for p in model.parameters()]}
-
 
 @pytest.mark.slow
 def test_replicate_with_fsdp_takes_the_canary_bitwise_and_names_an_sdc_rank(pools):
-    pool = pools.get(2)
-    off, on = (pool.run(replicate_task, "", every) for every in (0, 1))
-    for a, b in zip(off, on):
-        assert a["error"] is b["error"] is None and b["events"] == []
-        assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"]))
-    faulty = pool.run(replicate_task, "sdc-backward", K)
-    assert [r["error"][0::2] for r in faulty] == [("ComputeMismatch", [1])] * 2
-    assert all(0 <= r["error"][1] - FAULT_STEP <= 2 * K for r in faulty)
+    """FSDP2's replicate mesh (every rank holds whole parameters: ``full_tensor`` gathers
+    nothing)."""
+    _on_off(pools, 2, "replicate", "default")
+    faulty = pools.get(2).run(sdc_task, "replicate", "sdc-backward", K, 1)
+    for reply in faulty:
+        kind, step, ranks, text = reply["error"]
+        assert (kind, ranks) == ("ComputeMismatch", [1]) and 0 <= step - FAULT_STEP <= 2 * K, text
