@@ -1,15 +1,21 @@
 """The compute canary on the conformance target (the user's model, or the openclaw model): a
 plain loop over the target's own batches, ``harden()`` with the canary every K steps, and
-optionally the last rank's matmuls computing wrong (``core.sdc_faults``) from a step on. What
-the run raised, its events, how many results the fault corrupted, and the final parameters
-(``conformance/suite/test_canary.py`` compares the canary on and off bitwise)."""
+optionally the last rank's matmuls computing wrong (``core.sdc_faults``) from a step on; under
+DDP, or under ``--openclaw-wrapper fsdp2/hsdp`` sharded as ``fsdp_run`` shards it (the default
+cell). What the run raised, its events, how many results the fault corrupted, and the final
+parameters, full (``conformance/suite/test_canary.py`` compares the canary on and off
+bitwise)."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.conformance.target import build_target, forward_loss
+from openclaw_ref.conformance.fsdp_run import FSDP_OPTION_SETS, device_mesh, shard_model
+from openclaw_ref.conformance.target import FSDP_WRAPPERS, build_target, forward_loss
 from openclaw_ref.conformance.user_run import RUN_SEED
 from openclaw_ref.core.sdc_faults import FaultyMatmul, sdc_model
 from openclaw_ref.sync.base import SyncConfig
@@ -18,12 +24,12 @@ from openclaw_ref.sync.hardening import harden
 
 
 def canary_task(ctx, factory: str, canary_every: int, steps: int, fault: str = "",
-                fault_step: int = 0) -> dict:
+                fault_step: int = 0, wrapper: str = "ddp") -> dict:
     """One run on this rank (module docstring); never raises a ``ConsistencyError``."""
     torch.manual_seed(RUN_SEED)
     target = build_target(factory)
     model = target.module.to(ctx.device)
-    ddp = DDP(model, find_unused_parameters=target.find_unused_parameters)
+    ddp = _wrapped(model, target, wrapper, ctx.world_size)
     state = harden(ddp, SyncConfig("hardened", canary_every=canary_every), ctx)
     opt = torch.optim.SGD(model.parameters(), lr=target.lr)
     mode = FaultyMatmul(sdc_model(fault, "")) if fault and ctx.rank == ctx.world_size - 1 \
@@ -47,5 +53,15 @@ def canary_task(ctx, factory: str, canary_every: int, steps: int, fault: str = "
             reply["fired"] = mode.fired
         reply["events"] = [e.kind for e in state.events]
         state.close(verify=reply["error"] is None)
-    reply["params"] = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+    reply["params"] = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
+                       .clone() for n, p in model.named_parameters()}
     return reply
+
+
+def _wrapped(model: nn.Module, target, wrapper: str, world_size: int) -> nn.Module:
+    """The model under DDP, or sharded in place (``fsdp_run.shard_model``, the default cell)."""
+    if wrapper not in FSDP_WRAPPERS:
+        return DDP(model, find_unused_parameters=target.find_unused_parameters)
+    shard_model(model, device_mesh(wrapper, world_size), FSDP_OPTION_SETS["default"],
+                MixedPrecisionPolicy())
+    return model

@@ -1,7 +1,7 @@
 """The compute canary never fires on a healthy job and leaves training bitwise as it was: the
 weights, buffers and RNG state with the canary at every step equal those without it, on the
-healthy-jobs corpus and the DDP option matrix (``experiments/canary_healthy.py``); FSDP2, which
-has no canary, refuses it."""
+healthy-jobs corpus and the DDP option matrix (``experiments/canary_healthy.py``); FSDP2 takes
+it too (its on/off proof and SDC runs: ``tests/test_fsdp_canary.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from openclaw_ref.experiments.canary_healthy import (
     step_guard_cases,
 )
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.hardening import harden
 
 
@@ -62,20 +61,24 @@ def test_every_ddp_option_trains_bitwise_the_same_with_the_canary(pools, case):
         _bitwise_equal(a, b)
 
 
-def fsdp_canary_task(ctx) -> str:
-    """harden() asked for the canary on an FSDP2 module: the refusal's text, or "accepted"."""
+def fsdp_canary_task(ctx) -> int:
+    """harden() asked for the canary on a bare FSDP2 root: the probes it ran in three steps."""
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
-    try:
-        harden(model, SyncConfig(name="hardened", canary_every=4))
-    except BadInput as exc:
-        return str(exc)
-    return "accepted"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = harden(model, SyncConfig(name="hardened", canary_every=1))
+    for step in range(3):
+        model(torch.full((4, 4), float(step + ctx.rank))).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    guard.close()
+    return guard.canary.probes
 
 
-def test_fsdp2_refuses_the_canary_before_anything_is_registered(pools):
-    """FSDP2 has no canary: asked for one, harden() says so rather than run unprotected."""
-    assert all("FSDP2/HSDP have none yet" in r for r in pools.get(2).run(fsdp_canary_task))
+def test_fsdp2_takes_the_canary_and_probes_every_k_steps(pools):
+    """FSDP2 (and HSDP) have the canary now: asked for one, harden() runs it — a probe at
+    each step after the first capture (K = 1)."""
+    assert pools.get(2).run(fsdp_canary_task) == [2, 2]
 
 
 # ~15 s (a Lightning job): the slow profile

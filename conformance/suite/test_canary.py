@@ -1,7 +1,8 @@
-"""The compute canary on your model: a rank whose matmuls compute wrong is named within 2 K
-steps, and with no fault the canary raises nothing and training is bitwise what it is without
-it (``conformance/canary_run.py``). A model that runs no fp32 matmul the injector can corrupt
-is skipped for the fault test (say so: the canary then has nothing of that kind to see)."""
+"""The compute canary on your model, under DDP or ``--openclaw-wrapper fsdp2/hsdp``: a rank whose
+matmuls compute wrong is named within 2 K steps, and with no fault the canary raises nothing
+and training is bitwise what it is without it (``conformance/canary_run.py``). A model that
+runs no fp32 matmul the injector can corrupt is skipped for the fault test (say so: the canary
+then has nothing of that kind to see)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import torch
 
 from openclaw_ref.conformance.canary_run import canary_task
 
-pytestmark = [pytest.mark.conformance, pytest.mark.ddp_hook]
+pytestmark = [pytest.mark.conformance]
 
 K = 2
 
 
 def test_the_canary_names_the_rank_whose_matmuls_compute_wrong(pools, target_spec):
     world = target_spec.world_size
-    replies = pools.get(world).run(canary_task, target_spec.factory, K, 6, "sdc-ulp", 2)
+    replies = pools.get(world).run(canary_task, target_spec.factory, K, 6, "sdc-ulp", 2,
+                                   target_spec.wrapper)
     if not replies[-1]["fired"]:
         pytest.skip("the model runs no fp32 matmul the SDC injector corrupts")
     errors = [r["error"] for r in replies]
@@ -28,8 +30,8 @@ def test_the_canary_names_the_rank_whose_matmuls_compute_wrong(pools, target_spe
 
 def test_the_canary_raises_nothing_and_leaves_training_bitwise_as_it_was(pools, target_spec):
     pool = pools.get(target_spec.world_size)
-    off = pool.run(canary_task, target_spec.factory, 0, 4)
-    on = pool.run(canary_task, target_spec.factory, 1, 4)
+    off, on = (pool.run(canary_task, target_spec.factory, every, 4, "", 0, target_spec.wrapper)
+               for every in (0, 1))
     for a, b in zip(off, on):
         assert a["error"] is None and b["error"] is None, (a["error"], b["error"])
         assert b["events"] == a["events"], b["events"]

@@ -33,6 +33,7 @@ from openclaw_ref.sync.ddp.step_setup import Unset, refuse_unsupported, register
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
+from openclaw_ref.sync.fsdp.canary import fsdp_canary_for, hooks_found
 from openclaw_ref.sync.fsdp.guard import FSDPGuard, FSDPModule, harden_fsdp
 from openclaw_ref.sync.target import HARDENED_MARK, bucket_sizes, validate_target
 
@@ -73,8 +74,10 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     cfg = cfg or harden_defaults()
     refuse_canary(ddp_model, cfg)
     if isinstance(ddp_model, FSDPModule):
-        return harden_fsdp(ddp_model, cfg, check_construction, optimizer,
-                           lambda guard: _watchdog(guard, cfg, ctx))
+        guard = harden_fsdp(ddp_model, cfg, check_construction, optimizer,
+                            lambda guard: _watchdog(guard, cfg, ctx))
+        guard.canary = fsdp_canary_for(guard, cfg.canary_every)
+        return guard
     if replicate_state(ddp_model) is not None and cfg.guard is not Guard.STEP:
         raise BadInput("a module given to replicate() takes the step guard only (the per-bucket "
                        "guard watches DDP.forward, which replicate() never calls)")
@@ -113,13 +116,15 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
 
 
 def refuse_canary(model: DDP | FSDPModule, cfg: SyncConfig) -> None:
-    """The compute canary runs in DDP's step guard only: asked for elsewhere, ``BadInput``
-    (silently unprotected would be worse than refused)."""
+    """The compute canary runs under the step guard only (DDP's, ``replicate()``'s, FSDP2's
+    and HSDP's): asked for under the per-bucket guard, ``BadInput`` (silently unprotected
+    would be worse than refused)."""
     if not cfg.canary_every:
         return
-    if isinstance(model, FSDPModule):
-        raise BadInput("the compute canary (canary_every) runs under DDP's step guard only; "
-                       "FSDP2/HSDP have none yet: pass canary_every=0")
+    if isinstance(model, FSDPModule) and not hooks_found(model):
+        raise BadInput("the compute canary (canary_every) cannot hide FSDP2's own forward hooks "
+                       "in this torch (their handles are not where torch 2.13 keeps them), and "
+                       "a probe through them would change training: pass canary_every=0")
     if cfg.guard is not Guard.STEP:
         raise BadInput("the compute canary (canary_every) runs under the step guard only; "
                        "pass guard='step' or canary_every=0")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,17 +183,22 @@ def cotangent_like(t: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], args: tuple,
-              kwargs: dict, seed: int, forward: Callable[..., Any] | None = None
+              kwargs: dict, seed: int, forward: Callable[..., Any] | None = None, *,
+              value: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.detach,
+              around: Callable[[], AbstractContextManager] = nullcontext
               ) -> list[torch.Tensor | None]:
     """Each tracked parameter's gradient of the probe (None where it got none), computed as
     the module docstring says: nothing of training is read back or written. ``forward``: the
-    instance's own forward to call instead of the class's (a client's persistent wrapper)."""
+    instance's own forward to call instead of the class's (a client's persistent wrapper);
+    ``value``: a parameter's stand-in values (its storage, detached; FSDP2: its full tensor);
+    ``around``: what the forward and backward run inside (FSDP2: its own hooks hidden)."""
     stand_ins: dict[str, torch.Tensor] = {}
     by_id: dict[int, torch.Tensor] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if id(p) not in by_id:
-            by_id[id(p)] = p.detach().requires_grad_(p.requires_grad)
-        stand_ins[name] = by_id[id(p)]
+    with torch.no_grad():
+        for name, p in module.named_parameters(remove_duplicate=False):
+            if id(p) not in by_id:
+                by_id[id(p)] = value(p).requires_grad_(p.requires_grad)
+            stand_ins[name] = by_id[id(p)]
     for name, b in module.named_buffers(remove_duplicate=False):
         stand_ins[name] = b.clone()
     devices = sorted({p.device.index or 0 for _, p in tracked if p.is_cuda})
@@ -202,7 +208,7 @@ def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], ar
             torch.cuda.default_generators[d].manual_seed(seed)
         # the backward too runs with the stand-ins in place: a checkpointed segment
         # recomputes its forward there, and must not reach the user's parameters
-        with _reparametrize_module(module, stand_ins, tie_weights=True):
+        with around(), _reparametrize_module(module, stand_ins, tie_weights=True):
             out = (forward(*args, **kwargs) if forward is not None
                    else type(module).forward(module, *args, **kwargs))
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
@@ -211,7 +217,8 @@ def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], ar
                 torch.autograd.backward(outs, [cotangent_like(t, seed + i)
                                                for i, t in enumerate(outs)])
     grads = []
-    for _, p in tracked:
-        g = by_id[id(p)].grad if id(p) in by_id else None
+    for name, p in tracked:
+        leaf = by_id.get(id(p), stand_ins.get(name))
+        g = leaf.grad if leaf is not None else None
         grads.append(g.to_dense() if g is not None and g.is_sparse else g)
     return grads

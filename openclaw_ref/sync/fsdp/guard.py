@@ -127,16 +127,15 @@ class FSDPGuard:
         self.local_sums: list[torch.Tensor] = []
         self.backwards = self.opt_steps = self.backwards_at_step = 0
         self.block = torch.zeros(self.world_size, len(Field), dtype=torch.int64)
-        self.events: list = []
-        self.handles: list = []
+        self.events, self.handles = [], []
         self.watchdog: Watchdog | None = None
         self.last_words: LastWords | None = None
+        self.canary = None  # the compute canary (``fsdp.canary``), set by ``harden``
         self._fsdp_groups: list = []  # every FSDP param group (``reduce_grads``: syncing)
         self.closed = self.failed = False
         self.exchanges = self.passed = self.extra_forward_exchanges = self.reduce_exchanges = 0
         self.rs_seq = 0  # reduce-scatters in the current backward (the reduce check's clock)
-        self._rs_backward = -1
-        self._task = -2
+        self._rs_backward, self._task = -1, -2
 
     # -- registration ---------------------------------------------------------------------------
     def install(self) -> None:

@@ -1,0 +1,178 @@
+"""The compute canary on an FSDP2 model (``fully_shard``: a 1-D mesh, HSDP's 2-D mesh): the
+DDP canary's schedule, input and vote (``evidence/canary.py``), with the probe run on the FULL
+parameters and FSDP2's own hooks out of the way.
+
+Why the same idea holds. Every rank of the data-parallel group (the exchange group: the 1-D
+mesh, or HSDP's whole (replicate, shard) mesh) holds shards of the same parameters, so every
+rank can compute the same probe once it has their full values: ``DTensor.full_tensor()`` of
+each parameter (an all-gather along the shard dimension, identical on every rank; nothing
+where a dimension is replicated). Every rank then runs the same forward and backward on the
+same plain tensors, the owner's slice, the same seed and cotangent — at any mesh shape, so an
+SDC'd rank is named as under DDP (W ≥ 3: the outlier; W = 2: either side).
+
+What is not touched (the trap: the probe reaches the user's FSDP modules, whose forward hooks
+would unshard, register the post-backward reduce-scatter into the sharded ``.grad``, prefetch,
+and move FSDP2's training state). The probe runs
+  * inside ``hidden_fsdp_hooks``: every FSDP state's forward pre- and post-hook (the handles
+    FSDP2 keeps, ``_pre_forward_hook_handle``/``_post_forward_hook_handle``) taken out of their
+    modules' hook dicts for the probe and put back in their places after it — so no all-gather
+    or reduce-scatter of FSDP2's, no ``_training_state`` change, no post-backward hook and no
+    pre-backward hook on the probe's tensors, and the root's lazy init is not re-entered; the
+    user's own hooks still run;
+  * on stand-ins (``canary_probe.run_probe``): the full tensors, new leaves, so the sharded
+    parameters' ``.grad`` and the guard's post-accumulate-grad hooks are not reached; buffers
+    cloned; RNG streams forked.
+  * before FSDP2's own root pre-forward (the canary's pre-hook is prepended after it), where
+    FSDP2 is idle and its parameters are the sharded ones.
+The probe computes in the parameters' own dtype (a ``MixedPrecisionPolicy``'s casts are
+FSDP2's hooks): the same computation on every rank, not the training step's precision.
+
+The compare: one small gather of the canary's row (head + one digest per parameter) in the
+optimizer step's pre-hook of the step after the probe, after the guard's exchange passed there
+(the clocks agree, so every rank is at the same step), before the optimizer applies anything;
+then the settle (``Canary.settled``: the next capture's broadcast). So the canary adds, every K
+steps, the probe's P all-gathers, two broadcasts and one gather; nothing on other steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from openclaw_ref.sync.errors import ComputeMismatch
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.canary import _SEED0, Canary
+from openclaw_ref.sync.evidence.canary_probe import run_probe
+
+
+def full_value(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's full values as a plain tensor: a DTensor's all-gathered, else detached."""
+    if isinstance(p, DTensor):
+        return p.detach().full_tensor().clone()
+    return p.detach()
+
+
+_HANDLES = ("_pre_forward_hook_handle", "_post_forward_hook_handle")
+
+
+def hooks_found(model: nn.Module) -> bool:
+    """Whether every FSDP state in ``model`` keeps the handles of its forward hooks where
+    ``hidden_fsdp_hooks`` looks (torch's private attributes: a probe that cannot hide them
+    would run through them, so the canary is refused instead)."""
+    return all(getattr(m._get_fsdp_state(), name, None) is not None
+               for m in model.modules() if isinstance(m, FSDPModule) for name in _HANDLES)
+
+
+def _fsdp_handles(model: nn.Module) -> list[Any]:
+    """Every forward pre-/post-hook handle of every FSDP state in ``model``."""
+    if not hooks_found(model):
+        raise RuntimeError("FSDP2's forward hook handles are not where they were at harden()")
+    out: list[Any] = []
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            for handle in (getattr(state, name) for name in _HANDLES):
+                out += list(getattr(handle, "handles", (handle,)))
+    return out
+
+
+@contextmanager
+def hidden_fsdp_hooks(model: nn.Module) -> Iterator[None]:
+    """FSDP2's own forward hooks out of their hook dicts for the block, then back in order
+    (hooks registered meanwhile kept after them)."""
+    saved: dict[int, tuple[dict, list]] = {}
+    for handle in _fsdp_handles(model):
+        hooks = handle.hooks_dict_ref()
+        if hooks is not None and handle.id in hooks:
+            saved.setdefault(id(hooks), (hooks, list(hooks.items())))
+            del hooks[handle.id]
+    try:
+        yield
+    finally:
+        for hooks, items in saved.values():
+            known = {k for k, _ in items}
+            added = [(k, v) for k, v in hooks.items() if k not in known]
+            hooks.clear()
+            hooks.update(items)
+            hooks.update(added)
+
+
+class _GuardView:
+    """The FSDP guard as ``Canary`` reads a guard: the clock is its optimizer steps."""
+
+    ddp = None
+
+    def __init__(self, guard: Any) -> None:
+        self.fsdp = guard
+        self.module, self.tracked, self.group = guard.model, guard.tracked, guard.group
+        self.rank, self.world_size = guard.rank, guard.world_size
+        self.events, self.global_ranks = guard.events, guard.global_ranks
+
+    @property
+    def clock(self) -> int:
+        return self.fsdp.opt_steps
+
+
+class FSDPCanary(Canary):
+    """The canary of one FSDP guard (module docstring)."""
+
+    def __init__(self, guard: Any, every: int) -> None:
+        super().__init__(_GuardView(guard), every)
+        self._seen = guard.opt_steps
+
+    def install(self) -> list[Any]:
+        """The forward pre-hook, ahead of FSDP2's (and of the guard's, if installed later),
+        and the optimizer step pre-hook, after the guard's (registered after it)."""
+        module = self.guard.module
+        self._forward = module.__dict__.get("forward")  # as ``Canary.install`` records it
+        return [module.register_forward_pre_hook(self._before_forward, with_kwargs=True,
+                                                 prepend=True),
+                register_optimizer_step_pre_hook(self._after_exchange)]
+
+    def _grads(self, args: tuple, kwargs: dict) -> list[torch.Tensor | None]:
+        self.probing = True
+        try:
+            module = self.guard.module
+            return run_probe(module, self.guard.tracked, args, kwargs, _SEED0 + self.probes,
+                             forward=self._forward, value=full_value,
+                             around=lambda: hidden_fsdp_hooks(module))
+        finally:
+            self.probing = False
+
+    def _after_exchange(self, optimizer, args, kwargs) -> None:
+        """After the guard's step exchange passed (its optimizer-step count moved): compare
+        the probe due at that step, then settle it (the next capture's broadcast)."""
+        guard = self.guard.fsdp
+        if guard.closed or guard.opt_steps == self._seen:
+            return  # another optimizer, or the guard's exchange did not run
+        self._seen = guard.opt_steps
+        step = guard.opt_steps - 1
+        try:
+            if self.on and not self.tolerant and step == self._compare_at:
+                self.fold(None)  # the probe's row is sent once
+                row = torch.tensor(self.gather_row(), dtype=torch.int64, device=(
+                    checks._collective_device(self.guard.group, self.device)))
+                rows = checks._gather_rows(row, self.guard.group).tolist()
+                error = self.divergence(rows, list(range(self.guard.world_size)), step=step)
+                if error is not None:
+                    raise error.renumbered(self.guard.global_ranks)
+            self.settled(step)  # under the tolerance, the compare is there
+        except ComputeMismatch as error:
+            guard._raise(error)
+
+
+def fsdp_canary_for(guard: Any, every: int) -> FSDPCanary | None:
+    """The FSDP guard's canary, installed; None when ``every`` is 0 (off) or nothing is
+    tracked."""
+    if every <= 0 or not guard.tracked:
+        return None
+    canary = FSDPCanary(guard, every)
+    guard.handles += canary.install()
+    return canary
