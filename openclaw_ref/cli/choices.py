@@ -26,5 +26,6 @@ CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consi
 CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",
                   "late-rank=250ms")  # conformance.settings.ConformSettings().faults
 # experiments.hook_cost.ARMS
-HOOK_COST_ARMS = ("ddp", "floor", "allreduce_hook", "fp16_compress_hook", "hardened",
-                  "hardened-fp16", "hardened-noreplica", "hardened-bucket-fp32", "hardened+canary")
+HOOK_COST_ARMS = ("ddp", "floor", "floor+nancheck", "allreduce_hook", "fp16_compress_hook",
+                  "hardened", "hardened-fp16", "hardened-noreplica", "hardened-bucket-fp32",
+                  "hardened+canary")
