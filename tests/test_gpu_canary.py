@@ -7,8 +7,9 @@ or the start-up self-test must switch it to the tolerance — and a healthy job 
 step must raise nothing; an SDC fault on one rank must still be named
 (``experiments/canary_repro.py``, ``experiments/sdc_corpus.py``). Every test prints one
 ``GPU-CANARY`` line with its figures (how many probes differed), so the run that executes
-them records the numbers. ONE GPU: one NCCL rank, or two ranks sharing it over gloo with CUDA
-tensors (the fixtures of ``test_gpu.py``); the pytest parent never initializes CUDA.
+them records the numbers. Exactly ONE GPU, two ranks sharing it over gloo with CUDA tensors
+(``test_gpu.py``'s ``shared2``: no test here depends on NCCL itself); the pytest parent never
+initializes CUDA.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from openclaw_ref.experiments.sdc_corpus import Column, Outcome, SdcCase, corpus
 from tests import test_gpu as gpu
 
 pytestmark = pytest.mark.gpu
-nccl1, shared2 = gpu.nccl1, gpu.shared2  # the same fixtures, one instance per module
+shared2 = gpu.shared2  # the same fixture, one instance per module
 REPEATS = 50
 K = 2
 # a probe every step for this many steps: the false-alarm corpus of one model
@@ -76,19 +77,25 @@ def injector_flips(ctx) -> dict[str, tuple[int, int]]:
     return out
 
 
-@gpu.one_gpu
+@gpu.only_one_gpu
 @pytest.mark.parametrize("model", list(ProbeModel))
-def test_the_probe_is_bitwise_reproducible_over_many_runs_on_cuda(nccl1, model):
-    reply = nccl1.run(repeat_task, model.value, REPEATS)[0]
-    _say("repeat", {k: reply[k] for k in ("model", "device", "device_name", "repeats",
-                                          "differing", "distinct", "first_param",
-                                          "worst_rel_mass", "torch")})
-    assert reply["device"].startswith("cuda")
-    assert not reply["deterministic_algorithms"] and not reply["cudnn_deterministic"]
-    assert reply["differing"] == 0, (
-        f"{reply['differing']} of {REPEATS - 1} repeats of the {model} probe differed from the "
-        f"first ({reply['distinct']} distinct results, first at {reply['first_param']}, at "
-        f"most {reply['worst_rel_mass']:.3g} of a gradient's mass)")
+def test_the_probe_is_bitwise_reproducible_over_many_runs_on_cuda(shared2, model):
+    """Each rank repeats the probe of rank 0's input; whether the two processes' first digests
+    agree is printed too (if not, every job's self-test would switch to the tolerance)."""
+    replies = shared2.run(repeat_task, model.value, REPEATS)
+    for reply in replies:
+        _say("repeat", {**{k: reply[k] for k in (
+            "model", "rank", "device", "device_name", "repeats", "differing", "distinct",
+            "first_param", "worst_rel_mass", "digest", "torch")},
+            "same_across_ranks": len({r["digest"] for r in replies}) == 1})
+    for reply in replies:
+        assert reply["device"].startswith("cuda")
+        assert not reply["deterministic_algorithms"] and not reply["cudnn_deterministic"]
+        assert reply["differing"] == 0, (
+            f"rank {reply['rank']}: {reply['differing']} of {REPEATS - 1} repeats of the "
+            f"{model} probe differed from the first ({reply['distinct']} distinct results, "
+            f"first at {reply['first_param']}, at most {reply['worst_rel_mass']:.3g} of a "
+            "gradient's mass)")
 
 
 @gpu.only_one_gpu
@@ -130,8 +137,8 @@ def test_an_sdc_fault_on_one_rank_sharing_the_gpu_is_named_by_compute_mismatch(s
     assert rows[0]["fired"] == 0 and rows[1]["fired"] > 0
 
 
-@gpu.one_gpu
-def test_the_sdc_injector_corrupts_cuda_matrix_products_in_the_phase_it_models(nccl1):
-    flips = nccl1.run(injector_flips)[0]
-    _say("injector", flips)
-    assert flips == {BOTH: (1, 1), FORWARD: (1, 0), BACKWARD: (0, 1)}
+@gpu.only_one_gpu
+def test_the_sdc_injector_corrupts_cuda_matrix_products_in_the_phase_it_models(shared2):
+    flips = shared2.run(injector_flips)
+    _say("injector", {"rank0": flips[0]})
+    assert flips[0] == flips[1] == {BOTH: (1, 1), FORWARD: (1, 0), BACKWARD: (0, 1)}
