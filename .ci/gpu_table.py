@@ -2,7 +2,10 @@
 device it ran on. Reads the JUnit XML pytest wrote (``--junitxml``); ``tox -e gpu`` runs it
 after the tests and also writes the table to the path given second (to commit it).
 
-    python .ci/gpu_table.py <junit.xml> [<table.md>]
+    python .ci/gpu_table.py <junit.xml> [<table.md>] [--verdict]
+
+``--verdict`` (``.ci/gpu-canary``) adds one line after the table: CLEARED when every test passed,
+NOT CLEARED naming the failed ones, UNDECIDED when any skipped (or none ran).
 """
 
 from __future__ import annotations
@@ -50,11 +53,26 @@ def table(rows: list[tuple[str, str, str]], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def verdict(rows: list[tuple[str, str, str]]) -> str:
+    """What a run of evidence tests decides: only a run where every test passed clears."""
+    failed = [name for name, outcome, _ in rows if outcome == "failed"]
+    skipped = [name for name, outcome, _ in rows if outcome == "skipped"]
+    if failed:
+        return "NOT CLEARED: failed " + ", ".join(failed)
+    if skipped or not rows:
+        return f"UNDECIDED: {len(skipped)} of {len(rows)} skipped"
+    return f"CLEARED: all {len(rows)} passed"
+
+
 def main(argv: list[str]) -> int:
-    text = table(outcomes(argv[0]), device_name())
+    paths = [a for a in argv if a != "--verdict"]
+    rows = outcomes(paths[0])
+    text = table(rows, device_name())
     print(text)
-    if len(argv) > 1:
-        Path(argv[1]).write_text(text)
+    if len(paths) > 1:
+        Path(paths[1]).write_text(text)
+    if "--verdict" in argv:
+        print(verdict(rows))
     return 0
 
 

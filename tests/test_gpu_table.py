@@ -32,3 +32,11 @@ def test_the_table_header_counts_the_outcomes_and_names_the_device():
     text = gpu_table.table([("a", "passed", ""), ("b", "failed", "x")], "1 × NVIDIA H200")
     assert text.startswith("`pytest -m gpu` on 1 × NVIDIA H200: 1 passed, 0 skipped, 1 failed")
     assert "| b | failed | x |" in text
+
+
+def test_only_a_run_where_every_test_passed_clears():
+    ok, skip, bad = ("a", "passed", ""), ("b", "skipped", "needs a CUDA GPU"), ("c", "failed", "")
+    assert gpu_table.verdict([ok, ok]) == "CLEARED: all 2 passed"
+    assert gpu_table.verdict([ok, skip]) == "UNDECIDED: 1 of 2 skipped"
+    assert gpu_table.verdict([]).startswith("UNDECIDED")
+    assert gpu_table.verdict([ok, skip, bad]) == "NOT CLEARED: failed c"

@@ -152,15 +152,16 @@ def wrap_arm(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_u
     return ddp, None
 
 
-def _step_fn(cfg: HookCostConfig, ctx: RankContext) -> tuple[nn.Module, Callable]:
-    """The network and ``loss(model, step)``: rank-dependent inputs, identical for every arm."""
-    if cfg.model == "mlp":
-        return plain_mlp(cfg.seed).to(ctx.device), mlp_loss(cfg.seed, ctx)
+def step_fn(model: str, seed: int, ctx: RankContext) -> tuple[nn.Module, Callable]:
+    """The network ``model`` (``mlp`` or a preset) and ``loss(model, step)``: rank-dependent
+    inputs, identical for every arm (and for the canary's reproducibility job)."""
+    if model == "mlp":
+        return plain_mlp(seed).to(ctx.device), mlp_loss(seed, ctx)
     from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
     from openclaw_ref.core.model import build_model, preset
 
-    model_cfg = preset(cfg.model, seed=cfg.seed)
-    ds = SkillDataset(model_cfg, DataConfig(seed=cfg.seed))
+    model_cfg = preset(model, seed=seed)
+    ds = SkillDataset(model_cfg, DataConfig(seed=seed))
     net = build_model(model_cfg).to(ctx.device)
 
     def loss(model: nn.Module, step: int) -> torch.Tensor:
@@ -191,7 +192,7 @@ def arm_step(ddp: DDP, state, opt: torch.optim.Optimizer,
 
 def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
     """Rank task: every arm's step times (ms, slowest rank per step), interleaved."""
-    net, loss = _step_fn(cfg, ctx)
+    net, loss = step_fn(cfg.model, cfg.seed, ctx)
     arms = {}
     for arm in cfg.arms:
         ddp, state = wrap_arm(arm, copy.deepcopy(net), ctx, cfg.cap_mb, cfg.model != "mlp")

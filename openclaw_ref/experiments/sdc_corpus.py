@@ -115,16 +115,18 @@ def _config(column: Column, case: SdcCase) -> SyncConfig | None:
 
 
 def run_case(ctx, column: Column, case: SdcCase) -> SdcRun:
-    """One column on one rank (``ctx``: anything with ``rank`` and ``world_size``): the user's
-    loop, the fault's matrix unit on the last rank; never raises a ``ConsistencyError``."""
+    """One column on one rank (``ctx``: anything with ``rank`` and ``world_size``, and a
+    ``device``: CPU without one): the user's loop, the fault's matrix unit on the last rank;
+    never raises a ``ConsistencyError``."""
+    device = getattr(ctx, "device", torch.device("cpu"))
     torch.manual_seed(0)
-    model = SdcNet()
+    model = SdcNet().to(device)
     if case.replicate:
         from torch.distributed._composable import replicate
 
         ddp = replicate(model)  # the module itself is forwarded, and hardened
     else:
-        ddp = DDP(model)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     cfg = _config(column, case)
     state = harden(ddp, cfg, ctx) if cfg is not None else None
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -141,7 +143,7 @@ def run_case(ctx, column: Column, case: SdcCase) -> SdcRun:
                 mode.active = step >= case.fault_step
                 if case.then and step == case.then_step:
                     mode.model = sdc_model(case.then, "1")
-            x, y = sdc_batch(step + 97 * case.trial, ctx.rank)
+            x, y = (t.to(device) for t in sdc_batch(step + 97 * case.trial, ctx.rank))
             F.cross_entropy(ddp(x), y).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
