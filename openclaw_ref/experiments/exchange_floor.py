@@ -11,13 +11,14 @@ so the exchange overlaps that bucket) and waited on there, as the guard waits on
 gradient, buffer, RNG stream or reducer state is touched, so it trains bitwise as stock DDP.
 ``hardened ÷ floor`` is what the guard's checks cost above the one collective.
 
-``nancheck=True`` (the ``floor+nancheck`` arm) adds the one pass no guard that names a rank's
-NaN can avoid: each local gradient summed as it is accumulated (the guard's own hooks on the
-accumulators DDP hooked, ``precision.finite_sum``) and the rank's flag read on the host before
-the exchange is issued — the guard's pass, nothing else of it. Against it, ``hardened-noreplica
-÷ floor+nancheck`` is the guard's bookkeeping alone (slots, counts, verdict), and ``floor+nancheck
-÷ floor`` the pass itself: reading every gradient byte once, which on a CPU host costs about
-what a memory pass over the gradients costs.
+``nancheck=True`` (the ``floor+nancheck`` arm) adds the guard's hooks on the accumulators DDP
+hooked, each summing its gradient as it is accumulated (``precision.finite_sum``), and the
+rank's flag read on the host before the exchange is issued: the one pass over the local
+gradients no guard that names a rank's NaN can avoid, plus the Python call per gradient that
+the guard's hooks make anyway (they also record presence). So ``floor+nancheck ÷ floor`` is
+that pass with those calls (on a model of many small parameters, the calls dominate), and
+``hardened-noreplica ÷ floor+nancheck`` the rest of the guard's bookkeeping (slots, counts,
+the verdict).
 """
 
 from __future__ import annotations

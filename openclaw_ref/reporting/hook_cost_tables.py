@@ -15,9 +15,10 @@ ARM_WORDS = {
     "floor": "stock DDP plus one bare exchange per step of exactly the step guard's bytes, "
              "issued where the guard issues it and waited on before the optimizer, nothing "
              "checked: what any guard that reads a per-step verdict before the optimizer pays",
-    "floor+nancheck": "the floor plus the guard's local non-finite pass (each gradient summed "
-                      "as it is accumulated, the flag read before the exchange): what a guard "
-                      "that names a rank's NaN cannot avoid",
+    "floor+nancheck": "the floor plus the guard's hook on each gradient accumulator, summing "
+                      "the gradient as it is accumulated, and the NaN flag read before the "
+                      "exchange (the guard's hooks also record presence, so this arm carries "
+                      "their Python calls too)",
     "allreduce_hook": "PyTorch's Python default_hooks.allreduce_hook",
     "fp16_compress_hook": "PyTorch's Python default_hooks.fp16_compress_hook",
     "hardened": "harden()'s defaults, the step guard (DDP's own C++ reduction, one small "
@@ -33,8 +34,8 @@ PAIR_WORDS = {
     ("hardened", "floor"): "what the guard's checks cost above the one collective",
     ("hardened", "allreduce_hook"): "the default guard beside PyTorch's own Python hook",
     ("hardened+canary", "hardened"): "what the compute canary adds",
-    ("floor+nancheck", "floor"): "one local pass over the gradients (the NaN flag)",
-    ("hardened-noreplica", "floor+nancheck"): "the guard's bookkeeping above its passes",
+    ("floor+nancheck", "floor"): "a hook per gradient and one pass over it (the NaN flag)",
+    ("hardened-noreplica", "floor+nancheck"): "the guard's bookkeeping above its hooks",
     ("hardened", "hardened-noreplica"): "the replica digest (one slice per step)",
 }
 
