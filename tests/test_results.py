@@ -29,18 +29,20 @@ SEED_CLAIM_IDS = ["S1", "S2", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "M1", "M
                   "Q1", "Q2", "L1", "L2", "L3", "L4", "L5"]
 
 
+SMALL_VARIANTS = (Variant("local (no sync)", SyncConfig(name="local")),
+                  Variant("ddp", SyncConfig(name="ddp")),
+                  Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)),
+                  Variant(PER_BUCKET, SyncConfig(name="hardened", guard="bucket",
+                                                 bucket_cap_mb=0.025)))
+
+
 @pytest.fixture(scope="module")
 def small_results(tmp_path_factory) -> Path:
     """A real, tiny comparison: 4 variants × world sizes 1 and 2, plus short curves."""
     cfg = CompareConfig(world_sizes=(1, 2), steps=5, repeats=1, curve_steps=6,
                         sections=("strategies", "curves"), backend="gloo",
                         out_root=str(tmp_path_factory.mktemp("results")), tag="test")
-    variants = (Variant("local (no sync)", SyncConfig(name="local")),
-                Variant("ddp", SyncConfig(name="ddp")),
-                Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)),
-                Variant(PER_BUCKET, SyncConfig(name="hardened", guard="bucket",
-                                               bucket_cap_mb=0.025)))
-    raw = run_compare(cfg, variants)
+    raw = run_compare(cfg, SMALL_VARIANTS)
     write_results(raw, cfg.out_dir())
     return cfg.out_dir()
 
@@ -196,16 +198,14 @@ def _verdicts(raw: dict) -> dict[str, str]:
 # a second regeneration, 25 s: the slow profile, with its five-repeat sibling below
 @pytest.mark.slow
 def test_back_to_back_regenerations_give_identical_verdicts(small_results, tmp_path):
-    """A second ``compare`` of the same reduced configuration, right after the first: every
-    verdict (label and reason) is the same. The slow case below does it with 5 repeats."""
+    """A second ``compare`` of the same reduced configuration and variants, right after the
+    first: every verdict (label and reason) is the same. The slow case below does it with 5
+    repeats."""
     first = read_json(small_results / "raw.json")
     cfg = CompareConfig(**{**{k: tuple(v) if isinstance(v, list) else v
                               for k, v in first["meta"]["compare_config"].items()},
                            "out_root": str(tmp_path), "tag": "again"})
-    variants = (Variant("local (no sync)", SyncConfig(name="local")),
-                Variant("ddp", SyncConfig(name="ddp")),
-                Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)))
-    write_results(run_compare(cfg, variants), cfg.out_dir())
+    write_results(run_compare(cfg, SMALL_VARIANTS), cfg.out_dir())
     assert _verdicts(read_json(cfg.out_dir() / "raw.json")) == _verdicts(first)
 
 
