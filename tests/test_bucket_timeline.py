@@ -146,4 +146,15 @@ def test_bucket_sizes_are_in_the_legend_when_the_record_holds_them(published):
     labels = [x.get_text() for x in bucket_timeline_figure(rec).axes[0].get_legend().get_texts()]
     assert labels[0] == "bucket 0: 1,000 elements"
     assert "sizes: not in this record" not in timeline_caption(rec)
-    assert "sizes: not in this record" in timeline_caption(load_record(PUBLISHED))
+
+
+def test_a_record_without_bucket_sizes_says_so_in_the_caption(published):
+    doc = copy.deepcopy(published)
+    for r in doc["strategies"]["runs"]:
+        for b in timed_buckets(r):
+            b.pop("elements", None)
+    assert "sizes: not in this record" in timeline_caption(parse_record(doc))
+
+
+def test_the_published_timeline_names_its_bucket_sizes():
+    assert "sizes: not in this record" not in timeline_caption(load_record(PUBLISHED))
