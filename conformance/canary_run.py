@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from openclaw_ref.conformance.fsdp_run import FSDP_OPTION_SETS, device_mesh, shard_model
 from openclaw_ref.conformance.target import FSDP_WRAPPERS, build_target, forward_loss
 from openclaw_ref.conformance.user_run import RUN_SEED
-from openclaw_ref.core.sdc_faults import FaultyMatmul, sdc_model
+from openclaw_ref.core.sdc_faults import FaultyMatmul, entered, sdc_model
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.hardening import harden
@@ -37,19 +37,18 @@ def canary_task(ctx, factory: str, canary_every: int, steps: int, fault: str = "
     reply: dict = {"error": None, "fired": 0}
     torch.manual_seed(RUN_SEED + 1 + ctx.rank)
     try:
-        if mode is not None:
-            mode.__enter__()
-        for step in range(steps):
-            if mode is not None:
-                mode.active = step >= fault_step
-            forward_loss(target, ddp, target.batch(step, ctx.rank, ctx.world_size)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        with entered(mode):
+            for step in range(steps):
+                if mode is not None:
+                    mode.active = step >= fault_step
+                batch = target.batch(step, ctx.rank, ctx.world_size)
+                forward_loss(target, ddp, batch).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     except ConsistencyError as exc:
         reply["error"] = {"kind": exc.kind, "step": exc.step, "ranks": exc.ranks}
     finally:
         if mode is not None:
-            mode.__exit__(None, None, None)
             reply["fired"] = mode.fired
         reply["events"] = [e.kind for e in state.events]
         state.close(verify=reply["error"] is None)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from openclaw_ref.core.sdc_faults import FaultyMatmul, sdc_model
+from openclaw_ref.core.sdc_faults import FaultyMatmul, entered, sdc_model
 from openclaw_ref.experiments.sdc_corpus import CLASSES, FEATURES, SdcNet
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
@@ -111,7 +111,7 @@ def train_under(acc, run: AccelerateRun, ctx=None) -> dict:
     error = None
     torch.manual_seed(1 + rank)  # the dropout streams: rank-dependent, as in a real job
     try:
-        with mode if mode is not None else contextlib.nullcontext():
+        with entered(mode):
             for i, (x, y) in enumerate(loader):
                 if mode is not None:
                     mode.active = i // ACCUMULATE >= run.fault_step

@@ -7,7 +7,6 @@ while an exponent flip on a faulty rank is still named (``canary``, ``canary_tol
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.core.sdc_faults import FaultyMatmul, sdc_model
+from openclaw_ref.core.sdc_faults import FaultyMatmul, entered, sdc_model
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.canary import UNREPRODUCIBLE_EVENT
@@ -74,7 +73,7 @@ def _train(ctx, run: HeteroRun) -> dict:
             if run.fault and ctx.rank == run.fault_rank else None)
     error = None
     try:
-        with mode if mode is not None else contextlib.nullcontext():
+        with entered(mode):
             for step in range(run.steps):
                 if mode is not None:
                     mode.active = step >= run.fault_step

@@ -17,7 +17,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from openclaw_ref.conformance.fsdp_run import FSDP_OPTION_SETS, device_mesh, shard_model
-from openclaw_ref.core.sdc_faults import FaultyMatmul, sdc_model
+from openclaw_ref.core.sdc_faults import FaultyMatmul, entered, sdc_model
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.canary_probe import run_probe
@@ -113,7 +113,8 @@ def _bitwise_equal(a: dict, b: dict) -> None:
     assert torch.equal(a["rng"], b["rng"])
 
 
-def _on_off(pools, world: int, wrapper: str, option_set: str, bf16: bool = False) -> None:
+def _assert_on_off_bitwise(pools, world: int, wrapper: str, option_set: str,
+                           bf16: bool = False) -> None:
     pool = pools.get(world)
     off, on = (pool.run(train_task, wrapper, option_set, every, bf16) for every in (0, 1))
     for a, b in zip(off, on):
@@ -125,7 +126,7 @@ def _on_off(pools, world: int, wrapper: str, option_set: str, bf16: bool = False
 
 @pytest.mark.parametrize("option_set", ["default", "reshard_after_forward=False"])
 def test_fsdp2_trains_bitwise_the_same_with_the_canary_at_every_step(pools, option_set):
-    _on_off(pools, 2, "fsdp2", option_set)
+    _assert_on_off_bitwise(pools, 2, "fsdp2", option_set)
 
 
 @pytest.mark.slow
@@ -133,18 +134,18 @@ def test_fsdp2_trains_bitwise_the_same_with_the_canary_at_every_step(pools, opti
     "accumulation (set_requires_gradient_sync(False))", "activation checkpointing",
     "CPUOffloadPolicy"])
 def test_fsdp2_trains_bitwise_the_same_with_the_canary_under_every_option(pools, option_set):
-    _on_off(pools, 2, "fsdp2", option_set)
+    _assert_on_off_bitwise(pools, 2, "fsdp2", option_set)
 
 
 @pytest.mark.slow
 def test_fsdp2_under_a_bf16_mixed_precision_policy_trains_bitwise_the_same_with_the_canary(
         pools):
-    _on_off(pools, 2, "fsdp2", "default", bf16=True)
+    _assert_on_off_bitwise(pools, 2, "fsdp2", "default", bf16=True)
 
 
 @pytest.mark.slow
 def test_hsdp_trains_bitwise_the_same_with_the_canary_at_every_step(pools):
-    _on_off(pools, 4, "hsdp", "default")
+    _assert_on_off_bitwise(pools, 4, "hsdp", "default")
 
 
 def leaky_train_task(ctx, every: int) -> dict:
@@ -226,22 +227,19 @@ def sdc_task(ctx, wrapper: str, fault: str, every: int, faulty_rank: int,
     mode = FaultyMatmul(sdc_model(fault, "")) if ctx.rank == faulty_rank else None
     error = None
     try:
-        if mode is not None:
-            mode.__enter__()
-        for step in range(SDC_STEPS):
-            if mode is not None:
-                mode.active = step >= start
-                if then and step == then_at:
-                    mode.model = sdc_model(then, "1")
-            x, y = _batch(step, ctx.rank)
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        with entered(mode):
+            for step in range(SDC_STEPS):
+                if mode is not None:
+                    mode.active = step >= start
+                    if then and step == then_at:
+                        mode.model = sdc_model(then, "1")
+                x, y = _batch(step, ctx.rank)
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     except ConsistencyError as exc:
         error = (exc.kind, exc.step, exc.ranks, str(exc))
     finally:
-        if mode is not None:
-            mode.__exit__(None, None, None)
         guard.close(verify=error is None)
     return {"error": error, "fired": mode.fired if mode is not None else None,
             "events": [e.kind for e in guard.events]}
@@ -337,7 +335,7 @@ def test_fsdp2_hooks_the_probe_cannot_hide_refuse_the_canary_before_anything_is_
 def test_replicate_with_fsdp_takes_the_canary_bitwise_and_names_an_sdc_rank(pools):
     """FSDP2's replicate mesh (every rank holds whole parameters: ``full_tensor`` gathers
     nothing)."""
-    _on_off(pools, 2, "replicate", "default")
+    _assert_on_off_bitwise(pools, 2, "replicate", "default")
     faulty = pools.get(2).run(sdc_task, "replicate", "sdc-backward", K, 1)
     for reply in faulty:
         kind, step, ranks, text = reply["error"]

@@ -25,6 +25,7 @@ A call is "backward" when it runs inside an autograd graph task (the engine's th
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -110,3 +111,8 @@ class FaultyMatmul(TorchDispatchMode):
         flat = out.view(-1)[:1].view(torch.int32)
         flat ^= 1 << self.model.bit
         return out
+
+
+def entered(mode: FaultyMatmul | None) -> AbstractContextManager:
+    """``mode`` for a ``with`` block on the faulty rank, nothing on a healthy one (None)."""
+    return mode if mode is not None else nullcontext()

@@ -22,7 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.core.sdc_faults import SDC_DEFAULTS, SDC_FAULTS, FaultyMatmul, sdc_model
+from openclaw_ref.core.sdc_faults import (
+    SDC_DEFAULTS,
+    SDC_FAULTS,
+    FaultyMatmul,
+    entered,
+    sdc_model,
+)
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ComputeMismatch, ConsistencyError
 from openclaw_ref.sync.hardening import harden
@@ -136,24 +142,22 @@ def run_case(ctx, column: Column, case: SdcCase) -> SdcRun:
     run = SdcRun(column.value, case.fault)
     torch.manual_seed(1 + ctx.rank)  # the dropout streams: rank-dependent, as in a real job
     try:
-        if mode is not None:
-            mode.__enter__()
-        for step in range(case.steps):
-            if mode is not None:
-                mode.active = step >= case.fault_step
-                if case.then and step == case.then_step:
-                    mode.model = sdc_model(case.then, "1")
-            x, y = (t.to(device) for t in sdc_batch(step + 97 * case.trial, ctx.rank))
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            run.steps_run = step + 1
+        with entered(mode):
+            for step in range(case.steps):
+                if mode is not None:
+                    mode.active = step >= case.fault_step
+                    if case.then and step == case.then_step:
+                        mode.model = sdc_model(case.then, "1")
+                x, y = (t.to(device) for t in sdc_batch(step + 97 * case.trial, ctx.rank))
+                F.cross_entropy(ddp(x), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                run.steps_run = step + 1
     except ConsistencyError as exc:
         run.outcome, run.kind, run.step = Outcome.DETECTED.value, exc.kind, exc.step
         run.ranks, run.params = list(exc.ranks), list(exc.params)
     finally:
         if mode is not None:
-            mode.__exit__(None, None, None)
             run.fired = mode.fired
         if state is not None:
             run.events = [e.kind for e in state.events]
