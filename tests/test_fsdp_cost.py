@@ -98,7 +98,7 @@ def _job(pools, world_size: int, steps: int = 5, warmup: int = 2) -> dict:
     return job_figures(cfg, pools.get(world_size).run(fsdp_cost_rank, cfg)[0])
 
 
-def _well_formed(job: dict, steps: int) -> None:
+def _assert_well_formed(job: dict, steps: int) -> None:
     assert set(job["summary"]) == set(ARMS)
     assert all(job["summary"][a]["median_step_ms"] > 0 for a in ARMS)
     assert job["bitwise_equal"] is True  # the guard left FSDP2's collectives as they were
@@ -108,10 +108,10 @@ def _well_formed(job: dict, steps: int) -> None:
 
 
 def test_a_real_interleaved_fsdp2_job_on_two_ranks_gives_a_well_formed_record(pools):
-    _well_formed(_job(pools, 2), steps=7)
+    _assert_well_formed(_job(pools, 2), steps=7)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 4])
 def test_the_fsdp2_job_runs_on_one_and_four_ranks(pools, world_size):
-    _well_formed(_job(pools, world_size), steps=7)
+    _assert_well_formed(_job(pools, world_size), steps=7)

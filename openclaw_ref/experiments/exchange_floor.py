@@ -45,7 +45,7 @@ class ExchangeFloor:
         self.exchanges = 0
         self._task = -2  # the graph task whose end runs the exchange (one per backward)
         self.sums: list[torch.Tensor] = []  # this backward's local sums (``nancheck``)
-        self.flagged = 0  # steps whose pass found a non-finite local gradient
+        self._flags: list = []  # each step's flag (a bool on a CPU, a tensor on a device)
         self._handles = [ddp.module.register_forward_hook(self._forward)]
         if nancheck:
             self._handles += [_accumulator(p).register_hook(self._summer(p))
@@ -76,11 +76,17 @@ class ExchangeFloor:
 
     def _exchange(self) -> None:
         self._task = -2
-        if self.nancheck:
-            self.flagged += bool(nonfinite_flags(self.sums)[0])
+        if self.nancheck:  # on a device the flag stays there, as the guard's does: no sync
+            flag = nonfinite_flags(self.sums)[0]
+            self._flags.append(flag)
             self.sums.clear()
         dist.all_reduce(self.block, group=self.group, async_op=True).wait()
         self.exchanges += 1
+
+    @property
+    def flagged(self) -> int:
+        """Steps whose pass found a non-finite local gradient (read on the host when asked)."""
+        return sum(bool(f) for f in self._flags)
 
     def finish_step(self) -> bool:
         return True
