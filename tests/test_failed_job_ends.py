@@ -110,8 +110,9 @@ def test_on_two_torchrun_agents_the_rank_a_timeout_blamed_ends_itself_and_says_w
     assert said["0"].startswith("SyncTimeout: rank 0: allreduce of the step's exchange"), said
     # rank 1 ends on the job's failure, whichever comes first: rank 0's note after its grace
     # (one line), the store gone with rank 0's agent (its host), or its own agent's SIGTERM once
-    # rank 0's node is gone — its record then names rank 0's failure when it had read the note.
-    # Never an orphan (below), never "ran until killed".
+    # rank 0's node is gone — rank 0 exits only once rank 1 has said it read the note, so its
+    # record names rank 0's failure in every order. Never an orphan (below), never "ran until
+    # killed".
     assert said["1"].startswith("JobFailed: "), said
     ends = [line for e in errs for line in e.splitlines() if line.startswith("fatal: JobFailed")]
     assert len(ends) <= 1 and all(line.endswith("rank 1 ends too") for line in ends), ends

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from openclaw_ref.core.triage import FailureTriage, Report
 from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import JobFailed, ReplicaDivergence, SyncTimeout
-from openclaw_ref.sync.evidence.job_end import FailureNote, JobEnd
+from openclaw_ref.sync.evidence.job_end import FailureNote, JobEnd, failure_key, knows_key
 from openclaw_ref.sync.evidence.watchdog import Watchdog
 
 DEADLINE_S = 0.3
@@ -27,6 +27,13 @@ LATE = SyncTimeout("rank 0: allreduce of the step's exchange at step 3 still wai
 def store():
     return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10),
                          wait_for_workers=False)
+
+
+def _client(store: dist.TCPStore) -> dist.TCPStore:
+    """Another rank's connection: a client serves one operation at a time, so a rank blocked
+    in a ``wait`` holds its own connection only."""
+    return dist.TCPStore("127.0.0.1", store.port, 1, False,
+                         timeout=datetime.timedelta(seconds=10))
 
 
 def test_a_note_says_who_failed_with_what_and_whom_it_blames_and_survives_its_encoding():
@@ -76,6 +83,37 @@ def test_a_note_in_another_namespace_is_not_this_jobs(store):
     assert JobEnd(1, "this-task", 2.0, 1.0).read(store) is None
 
 
+def test_a_failing_rank_returns_from_its_declaration_once_its_peer_has_read_the_note(store):
+    """The writer's wait ends on the peer's word, not on its bound (60 s here)."""
+    failing, peer = JobEnd(0, "ns", 2.0, 1.0, peers=[1], wait_s=60.0), JobEnd(1, "ns", 2.0, 1.0)
+    declaring = threading.Thread(target=failing.declare, args=(_client(store), LATE))
+    declaring.start()
+    store.wait([failure_key("ns")], datetime.timedelta(seconds=20))
+    assert declaring.is_alive()  # its peer has not said it knows
+    assert peer.saw(peer.read(store), now=0.0)
+    peer.acknowledge(store)
+    declaring.join(timeout=30)
+    assert not declaring.is_alive()
+
+
+def test_a_peer_that_never_reads_the_note_costs_the_failing_rank_its_bound_and_is_named(store):
+    failing = JobEnd(0, "ns", 2.0, 1.0, peers=[1, 2], wait_s=0.2)
+    failing.declare(store, LATE)
+    JobEnd(2, "ns", 2.0, 1.0).acknowledge(store)
+    assert failing.await_peers(store) == [1]
+
+
+def test_ranks_failing_together_do_not_wait_for_each_others_word(store):
+    first = JobEnd(0, "ns", 2.0, 1.0, peers=[1], wait_s=60.0)
+    second = JobEnd(1, "ns", 2.0, 1.0, peers=[0], wait_s=60.0)
+    declaring = threading.Thread(target=first.declare, args=(_client(store), LATE))
+    declaring.start()
+    second.declare(store, ReplicaDivergence("x", step=1, ranks=[0]))  # returns: 0 said it knows
+    declaring.join(timeout=30)
+    assert not declaring.is_alive()
+    assert first.await_peers(store) == [] and second.await_peers(store) == []
+
+
 def test_a_store_whose_host_is_gone_ends_the_rank_after_a_deadline_of_connection_errors():
     me = JobEnd(1, "ns", 2.0, 1.0)
     gone = dist.DistNetworkError("Broken pipe")
@@ -120,6 +158,7 @@ def test_a_peers_watchdog_ends_its_process_once_a_rank_declared_the_job_failed(s
     [exc] = ended
     assert isinstance(exc, JobFailed) and exc.rank == 0 and exc.ranks == [1]
     assert me.events[-1].kind == "JobFailed"
+    assert store.check([knows_key(me.namespace, 1)])  # its word, which the failing rank awaits
 
 
 def test_report_records_nothing_more_than_it_did_and_never_ends_the_process(store):

@@ -19,6 +19,11 @@ Two facts end a rank (``JobEnd.verdict``; the watchdog acts on it under ``RAISE`
     timeout) and only blinds the watchdog.
 A rank that read a peer's note but is ended from outside during its grace (torchrun's
 agent, once the writer's node is gone) records the peer's failure all the same (``known``).
+So that it has read it: a rank knowing the job failed (it read the note, or failed itself)
+says so under ``<namespace>/failed/knows/<rank>``, and the writer waits for every peer's word
+(``await_peers``, at most ``wait_s``) before it exits — an agent ends the others only once the
+writer has exited, so a peer whose watchdog still ticks reads the note first. A dead or blind
+peer costs the failing rank ``wait_s`` once.
 The note lives in the watchdog's namespace (one per construction), so a note left by an
 earlier task on a reused rank pool is never read as this one's. Cost: one store ``check`` per
 tick, on the watchdog's thread.
@@ -26,7 +31,9 @@ tick, on the watchdog's thread.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -40,6 +47,11 @@ GONE = getattr(dist, "DistNetworkError", ConnectionError)  # torch < 2.2: no suc
 
 def failure_key(namespace: str) -> str:
     return f"{namespace}/failed"
+
+
+def knows_key(namespace: str, rank: int) -> str:
+    """Where ``rank`` (global) says it knows the job failed."""
+    return f"{failure_key(namespace)}/knows/{rank}"
 
 
 @dataclass(frozen=True)
@@ -83,9 +95,11 @@ class JobEnd:
     """One rank's account of whether the job has failed elsewhere (module docstring). Times
     are passed in, never read, so tests drive every order without sleeping."""
 
-    def __init__(self, rank: int, namespace: str, deadline_s: float, grace_s: float) -> None:
-        self.rank, self.key = rank, failure_key(namespace)
+    def __init__(self, rank: int, namespace: str, deadline_s: float, grace_s: float,
+                 peers: Sequence[int] = (), wait_s: float = 0.0) -> None:
+        self.rank, self.namespace, self.key = rank, namespace, failure_key(namespace)
         self.deadline_s, self.grace_s = deadline_s, grace_s
+        self.peers, self.wait_s = tuple(peers), wait_s  # global ranks; the writer's wait
         self.declared = False  # this rank failed itself: its own error ends it
         self.note: FailureNote | None = None
         self._seen_at = 0.0
@@ -93,15 +107,41 @@ class JobEnd:
         self._gone_error = ""
 
     def declare(self, store: dist.Store, exc: BaseException) -> None:
-        """This rank fails with ``exc``: leave the note unless a peer's is there first. Never
-        raises (the store may be what failed)."""
+        """This rank fails with ``exc``: leave the note unless a peer's is there first, then
+        wait (at most ``wait_s``) until the peers know (``await_peers``). Never raises (the
+        store may be what failed)."""
         if self.declared:
             return
         self.declared = True
         try:
             store.compare_set(self.key, "", FailureNote.of(self.rank, exc).encode())
+            self.acknowledge(store)  # a peer failing too need not wait for this rank's word
         except Exception:  # noqa: BLE001 - a note is a courtesy; the error stands without it
-            pass
+            return
+        self.await_peers(store)
+
+    def acknowledge(self, store: dist.Store) -> None:
+        """Say this rank knows the job failed (store errors propagate)."""
+        store.set(knows_key(self.namespace, self.rank), "1")
+
+    def await_peers(self, store: dist.Store) -> list[int]:
+        """Block until every peer has said it knows the job failed, or ``wait_s`` passed: the
+        peers that had not (all of them if the store failed). A store ``wait`` with a deadline,
+        no polling, on the caller's connection: from the training thread it holds the
+        watchdog's heartbeat for at most ``wait_s``, which the watchdog keeps under the
+        deadline after which a peer calls a rank silent. Never raises."""
+        keys = [knows_key(self.namespace, r) for r in self.peers]
+        if not keys or self.wait_s <= 0:
+            return []
+        try:
+            store.wait(keys, timedelta(seconds=self.wait_s))
+            return []
+        except Exception:  # noqa: BLE001 - past the wait (or the store failed): exit anyway
+            try:
+                return [r for r, key in zip(self.peers, keys, strict=True)
+                        if not store.check([key])]
+            except Exception:  # noqa: BLE001
+                return list(self.peers)
 
     def read(self, store: dist.Store) -> FailureNote | None:
         """The note in the store, if any (store errors propagate: the caller counts them)."""
@@ -109,10 +149,13 @@ class JobEnd:
             return None
         return FailureNote.decode(store.get(self.key))
 
-    def saw(self, note: FailureNote | None, now: float) -> None:
-        """Keep a peer's note, the first one seen."""
+    def saw(self, note: FailureNote | None, now: float) -> bool:
+        """Keep a peer's note, the first one seen: True when this one is kept (the caller
+        then ``acknowledge``s it)."""
         if note is not None and note.rank != self.rank and self.note is None:
             self.note, self._seen_at = note, now
+            return True
+        return False
 
     def store_failed(self, exc: BaseException, now: float) -> None:
         if isinstance(exc, GONE):

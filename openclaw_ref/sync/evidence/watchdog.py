@@ -157,7 +157,9 @@ class Watchdog:
         self._retry_at = 0.0
         self.blind = False  # the store failed and has not answered since
         self.fired: SyncTimeout | None = None  # the latest diagnosis
-        self.job = JobEnd(self.global_ranks[rank], namespace, deadline_s, deadline_s / 2)
+        peers = [g for i, g in enumerate(self.global_ranks) if i != rank]
+        self.job = JobEnd(self.global_ranks[rank], namespace, deadline_s, deadline_s / 2,
+                          peers, wait_s=min(deadline_s / 2, 3 * self.tick_s))
         self.outside = OutsideWork()  # FSDP2's collectives, judged by their guard's evidence
         self._store_op(lambda: store.set(self._key(rank), self._beat().encode()))
         self._thread = threading.Thread(target=self._run, name=f"openclaw-watchdog-{rank}",
@@ -245,7 +247,8 @@ class Watchdog:
 
     def _job_ended(self) -> bool:
         """Read the peers' failure note; end the process when the job has failed elsewhere."""
-        self.job.saw(self._store_op(lambda: self.job.read(self.store)), time.monotonic())
+        if self.job.saw(self._store_op(lambda: self.job.read(self.store)), time.monotonic()):
+            self._store_op(lambda: self.job.acknowledge(self.store))
         ended = self.job.verdict(time.monotonic())
         if ended is None or self.action is WatchdogAction.REPORT:
             return False
