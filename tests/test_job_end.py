@@ -83,20 +83,38 @@ def test_a_note_in_another_namespace_is_not_this_jobs(store):
     assert JobEnd(1, "this-task", 2.0, 1.0).read(store) is None
 
 
-def test_a_failing_rank_returns_from_its_declaration_once_its_peer_has_read_the_note(store):
-    """The writer's wait ends on the peer's word, not on its bound (60 s here)."""
+def _leave(job: JobEnd, store: dist.Store, exc: BaseException) -> threading.Thread:
+    """``job``'s rank declaring ``exc`` and waiting for its peers, as before its process ends."""
+    def run() -> None:
+        job.declare(store, exc)
+        job.await_peers(store)
+    leaving = threading.Thread(target=run)
+    leaving.start()
+    return leaving
+
+
+def test_a_rank_leaving_on_its_failure_waits_until_its_peer_has_read_the_note(store):
+    """The wait ends on the peer's word, not on its bound (60 s here)."""
     failing, peer = JobEnd(0, "ns", 2.0, 1.0, peers=[1], wait_s=60.0), JobEnd(1, "ns", 2.0, 1.0)
-    declaring = threading.Thread(target=failing.declare, args=(_client(store), LATE))
-    declaring.start()
+    leaving = _leave(failing, _client(store), LATE)
     store.wait([failure_key("ns")], datetime.timedelta(seconds=20))
-    assert declaring.is_alive()  # its peer has not said it knows
+    assert leaving.is_alive()  # its peer has not said it knows
     assert peer.saw(peer.read(store), now=0.0)
     peer.acknowledge(store)
+    leaving.join(timeout=30)
+    assert not leaving.is_alive()
+
+
+def test_a_rank_whose_process_goes_on_declares_without_waiting_for_its_peers(store):
+    """A reused pool's rank runs the next task: waiting would start it late on this rank."""
+    failing = JobEnd(0, "ns", 2.0, 1.0, peers=[1], wait_s=60.0)
+    declaring = threading.Thread(target=failing.declare, args=(store, LATE))
+    declaring.start()
     declaring.join(timeout=30)
-    assert not declaring.is_alive()
+    assert not declaring.is_alive() and failing.read(store).rank == 0
 
 
-def test_a_peer_that_never_reads_the_note_costs_the_failing_rank_its_bound_and_is_named(store):
+def test_a_peer_that_never_reads_the_note_costs_the_leaving_rank_its_bound_and_is_named(store):
     failing = JobEnd(0, "ns", 2.0, 1.0, peers=[1, 2], wait_s=0.2)
     failing.declare(store, LATE)
     JobEnd(2, "ns", 2.0, 1.0).acknowledge(store)
@@ -106,12 +124,11 @@ def test_a_peer_that_never_reads_the_note_costs_the_failing_rank_its_bound_and_i
 def test_ranks_failing_together_do_not_wait_for_each_others_word(store):
     first = JobEnd(0, "ns", 2.0, 1.0, peers=[1], wait_s=60.0)
     second = JobEnd(1, "ns", 2.0, 1.0, peers=[0], wait_s=60.0)
-    declaring = threading.Thread(target=first.declare, args=(_client(store), LATE))
-    declaring.start()
-    second.declare(store, ReplicaDivergence("x", step=1, ranks=[0]))  # returns: 0 said it knows
-    declaring.join(timeout=30)
-    assert not declaring.is_alive()
-    assert first.await_peers(store) == [] and second.await_peers(store) == []
+    leaving = _leave(first, _client(store), LATE)
+    second.declare(store, ReplicaDivergence("x", step=1, ranks=[0]))
+    assert second.await_peers(store) == []  # 0 said it knows when it declared
+    leaving.join(timeout=30)
+    assert not leaving.is_alive()
 
 
 def test_a_store_whose_host_is_gone_ends_the_rank_after_a_deadline_of_connection_errors():
@@ -159,6 +176,36 @@ def test_a_peers_watchdog_ends_its_process_once_a_rank_declared_the_job_failed(s
     assert isinstance(exc, JobFailed) and exc.rank == 0 and exc.ranks == [1]
     assert me.events[-1].kind == "JobFailed"
     assert store.check([knows_key(me.namespace, 1)])  # its word, which the failing rank awaits
+
+
+def test_a_watchdog_leaving_on_its_failure_returns_once_its_peers_watchdog_has_read_the_note(
+        store):
+    peer = _watchdog(store, 1, "leaving", ended=[])
+    failing = _watchdog(store, 0, "leaving", ended=[])
+    failing.job.wait_s = 60.0  # its bound (here 3 ticks) made long: only the word ends the wait
+    try:
+        failing.declare_failed(LATE, leaving=True)
+        assert store.check([knows_key(failing.namespace, 1)])
+        assert peer.job.note is not None and peer.job.note.rank == 0
+    finally:
+        peer.close()
+        failing.close()
+
+
+def test_exit_ends_the_process_only_after_the_peers_watchdog_has_read_the_note(store):
+    peer = _watchdog(store, 1, "exiting", ended=[])
+    told_before_end: list[bool] = []
+    failing = _watchdog(store, 0, "exiting", WatchdogAction.EXIT, ended=told_before_end)
+    failing.job.wait_s = 60.0
+    failing.on_timeout = lambda exc: (told_before_end.append(
+        failing.store.check([knows_key(failing.namespace, 1)])), failing.done.set())
+    failing.issued(2, 0, Pending())  # overdue after the deadline: EXIT fires
+    try:
+        assert failing.done.wait(30)
+    finally:
+        peer.close()
+        failing.close()
+    assert told_before_end == [True]
 
 
 def test_report_records_nothing_more_than_it_did_and_never_ends_the_process(store):

@@ -90,6 +90,7 @@ class RankContext:
     store: dist.Store  # the rendezvous store: heartbeats and watchdog keys live here
     # How any thread of this rank reports a fatal error and leaves (set by the launcher).
     fatal: Callable[[BaseException], None] | None = field(default=None, repr=False, compare=False)
+    ends_on_failure: bool = False  # a failed task ends the process (torchrun), not the pool's
 
     @property
     def is_main(self) -> bool:
@@ -365,7 +366,8 @@ def init_from_torchrun(cfg: LaunchConfig) -> RankContext:
                                 timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
     store = dist.distributed_c10d._get_default_store()
     return RankContext(rank, world, local_rank, local_world, backend,
-                       _device_for(on_cuda(cfg.backend, local_world), local_rank), store)
+                       _device_for(on_cuda(cfg.backend, local_world), local_rank), store,
+                       ends_on_failure=True)
 
 
 def run_in_torchrun_rank(fn: Callable[..., Any], cfg: LaunchConfig, *args: Any) -> Any:

@@ -261,7 +261,7 @@ def _run_all(run: Run, stop: StopRecord | None) -> None:
     except Exception as exc:
         if isinstance(exc, ConsistencyError | SyncTimeout):
             run.callbacks.on_event(exc.event())
-        run.strategy.declare_failed(exc)
+        run.strategy.declare_failed(exc, leaving=run.ctx.ends_on_failure)
         if stop is not None:
             stop.stopped(exc)
         raise

@@ -291,9 +291,10 @@ class SyncStrategy(abc.ABC):
         gradients (the fault injector overrides one rank's exponent through it); else None."""
         return None
 
-    def declare_failed(self, exc: BaseException) -> None:
+    def declare_failed(self, exc: BaseException, leaving: bool = False) -> None:
         """This rank stops with ``exc``: tell the peers, so that none outlives the failed job
-        (``hardened``: the watchdog's failure note, ``evidence/job_end.py``). Never raises."""
+        (``hardened``: the watchdog's failure note, ``evidence/job_end.py``); ``leaving``: the
+        process ends next, so wait (bounded) until they read it. Never raises."""
 
     def peer_failure(self) -> BaseException | None:
         """A peer's failure this rank has learned of (``hardened``: the failure note its

@@ -20,10 +20,12 @@ Two facts end a rank (``JobEnd.verdict``; the watchdog acts on it under ``RAISE`
 A rank that read a peer's note but is ended from outside during its grace (torchrun's
 agent, once the writer's node is gone) records the peer's failure all the same (``known``).
 So that it has read it: a rank knowing the job failed (it read the note, or failed itself)
-says so under ``<namespace>/failed/knows/<rank>``, and the writer waits for every peer's word
-(``await_peers``, at most ``wait_s``) before it exits — an agent ends the others only once the
-writer has exited, so a peer whose watchdog still ticks reads the note first. A dead or blind
-peer costs the failing rank ``wait_s`` once.
+says so under ``<namespace>/failed/knows/<rank>``, and a writer about to end its process waits
+for every peer's word (``await_peers``, at most ``wait_s``) first — an agent ends the others
+only once the writer has exited, so a peer whose watchdog still ticks reads the note before.
+A dead or blind peer costs the failing rank ``wait_s`` once. A writer whose process goes on (a
+rank of a reused pool, which runs the next task) never waits: its peers would start that task
+without it.
 The note lives in the watchdog's namespace (one per construction), so a note left by an
 earlier task on a reused rank pool is never read as this one's. Cost: one store ``check`` per
 tick, on the watchdog's thread.
@@ -107,9 +109,8 @@ class JobEnd:
         self._gone_error = ""
 
     def declare(self, store: dist.Store, exc: BaseException) -> None:
-        """This rank fails with ``exc``: leave the note unless a peer's is there first, then
-        wait (at most ``wait_s``) until the peers know (``await_peers``). Never raises (the
-        store may be what failed)."""
+        """This rank fails with ``exc``: leave the note unless a peer's is there first. Never
+        raises (the store may be what failed)."""
         if self.declared:
             return
         self.declared = True
@@ -117,19 +118,19 @@ class JobEnd:
             store.compare_set(self.key, "", FailureNote.of(self.rank, exc).encode())
             self.acknowledge(store)  # a peer failing too need not wait for this rank's word
         except Exception:  # noqa: BLE001 - a note is a courtesy; the error stands without it
-            return
-        self.await_peers(store)
+            pass
 
     def acknowledge(self, store: dist.Store) -> None:
         """Say this rank knows the job failed (store errors propagate)."""
         store.set(knows_key(self.namespace, self.rank), "1")
 
     def await_peers(self, store: dist.Store) -> list[int]:
-        """Block until every peer has said it knows the job failed, or ``wait_s`` passed: the
-        peers that had not (all of them if the store failed). A store ``wait`` with a deadline,
-        no polling, on the caller's connection: from the training thread it holds the
-        watchdog's heartbeat for at most ``wait_s``, which the watchdog keeps under the
-        deadline after which a peer calls a rank silent. Never raises."""
+        """Before this rank ends its process: block until every peer has said it knows the job
+        failed, or ``wait_s`` passed; the peers that had not (all of them if the store failed).
+        A store ``wait`` with a deadline, no polling, on the caller's connection: from the
+        training thread it holds the watchdog's heartbeat for at most ``wait_s``, which the
+        watchdog keeps under the deadline after which a peer calls a rank silent. Never
+        raises."""
         keys = [knows_key(self.namespace, r) for r in self.peers]
         if not keys or self.wait_s <= 0:
             return []

@@ -12,14 +12,13 @@ uncontended lock, no I/O); the main thread drops a step's entries once it has wa
      others queue behind it) has waited longer than ``deadline_s`` — counted from its issue, or
      from the tick that saw the one ahead of it complete, so a bucket queued behind a late
      rank's collective is not reported again, as "slow", once that rank arrives — reads the
-     published beats, names
-     the ranks behind its (step, bucket) and says of each whether it is *alive* (its counter
-     moves: between steps, saving, evaluating) or *silent* (no new beat for a whole deadline:
-     frozen, dead or cut off), then acts (``base.WatchdogAction``): ``EXIT`` ends the process
-     through ``on_timeout``; ``RAISE`` and ``REPORT`` record the diagnosis in ``events`` and
-     warn, once per collective and again if a late rank turns silent; under ``RAISE`` the
-     training thread's next ``check()`` raises it when the collective failed or still waits on
-     a silent rank.
+     published beats, names the ranks behind its (step, bucket) and says of each whether it
+     is *alive* (its counter moves: between steps, saving, evaluating) or *silent* (no new
+     beat for a whole deadline: frozen, dead or cut off), then acts (``base.WatchdogAction``):
+     ``EXIT`` ends the process through ``on_timeout``; ``RAISE`` and ``REPORT`` record the
+     diagnosis in ``events`` and warn, once per collective and again if a late rank turns
+     silent; under ``RAISE`` the training thread's next ``check()`` raises it when the
+     collective failed or still waits on a silent rank.
 
 Why poll the ``Work``: NCCL marks a collective's future done when its kernel is *enqueued*;
 ``Work.is_completed()`` asks the backend whether it has finished (NCCL: its CUDA event; gloo: the
@@ -38,9 +37,10 @@ that the watchdog cannot see its peers (and, once, that it can again). Deadlines
 own collectives are still noticed meanwhile, with the late ranks unknown.
 
 A failed job ends everywhere (``job_end.py``): a rank that raises a diagnosis or exits on one
-leaves a failure note in the store, and every tick reads the peers' note; a note seen, or a
-store whose host is gone, ends this process within the deadline (``RAISE``, ``EXIT``). So does
-an overdue FSDP2 collective its guard can explain (``outside_work.py``).
+leaves a failure note in the store (and, before its process ends, waits a bounded while for
+the peers' word that they read it); every tick reads the peers' note; a note seen, or a store
+whose host is gone, ends this process within the deadline (``RAISE``, ``EXIT``). So does an
+overdue FSDP2 collective its guard can explain (``outside_work.py``).
 
 Progress is compared as (step, bucket) tuples because every rank issues buckets in increasing
 index order within a step (the step guard watches one collective per step, its exchange, as
@@ -207,10 +207,13 @@ class Watchdog:
         self.job.declare(self.store, verdict.error)
         raise verdict.error from cause
 
-    def declare_failed(self, exc: BaseException) -> None:
+    def declare_failed(self, exc: BaseException, leaving: bool = False) -> None:
         """This rank is failing with ``exc``: tell the peers, whose watchdogs then end their
-        processes (``job_end.py``). Any thread; never raises."""
+        processes (``job_end.py``); ``leaving`` (the process ends next): wait, bounded, until
+        they read it. Any thread; never raises."""
         self.job.declare(self.store, exc)
+        if leaving:
+            self.job.await_peers(self.store)
 
     def peer_failure(self) -> BaseException | None:
         """A peer's failure this rank has read (``JobEnd.known``), or None."""
@@ -264,9 +267,14 @@ class Watchdog:
         error = self.outside.overdue(self.deadline_s, time.monotonic())
         if error is None:
             return False
-        self.job.declare(self.store, error)
-        self.on_timeout(error)
+        self._end(error)
         return True
+
+    def _end(self, error: BaseException) -> None:
+        """``EXIT``: the note, the peers' word that they read it (bounded), the process's end."""
+        self.job.declare(self.store, error)
+        self.job.await_peers(self.store)
+        self.on_timeout(error)
 
     def _beat(self) -> Beat:
         with self._lock:
@@ -321,8 +329,7 @@ class Watchdog:
             me, late = self.global_ranks[self.rank], ",".join(str(r) for r in error.ranks)
             self._store_op(lambda: self.store.set(LATE_KEY, f"{me}:{late}"))
         if self.action is WatchdogAction.EXIT:
-            self.job.declare(self.store, error)
-            self.on_timeout(error)
+            self._end(error)
             return True
         if self.action is WatchdogAction.RAISE and not (self._verdict and self._verdict.raised):
             self._verdict = Verdict(key, work, error, bool(silent))

@@ -45,10 +45,10 @@ class Hardened(SyncStrategy):
             return None
         return self.state.policy
 
-    def declare_failed(self, exc: BaseException) -> None:
+    def declare_failed(self, exc: BaseException, leaving: bool = False) -> None:
         watchdog = getattr(getattr(self, "state", None), "watchdog", None)
         if watchdog is not None:
-            watchdog.declare_failed(exc)
+            watchdog.declare_failed(exc, leaving)
 
     def peer_failure(self) -> BaseException | None:
         watchdog = getattr(getattr(self, "state", None), "watchdog", None)
