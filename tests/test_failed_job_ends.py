@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from openclaw_ref.core.jsonio import read_json
 from tests.helpers import ROOT, free_port
@@ -89,13 +90,11 @@ def _agent(port: int, node_dir: Path, *train: str) -> subprocess.Popen:
                                  "PYTHONUNBUFFERED": "1"})
 
 
-def test_on_two_torchrun_agents_the_rank_a_timeout_blamed_ends_itself_and_says_why(tmp_path):
-    """Rank 1 sleeps 600 s before a backward; rank 0's watchdog ends it at its 2 s deadline
-    (SyncTimeout naming rank 1, exit 4). Rank 1, in no collective, reads rank 0's failure note
-    and ends itself in one line — before its sleep, and before any outside kill."""
+def _on_two_agents(tmp_path: Path, *train: str) -> tuple[dict[str, str], list[str]]:
+    """Two torchrun agents (one rank each) run ``train``; each rank's ``stopped_by`` from the
+    records and both agents' stderr. Both agents exit 1 (torchrun's code for any failed
+    worker) and nothing is left behind."""
     port = free_port()
-    train = ("--steps", "3", "--watchdog-s", "2", "--watchdog-action", "exit",
-             "--inject", "hang=600s@1:1")
     agents = [_agent(port, tmp_path / f"node{n}", *train) for n in (0, 1)]
     try:
         errs = [a.communicate(timeout=240)[1] for a in agents]
@@ -103,17 +102,40 @@ def test_on_two_torchrun_agents_the_rank_a_timeout_blamed_ends_itself_and_says_w
         for a in agents:
             if a.poll() is None:
                 os.killpg(a.pid, 9)
-    assert [a.returncode for a in agents] == [1, 1], errs  # torchrun's own code: 1
+    assert [a.returncode for a in agents] == [1, 1], errs
     records = [read_json(tmp_path / f"node{n}" / "run.json") for n in (0, 1)]
     said = {str(r): text for rec in records for r, text in rec["summary"]["stopped_by"].items()}
     assert sorted(said) == ["0", "1"], said
+    assert _left_behind(tmp_path) == []
+    return said, errs
+
+
+def test_on_two_torchrun_agents_the_rank_a_timeout_blamed_ends_itself_and_says_why(tmp_path):
+    """Rank 1 sleeps 600 s before a backward; rank 0's watchdog ends it at its 2 s deadline
+    (SyncTimeout naming rank 1, exit 4). Rank 1, in no collective, reads rank 0's failure note
+    and ends itself in one line — before its sleep, and before any outside kill."""
+    said, errs = _on_two_agents(tmp_path, "--steps", "3", "--watchdog-s", "2",
+                                "--watchdog-action", "exit", "--inject", "hang=600s@1:1")
     assert said["0"].startswith("SyncTimeout: rank 0: allreduce of the step's exchange"), said
     # rank 1 ends on the job's failure, whichever comes first: rank 0's note after its grace
     # (one line), the store gone with rank 0's agent (its host), or its own agent's SIGTERM once
     # rank 0's node is gone — rank 0 exits only once rank 1 has said it read the note, so its
-    # record names rank 0's failure in every order. Never an orphan (below), never "ran until
-    # killed".
+    # record names rank 0's failure in every order. Never an orphan, never "ran until killed".
     assert said["1"].startswith("JobFailed: "), said
     ends = [line for e in errs for line in e.splitlines() if line.startswith("fatal: JobFailed")]
     assert len(ends) <= 1 and all(line.endswith("rank 1 ends too") for line in ends), ends
-    assert _left_behind(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_on_two_torchrun_agents_a_timeout_raised_in_the_training_thread_is_named_by_its_peer(
+        tmp_path):
+    """Under ``raise`` (the default) rank 0's training thread gets control back only at the
+    process group's timeout (30 s) and raises the diagnosis; its process ends next, so it
+    waits for rank 1's word first (``RankContext.ends_on_failure``): rank 1's record names
+    rank 0's failure, whichever ends it. The path end to end; the order the wait enforces is
+    the unit tests' (``test_job_end.py``) — here rank 0's own record-writing after its note
+    mostly outlasts rank 1's tick even without it (3 of 3 runs)."""
+    said, _ = _on_two_agents(tmp_path, "--steps", "3", "--watchdog-s", "2",
+                             "--inject", "hang=600s@1:1")
+    assert said["0"].startswith("SyncTimeout: rank 0: allreduce of the step's exchange"), said
+    assert said["1"].startswith("JobFailed: rank 0 failed with SyncTimeout"), said
