@@ -69,6 +69,15 @@ def test_a_rank_that_read_a_peer_s_note_knows_that_failure_before_its_grace_ends
     assert isinstance(known, JobFailed) and known.rank == 0 and known.ranks == [1]
 
 
+def test_a_rank_that_declared_its_own_failure_knows_that_one_not_a_later_peers(store):
+    """What a rank SIGTERMed while it waits for its peers' word records: its own error."""
+    me, peer = JobEnd(0, "ns", 2.0, 1.0), JobEnd(1, "ns", 2.0, 1.0)
+    me.declare(store, LATE)
+    peer.declare(store, ReplicaDivergence("x", step=1, ranks=[0]))
+    me.saw(FailureNote.of(1, ReplicaDivergence("x", step=1, ranks=[0])), now=0.0)
+    assert me.known() is LATE
+
+
 def test_the_first_note_is_kept_and_a_rank_that_failed_itself_is_not_ended_by_another(store):
     first, second = JobEnd(0, "ns", 2.0, 1.0), JobEnd(1, "ns", 2.0, 1.0)
     first.declare(store, LATE)

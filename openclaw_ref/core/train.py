@@ -190,7 +190,7 @@ class Run:
         return StopRecord(self.cfg.out, self.ctx.rank, lambda: _record_head(self.ctx, self.cfg),
                           lambda: {"loss": self.log.loss, "step_ms": self.log.step_ms,
                                    "events": [e.to_json() for e in self.strategy.events]},
-                          cause=self.strategy.peer_failure)
+                          cause=self.strategy.known_failure)
 
 
 def train_rank(ctx: RankContext, cfg: TrainConfig, callbacks: Sequence[Callback] = (),

@@ -296,10 +296,10 @@ class SyncStrategy(abc.ABC):
         (``hardened``: the watchdog's failure note, ``evidence/job_end.py``); ``leaving``: the
         process ends next, so wait (bounded) until they read it. Never raises."""
 
-    def peer_failure(self) -> BaseException | None:
-        """A peer's failure this rank has learned of (``hardened``: the failure note its
-        watchdog read), or None: what this rank says if it is ended from outside before it
-        ends itself. Never raises."""
+    def known_failure(self) -> BaseException | None:
+        """The failure this rank knows ended the job (``hardened``: its own, once declared,
+        else the failure note its watchdog read), or None: what this rank says if it is ended
+        from outside before it ends itself. Never raises."""
         return None
 
     def close(self, verify: bool = True) -> None:

@@ -18,7 +18,8 @@ Two facts end a rank (``JobEnd.verdict``; the watchdog acts on it under ``RAISE`
     (``DistNetworkError``) for ``deadline_s``. A slow or flaky store raises other errors (a
     timeout) and only blinds the watchdog.
 A rank that read a peer's note but is ended from outside during its grace (torchrun's
-agent, once the writer's node is gone) records the peer's failure all the same (``known``).
+agent, once the writer's node is gone) records the peer's failure all the same (``known``);
+a writer ended from outside while it waits (below) records its own.
 So that it has read it: a rank knowing the job failed (it read the note, or failed itself)
 says so under ``<namespace>/failed/knows/<rank>``, and a writer about to end its process waits
 for every peer's word (``await_peers``, at most ``wait_s``) first — an agent ends the others
@@ -102,7 +103,7 @@ class JobEnd:
         self.rank, self.namespace, self.key = rank, namespace, failure_key(namespace)
         self.deadline_s, self.grace_s = deadline_s, grace_s
         self.peers, self.wait_s = tuple(peers), wait_s  # global ranks; the writer's wait
-        self.declared = False  # this rank failed itself: its own error ends it
+        self.own: BaseException | None = None  # this rank failed itself: its own error ends it
         self.note: FailureNote | None = None
         self._seen_at = 0.0
         self._gone_since: float | None = None
@@ -111,9 +112,9 @@ class JobEnd:
     def declare(self, store: dist.Store, exc: BaseException) -> None:
         """This rank fails with ``exc``: leave the note unless a peer's is there first. Never
         raises (the store may be what failed)."""
-        if self.declared:
+        if self.own is not None:
             return
-        self.declared = True
+        self.own = exc
         try:
             store.compare_set(self.key, "", FailureNote.of(self.rank, exc).encode())
             self.acknowledge(store)  # a peer failing too need not wait for this rank's word
@@ -169,9 +170,14 @@ class JobEnd:
     def store_answered(self) -> None:
         self._gone_since = None
 
-    def known(self) -> JobFailed | None:
-        """The peer's failure this rank has read, as the error it would end with (whatever the
-        grace: what a rank ended from outside during it should say), or None."""
+    def known(self) -> BaseException | None:
+        """The failure this rank knows ended the job, whatever the grace — what a rank ended
+        from outside should say: its own once declared (SIGTERMed while it waits for its
+        peers' word), else the peer's it has read (``peers_failure``); or None."""
+        return self.own if self.own is not None else self.peers_failure()
+
+    def peers_failure(self) -> JobFailed | None:
+        """The peer's failure this rank has read, as the error it would end with, or None."""
         note = self.note
         if note is None:
             return None
@@ -182,10 +188,10 @@ class JobEnd:
 
     def verdict(self, now: float) -> JobFailed | None:
         """Why this rank must end now, or None."""
-        if self.declared:
+        if self.own is not None:
             return None
         if self.note is not None and now - self._seen_at >= self.grace_s:
-            return self.known()
+            return self.peers_failure()
         if self._gone_since is not None and now - self._gone_since >= self.deadline_s:
             return JobFailed(f"the job's store has not answered for {now - self._gone_since:.1f} "
                              f"s ({self._gone_error}): its host (the launcher, or the torchrun "

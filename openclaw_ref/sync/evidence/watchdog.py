@@ -215,8 +215,8 @@ class Watchdog:
         if leaving:
             self.job.await_peers(self.store)
 
-    def peer_failure(self) -> BaseException | None:
-        """A peer's failure this rank has read (``JobEnd.known``), or None."""
+    def known_failure(self) -> BaseException | None:
+        """The failure this rank knows ended the job (``JobEnd.known``), or None."""
         return self.job.known()
 
     # background ---------------------------------------------------------------------------

@@ -50,9 +50,9 @@ class Hardened(SyncStrategy):
         if watchdog is not None:
             watchdog.declare_failed(exc, leaving)
 
-    def peer_failure(self) -> BaseException | None:
+    def known_failure(self) -> BaseException | None:
         watchdog = getattr(getattr(self, "state", None), "watchdog", None)
-        return None if watchdog is None else watchdog.peer_failure()
+        return None if watchdog is None else watchdog.known_failure()
 
     def close(self, verify: bool = True) -> None:
         """Every replica slice compared once (the guard's close-time check), then closed."""
