@@ -5,7 +5,7 @@
 Tested on CPU with gloo (2 ranks, CI; inductor needs a C++ compiler); not yet run on a GPU.
 DDP's DDPOptimizer splits the compiled graph at its bucket boundaries; harden() keeps DDP's own
 reduction, adds no graph break and no recompile, and trains bitwise like the same script
-without it (docs/compile.md). Compiled autograd is refused (BadInput).
+without it (docs/setups.md, "torch.compile"). Compiled autograd is refused (BadInput).
 """
 
 from datetime import timedelta
