@@ -13,7 +13,7 @@ from tests.helpers import ROOT, exception_classes_of
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PAGES = [README, *sorted(DOCS.glob("*.md"))]
+PAGES = [README, *sorted(DOCS.glob("*.md")), ROOT / "results" / "README.md"]
 COMPARE = "python3 -m venv .venv && .venv/bin/pip install tox && .venv/bin/tox -e compare"
 TESTS = "python3 -m venv .venv && .venv/bin/pip install tox && .venv/bin/tox -e tests"
 WORK_ITEM = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
@@ -62,7 +62,7 @@ def _links(page: Path) -> list[tuple[str, str]]:
             if not re.match(r"[a-z]+://", link)]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_on_a_page_resolves(page):
     for target, anchor in _links(page):
         path = (page.parent / target).resolve() if target else page
