@@ -93,3 +93,15 @@ def test_the_readme_publishes_the_tested_versions():
     text = (ROOT / "README.md").read_text()
     for env in ("torch-floor", "torch-newest"):
         assert f"| {_pin(env)} " in text, f"README's tested matrix lacks torch {_pin(env)}"
+
+
+def test_fsdp2_before_its_floor_is_refused_naming_the_versions():
+    from openclaw_ref.sync.errors import BadInput
+    from openclaw_ref.sync.hardening import FSDP2_FLOOR, refuse_old_fsdp2
+
+    floor = ".".join(map(str, FSDP2_FLOOR))
+    assert _pin("torch-floor-fsdp2").startswith(f"{floor}.")
+    refuse_old_fsdp2(f"{floor}.0")
+    refuse_old_fsdp2("2.13.0+cpu")
+    with pytest.raises(BadInput, match=rf"FSDP2 from torch {floor} .* this is torch 2\.11\.0"):
+        refuse_old_fsdp2("2.11.0+cu128")
