@@ -3,8 +3,11 @@ calibration record's runs, never typed, and the docs block is the committed reco
 
 from __future__ import annotations
 
+import pytest
+
 from openclaw_ref.bench.gate import table
 from openclaw_ref.bench.gate.stat import Verdict
+from openclaw_ref.sync.errors import BadInput
 
 
 def run_record(condition: str, verdict_: Verdict, point: float, us: int = 0) -> dict:
@@ -30,3 +33,16 @@ def test_the_table_counts_flags_and_targets_from_the_runs():
     assert "4/5" in five and "≥ 5/5: missed" in five and "2,000 µs (5.0%–5.0%" in five
     flagged_once = [run_record("identical", Verdict.SLOWER, 0.03)] + runs[1:]
     assert "0 in ≥ 5: missed" in table.render(record_of(flagged_once))
+
+
+def test_a_smoke_or_partial_record_is_never_published(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(f"x\n{table.BEGIN}\nold\n{table.END}\n")
+    runs = [run_record("identical", Verdict.WITHIN, 0.0)]
+    for bad in ({**record_of(runs), "complete": True, "smoke": True}, record_of(runs)):
+        with pytest.raises(BadInput):
+            table.publish(bad, tmp_path, page)
+    table.publish({**record_of(runs), "complete": True}, tmp_path, page)
+    assert table.block_of(page.read_text()) == table.render(record_of(runs)).strip()
+    assert (tmp_path / "calibration.md").read_text() == table.render(record_of(runs))
+

@@ -77,10 +77,10 @@ def caption(record: dict) -> str:
     loads = [r["load_before"][0] for r in record["runs"]]
     minutes = max(r["seconds"] / 60 for r in record["runs"])
     smoke = "**SMOKE RUN: not results.** " if record.get("smoke") else ""
-    return (f"{smoke}The regression gate's own error rates: `tox -e bench-gate` run "
-            f"{plan['runs']} times per row, the calibrated commit `{record['head'][:10]}` "
+    return (f"{smoke}The regression gate's own error rates: `tox -e bench-gate`, "
+            f"{plan['runs']} runs per row, the calibrated commit `{record['head'][:10]}` "
             f"(checkout {record['checkout'][:10]}) as BASE against a scratch commit on it as "
-            f"HEAD; each run {gate['jobs']} fresh jobs × {gate['steps']} timed steps per arm "
+            f"HEAD; a run is {gate['jobs']} fresh job(s) × {gate['steps']} timed steps per arm "
             f"(stock DDP, BASE's and HEAD's `harden()`, 2 gloo ranks, the MLP). Flagged: the "
             f"verdict *slower* (HEAD adds ≥ {TOLERANCE:.3f} of a stock DDP step and its 95 % "
             f"interval lies above 0); noisy: not flagged, but a slowdown of {SEE:.2f} fits the "
@@ -110,9 +110,14 @@ def block_of(page: str) -> str:
 
 
 def publish(record: dict, out: Path, docs_page: Path) -> None:
-    """Write ``out/calibration.md`` and the docs block from ``record``."""
+    """Write ``out/calibration.md`` and the docs block from ``record`` — a finished record of
+    a real run only (``BadInput`` for a smoke run's or a partial one)."""
     from openclaw_ref.core.jsonio import write_text_atomic
+    from openclaw_ref.sync.errors import BadInput
 
+    if record.get("smoke") or not record.get("complete"):
+        raise BadInput("only a finished calibration is published (not a smoke run, not a "
+                       "partial record)")
     text = render(record)
     write_text_atomic(out / "calibration.md", text)
     write_text_atomic(docs_page, with_block(docs_page.read_text(encoding="utf-8"), text))
