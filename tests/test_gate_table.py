@@ -3,11 +3,14 @@ calibration record's runs, never typed, and the docs block is the committed reco
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from openclaw_ref.bench.gate import table
 from openclaw_ref.bench.gate.stat import Verdict
 from openclaw_ref.sync.errors import BadInput
+from tests.helpers import ROOT
 
 
 def run_record(condition: str, verdict_: Verdict, point: float, us: int = 0) -> dict:
@@ -46,3 +49,12 @@ def test_a_smoke_or_partial_record_is_never_published(tmp_path):
     assert table.block_of(page.read_text()) == table.render(record_of(runs)).strip()
     assert (tmp_path / "calibration.md").read_text() == table.render(record_of(runs))
 
+
+def test_the_docs_block_is_the_published_record_or_says_not_measured():
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    published = ROOT / "results" / "gate" / "calibration.json"
+    if published.exists():
+        assert table.block_of(page) == table.render(json.loads(published.read_text())).strip()
+    else:
+        assert table.block_of(page) == table.NOT_MEASURED
+    assert table.block_of(table.with_block(page, "new")) == "new"
