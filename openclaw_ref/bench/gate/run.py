@@ -29,7 +29,7 @@ START_S = 10.0  # spawning two ranks and building the three arms
 class GatePlan:
     """How much a gate run measures: ``jobs`` fresh jobs of ``steps`` timed steps per arm."""
 
-    jobs: int = 4
+    jobs: int = 5
     steps: int = 800
     warmup: int = 10
     seed: int = 0
