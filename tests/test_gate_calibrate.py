@@ -161,3 +161,15 @@ def test_the_gate_flags_a_real_planted_slowdown_and_not_a_comment(tmp_path):
     quiet = compare(clone, "HEAD", same, short)
     assert flagged["verdict"] == "slower" and flagged["excess"]["point"] > 0.1
     assert quiet["verdict"] != "slower" and quiet["events"] == 0
+
+
+def test_bad_input_exits_2_before_any_rank_starts(tmp_path, capsys):
+    from openclaw_ref.bench.gate.__main__ import main as gate_main
+
+    assert gate_main(["no-such-commit-anywhere", "HEAD", "--repo", str(ROOT)]) == 2
+    assert gate_main(["HEAD", "HEAD", "--jobs", "0"]) == 2
+    assert cal.main(["--runs", "0"]) == 2
+    smoke = {"smoke": True, "complete": True}
+    (tmp_path / cal.RECORD).write_text(json.dumps(smoke))
+    assert cal.main(["--render", "--out", str(tmp_path)]) == 2  # a smoke run is never published
+    assert "gate" in capsys.readouterr().err
