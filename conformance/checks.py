@@ -44,7 +44,7 @@ from openclaw_ref.core.faults import GROUP_KILLING, FaultSpec, parse_fault
 from openclaw_ref.core.launch import RankContext
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence, ShapeMismatch, SyncTimeout
-from openclaw_ref.sync.evidence.vote import plurality
+from openclaw_ref.sync.evidence.vote import majority
 
 
 def compare_manifests(per_rank: Sequence[Sequence[tuple]], step: int) -> ShapeMismatch | None:
@@ -58,13 +58,13 @@ def compare_manifests(per_rank: Sequence[Sequence[tuple]], step: int) -> ShapeMi
     order = [e[0] for e in per_rank[0]]
     for name in order + sorted(names - set(order)):
         entries = [d.get(name) for d in by_name]
-        odd = plurality(entries).differing
+        odd = majority(entries).differing
         if odd:
             bad_params.append(name)
             bad_ranks.update(odd)
     orders = [tuple(e[0] for e in m) for m in per_rank]
     if not bad_params:  # same entries, different order
-        bad_ranks.update(plurality(orders).differing)
+        bad_ranks.update(majority(orders).differing)
         bad_params = [a for a, b in zip(orders[0], orders[max(bad_ranks)]) if a != b]
     return ShapeMismatch("gradient manifests differ", step=step, ranks=sorted(bad_ranks),
                          params=bad_params)
@@ -126,7 +126,7 @@ def check_bucket_alignment(ctx: RankContext, s: ConformSettings,
                            f"strategy {s.sync.name} exposes no bucket layout to check", figures)
     for step in range(steps):
         at = [x[step] for x in per_rank]
-        odd = plurality(at).differing
+        odd = majority(at).differing
         if odd:
             ref = at[0] if odd[0] != 0 else at[-1]
             bad = at[odd[0]]
@@ -195,7 +195,7 @@ def check_replica_consistency(ctx: RankContext, s: ConformSettings,
         return _error_result("replica consistency", s.sync.name, error, figures)
     for step in range(steps):
         at = [x[step] for x in per_rank]
-        odd = plurality(at).differing
+        odd = majority(at).differing
         if odd:
             params = [names[i] for i in range(len(names))
                       if len({a[i] for a in at}) > 1]

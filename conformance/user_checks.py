@@ -50,7 +50,7 @@ from openclaw_ref.core.collectives import gather
 from openclaw_ref.core.faults import FaultSpec
 from openclaw_ref.sync.base import Wire
 from openclaw_ref.sync.errors import ReplicaDivergence
-from openclaw_ref.sync.evidence.vote import plurality
+from openclaw_ref.sync.evidence.vote import majority
 
 NO_BUFFER_BROADCAST = "broadcast_buffers=False"
 DDP_OPTION_SETS: dict[str, LoopOptions] = {
@@ -150,7 +150,7 @@ def judge_replicas(spec: TargetSpec, records: list[RunRecord],
     names = records[0].param_names
     for step in range(steps):
         at = [r.param_digests[step] for r in records]
-        odd = plurality(at).differing
+        odd = majority(at).differing
         if odd:
             params = [n for i, n in enumerate(names) if len({a[i] for a in at}) > 1]
             err = ReplicaDivergence("parameters differ between replicas", step=step,
@@ -160,7 +160,7 @@ def judge_replicas(spec: TargetSpec, records: list[RunRecord],
     forwards = min(len(r.step_buffers) for r in records)
     if broadcast_buffers:
         for i in range(forwards):
-            odd = plurality([r.step_buffers[i] for r in records]).differing
+            odd = majority([r.step_buffers[i] for r in records]).differing
             if odd:
                 return CheckResult(name, strategy_label(spec), False,
                                    f"buffers differ between replicas at the start of step {i}'s "
@@ -185,7 +185,7 @@ def judge_layout(spec: TargetSpec, records: list[RunRecord]) -> CheckResult:
     steps = min(len(r.layouts) for r in records)
     figures = {"steps": steps, "buckets": len(records[0].layouts[-1]) if steps else 0}
     for step in range(steps):
-        odd = plurality([r.layouts[step] for r in records]).differing
+        odd = majority([r.layouts[step] for r in records]).differing
         if odd:
             return CheckResult(name, strategy_label(spec), False,
                                f"BucketMisalignment at step {step}, ranks {odd}", figures,

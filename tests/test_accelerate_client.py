@@ -172,7 +172,7 @@ def test_the_canary_names_a_faulty_backward_on_rank_1_within_2k_steps_under_acce
     for reply in replies:
         err = reply["error"]
         assert err is not None and err["kind"] == "ComputeMismatch", reply
-        assert err["ranks"] == [1] and err["params"]
+        assert err["ranks"] == [0, 1] and err["params"]  # two ranks: both suspects
         assert fault.fault_step < err["step"] <= fault.fault_step + 2 * K
         assert "either side may be the faulty one" in err["text"] and reply["events"] == []
     assert replies[0]["error"] == replies[1]["error"]  # every rank tells the same story

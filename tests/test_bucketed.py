@@ -89,7 +89,7 @@ def test_the_seeds_local_norm_planner_is_caught_misaligning_on_every_rank(pools)
     errors = pools.get(2).run(error_of, train_cfg(2, sync, steps=5))
     assert all(isinstance(e, BucketMisalignment) for e in errors), errors
     assert errors[0].step == errors[1].step and errors[0].bucket == errors[1].bucket
-    assert errors[0].ranks == errors[1].ranks == [1]
+    assert errors[0].ranks == errors[1].ranks == [0, 1]  # two ranks: both suspects
 
 
 def agreed_plans(ctx, steps: int) -> list[tuple[int, ...]]:

@@ -44,14 +44,14 @@ def test_a_deterministic_probe_repeats_bitwise():
     net = Drifting(start=10**9)
     got = repeat_probes(net, (torch.randn(2, 6),), {}, repeats=8)
     assert (got.differing, got.distinct, got.first_param) == (0, 1, None)
-    assert got.worst_rel_mass == 0.0 and len(got.digest) == 16
+    assert got.worst_distance == 0.0 and len(got.digest) == 16
 
 
 def test_every_repeat_that_differs_is_counted_with_the_first_parameter_and_its_size():
     got = repeat_probes(Drifting(start=1), (torch.randn(2, 6),), {}, repeats=8)
     assert got.differing == 7 and got.distinct == 8
     assert got.first_param == "a.weight"
-    assert 0 < got.worst_rel_mass < 1e-4  # a few ulps: what the tolerance would absorb
+    assert 0 < got.worst_distance < 1e-4  # a few ulps: what the tolerance would absorb
 
 
 def test_a_probe_that_drifts_only_after_the_self_tests_two_runs_is_still_counted():

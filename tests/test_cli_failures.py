@@ -80,7 +80,7 @@ def test_replicas_that_differ_after_their_slices_last_visit_exit_3_naming_rank_a
                      "--inject", "bitflip@1:2")
     assert result.returncode == 3, result.stderr[-2000:]
     first = result.stderr.strip().splitlines()[0]
-    assert first.startswith("openclaw-bench: ReplicaDivergence at step 5, ranks [1]:"), first
+    assert first.startswith("openclaw-bench: ReplicaDivergence at step 5, ranks [0, 1]:"), first
     assert "at close()" in first and "layer.5.ffn.w1.weight" in first
 
 

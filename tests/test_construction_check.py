@@ -129,25 +129,26 @@ def harden_a_clean_model(ctx) -> list[int]:
     return sizes
 
 
-EXPECTED = {  # recorded from the all-manifests check (all_gather_object) before this change
-    "swap": ("ParameterMismatch", [1], ["a.weight", "b.weight"],
-             "ParameterMismatch at ranks [1]: entry #0: rank 0 has a.weight [4, 4] "
-             "torch.float32, rank 1 has b.weight [4, 4] torch.float32 (2 ranks compared) "
+TIE = "; the ranks disagree, no majority: either side may be the faulty one"
+EXPECTED = {  # the manifest comparison's words; two ranks that disagree: both are suspects
+    "swap": ("ParameterMismatch", [0, 1], ["a.weight", "b.weight"],
+             "ParameterMismatch at ranks [0, 1]: entry #0: rank 0 has a.weight [4, 4] "
+             f"torch.float32, rank 1 has b.weight [4, 4] torch.float32 (2 ranks compared){TIE} "
              "[params: a.weight, b.weight]"),
-    "extra": ("ParameterMismatch", [1], ["c.weight"],
-              "ParameterMismatch at ranks [1]: entry #3: rank 0 has (absent), rank 1 has "
-              "c.weight [2] torch.float32 (2 ranks compared) [params: c.weight]"),
-    "dtype": ("ParameterMismatch", [1], ["a.bias"],
-              "ParameterMismatch at ranks [1]: entry #1: rank 0 has a.bias [4] torch.float32, "
-              "rank 1 has a.bias [4] torch.float64 (2 ranks compared) [params: a.bias]"),
-    "layout": ("BucketMisalignment", [1], [],
-               "BucketMisalignment at ranks [1]: bucket layouts differ at construction (bucket "
-               "sizes in bytes): the ranks disagree, no majority: {rank 0: 2 buckets [64, 16], "
-               "rank 1: 3 buckets [64, 8, 8]} — either side may be the faulty one; the ranks "
-               "named are those that differ from rank 0's value"),
-    "both": ("ParameterMismatch", [1], ["b.weight"],  # the manifest is judged first
-             "ParameterMismatch at ranks [1]: entry #2: rank 0 has b.weight [4, 4] "
-             "torch.float32, rank 1 has (absent) (2 ranks compared) [params: b.weight]"),
+    "extra": ("ParameterMismatch", [0, 1], ["c.weight"],
+              "ParameterMismatch at ranks [0, 1]: entry #3: rank 0 has (absent), rank 1 has "
+              f"c.weight [2] torch.float32 (2 ranks compared){TIE} [params: c.weight]"),
+    "dtype": ("ParameterMismatch", [0, 1], ["a.bias"],
+              "ParameterMismatch at ranks [0, 1]: entry #1: rank 0 has a.bias [4] "
+              "torch.float32, rank 1 has a.bias [4] torch.float64 (2 ranks compared)"
+              f"{TIE} [params: a.bias]"),
+    "layout": ("BucketMisalignment", [0, 1], [],
+               "BucketMisalignment at ranks [0, 1]: bucket layouts differ at construction "
+               "(bucket sizes in bytes): the ranks disagree, no majority: either side may be "
+               "the faulty one: {rank 0: 2 buckets [64, 16], rank 1: 3 buckets [64, 8, 8]}"),
+    "both": ("ParameterMismatch", [0, 1], ["b.weight"],  # the manifest is judged first
+             "ParameterMismatch at ranks [0, 1]: entry #2: rank 0 has b.weight [4, 4] "
+             f"torch.float32, rank 1 has (absent) (2 ranks compared){TIE} [params: b.weight]"),
 }
 
 

@@ -136,11 +136,11 @@ def test_no_absent_gradient_decodes_as_none():
                                                                      torch.float16), 2))
 
 
-def test_a_tie_is_decided_for_the_lowest_rank():
+def test_a_tie_names_every_rank_and_says_either_may_be_faulty():
     slots = [slot(scale_exp=12), slot(scale_exp=10)]
     with pytest.raises(ScaleMismatch) as err:
         verify(decode_block(reduce_blocks(slots, torch.float16), 2), bucket=0, params=[])
-    assert err.value.ranks == [1]
+    assert err.value.ranks == [0, 1] and "either side may be the faulty one" in str(err.value)
 
 
 @pytest.mark.parametrize("field,values,error", [

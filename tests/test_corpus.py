@@ -118,7 +118,7 @@ def test_harden_defaults_catch_a_conversion_after_wrapping_on_the_openclaw_model
 def test_the_replica_window_catches_one_rank_clipping_on_the_openclaw_model(model_runner):
     out = model_runner.run_case(Column.HARDENED_K1, "clip-one-rank")
     assert out.outcome == "detected" and out.kind == "ReplicaDivergence", out.detail
-    assert out.ranks == [1] and steps_to_detect(out, pattern("clip-one-rank")) == 1
+    assert out.ranks == [0, 1] and steps_to_detect(out, pattern("clip-one-rank")) == 1
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def test_the_probe_is_bitwise_reproducible_over_many_runs_on_cuda(shared2, model
     for reply in replies:
         _say("repeat", {**{k: reply[k] for k in (
             "model", "rank", "device", "device_name", "repeats", "differing", "distinct",
-            "first_param", "worst_rel_mass", "digest", "torch")},
+            "first_param", "worst_distance", "digest", "torch")},
             "same_across_ranks": len({r["digest"] for r in replies}) == 1})
     for reply in replies:
         assert reply["device"].startswith("cuda")
@@ -94,7 +94,7 @@ def test_the_probe_is_bitwise_reproducible_over_many_runs_on_cuda(shared2, model
         assert reply["differing"] == 0, (
             f"rank {reply['rank']}: {reply['differing']} of {REPEATS - 1} repeats of the "
             f"{model} probe differed from the first ({reply['distinct']} distinct results, "
-            f"first at {reply['first_param']}, at most {reply['worst_rel_mass']:.3g} of a "
+            f"first at {reply['first_param']}, at most {reply['worst_distance']:.3g} of a "
             "gradient's mass)")
 
 

@@ -130,12 +130,16 @@ def test_no_fault_no_alarm(pools):
     assert results[0]["summary"]["checks_run"] == results[0]["summary"]["checks_passed"] > 3
 
 
+# two ranks that disagree and no majority: both are suspects (``vote.majority``)
+TWO_SUSPECTS = [0, 1]
+
+
 @pytest.mark.parametrize("guard", ["step", "bucket"])
 def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools, guard):
     results = pools.get(2).run(run_with_fault, SyncConfig("hardened", guard=guard),
                                Fault("clock", 1, 1))
     err = _same_error_everywhere(results, ClockMismatch)
-    assert err.ranks == [1] and err.step == 1
+    assert err.ranks == TWO_SUSPECTS and err.step == 1
     assert (err.bucket is None) == (guard == "step")  # the step guard names no bucket
     # two ranks: neither is "the odd one out"; the message gives both clocks
     assert "no majority" in str(err) and "most" not in str(err)
@@ -153,13 +157,13 @@ def test_scale_mismatch_is_caught_on_the_fp32_wire_too(pools):
     sync = SyncConfig("hardened", wire="fp32", guard="bucket")
     results = pools.get(2).run(run_with_fault, sync, Fault("scale", 1, exponent=3))
     err = _same_error_everywhere(results, ScaleMismatch)
-    assert err.ranks == [1]
+    assert err.ranks == TWO_SUSPECTS
 
 
 def test_swapped_same_shaped_parameters_fail_the_construction_check(pools):
     results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("swap", 1))
     err = _same_error_everywhere(results, ParameterMismatch)
-    assert err.ranks == [1]
+    assert err.ranks == TWO_SUSPECTS
     assert "layer.0.ffn.experts.0.w1.weight" in err.params
 
 
@@ -167,7 +171,7 @@ def test_swapped_parameters_that_ddp_accepts_are_caught_in_band_as_misalignment(
     results = pools.get(2).run(run_with_fault, SyncConfig("hardened", bucket_cap_mb=0.01),
                                Fault("swap", 1), 3, False)
     err = _same_error_everywhere(results, BucketMisalignment)
-    assert err.ranks == [1] and err.step == 0
+    assert err.ranks == TWO_SUSPECTS and err.step == 0
     assert any(p.startswith("layer.0.ffn.experts.") for p in err.params)
 
 
@@ -175,7 +179,7 @@ def test_a_rank_with_another_bucket_cap_is_named_at_construction_not_aborted_by_
     results = pools.get(2).run(run_with_fault, SyncConfig("hardened", bucket_cap_mb=0.02),
                                Fault("cap", 1))
     err = _same_error_everywhere(results, BucketMisalignment)
-    assert err.ranks == [1] and err.step is None
+    assert err.ranks == TWO_SUSPECTS and err.step is None
 
 
 def test_a_nan_gradient_under_the_raise_policy_raises_non_finite_naming_the_rank(pools):
@@ -235,7 +239,7 @@ def test_a_weight_nudged_after_the_optimizer_step_is_named_at_the_next_step_with
     sync = SyncConfig("hardened", replica_slices=1)
     results = pools.get(2).run(run_with_fault, sync, Fault("perturb", 1, 1))
     err = _same_error_everywhere(results, ReplicaDivergence)
-    assert err.ranks == [1] and err.step == 2 and err.params == [WATCHED]
+    assert err.ranks == TWO_SUSPECTS and err.step == 2 and err.params == [WATCHED]
 
 
 def test_a_weight_nudged_after_the_optimizer_step_is_named_within_k_steps_by_default(pools):
@@ -243,7 +247,7 @@ def test_a_weight_nudged_after_the_optimizer_step_is_named_within_k_steps_by_def
     results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("perturb", 1, 1),
                                2 + k)
     err = _same_error_everywhere(results, ReplicaDivergence)
-    assert err.ranks == [1] and 2 <= err.step <= 1 + k and err.params == [WATCHED]
+    assert err.ranks == TWO_SUSPECTS and 2 <= err.step <= 1 + k and err.params == [WATCHED]
 
 
 @pytest.mark.parametrize("k", [1, None], ids=["K=1", "default K"])
@@ -252,7 +256,7 @@ def test_gradient_clipping_on_one_rank_only_is_named_within_k_steps(pools, k):
     window = sync.replica_slices
     results = pools.get(2).run(run_with_fault, sync, Fault("clip", 1, 1), 2 + window)
     err = _same_error_everywhere(results, ReplicaDivergence)
-    assert err.ranks == [1] and 2 <= err.step <= 1 + window and err.params
+    assert err.ranks == TWO_SUSPECTS and 2 <= err.step <= 1 + window and err.params
     assert "first differing parameter " + err.params[0] in str(err)
 
 

@@ -296,7 +296,7 @@ def test_one_flipped_bit_on_rank_one_is_named_for_every_dtype_and_a_view(pools):
     assert results[0] == results[1]  # the same verdict on every rank
     n_params = len(list(Mixed().parameters()))
     for (name, _, _), (got, sizes) in zip(CASES, results[0]):
-        assert got == ("ReplicaDivergence", 7, [1], [name]), name
+        assert got == ("ReplicaDivergence", 7, [0, 1], [name]), name  # two: both suspects
         assert sizes == [16, 8 * n_params]  # the digest vectors only after a disagreement
 
 
@@ -307,11 +307,11 @@ def test_ddp_ignored_parameters_are_not_checked_and_frozen_ones_are(pools):
     assert r["names"] == ["kept.weight", "kept.bias", "ignored.bias", "frozen.weight",
                           "frozen.bias"]
     assert r["ignored_diverged"] is None
-    assert r["all_params"] == ("ReplicaDivergence", 1, [1], ["ignored.weight"])
-    assert r["frozen_diverged"] == ("ReplicaDivergence", 2, [1], ["frozen.weight"])
+    assert r["all_params"] == ("ReplicaDivergence", 1, [0, 1], ["ignored.weight"])
+    assert r["frozen_diverged"] == ("ReplicaDivergence", 2, [0, 1], ["frozen.weight"])
 
 
 def test_a_rank_with_another_parameter_count_is_named_not_aborted(pools):
     results = pools.get(2).run(short_list_on_rank_one)
     assert results[0] == results[1]
-    assert results[0][0] == ParameterMismatch.__name__ and results[0][2] == [1]
+    assert results[0][0] == ParameterMismatch.__name__ and results[0][2] == [0, 1]

@@ -67,7 +67,7 @@ def test_an_element_outside_the_steps_slice_is_not_seen_until_its_turn():
     for clock in range(3):
         assert slices.divergence(_rows(slices, {1: name}, clock, 2), [0, 1], step=clock) is None
     err = slices.divergence(_rows(slices, {1: name}, 3, 2), [0, 1], step=3)
-    assert err is not None and err.ranks == [1] and err.params == [name]
+    assert err is not None and err.ranks == [0, 1] and err.params == [name]  # two: both
 
 
 def test_every_slice_is_planned_at_construction_so_no_step_builds_a_plan():

@@ -1,10 +1,8 @@
 """The compute canary names the rank whose hardware computes wrong gradients, within 2 K steps,
-on every rank alike; stock DDP and ``harden()`` without the canary are silent on the same
-faults (``experiments/sdc_corpus.py``)."""
+on every rank alike (with two ranks there is no majority: both are named); stock DDP and
+``harden()`` without the canary are silent on the same faults (``experiments/sdc_corpus.py``)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
@@ -16,7 +14,7 @@ from openclaw_ref.sync.errors import BadInput
 K = 2
 PERSISTENT = ("sdc-ulp", "sdc-forward", "sdc-backward")
 # every call faulty: the intermittent and data-dependent faults as persistent ones
-ALWAYS = {"sdc-flip-low": "1", "sdc-flip-high": "1", "sdc-threshold": "0"}
+ALWAYS = {"sdc-flip-low": "1", "sdc-flip-high": "1", "sdc-flip-exp": "1", "sdc-threshold": "0"}
 
 
 def _cases(names, steps: int = 6) -> list[SdcCase]:
@@ -32,11 +30,12 @@ def _same_on_every_rank(results: list[list[dict]]) -> list[dict]:
 
 
 def _not_named_in_time(rows: list[dict], world: int) -> list[dict]:
-    """The rows the canary did not name correctly within 2 K steps of the fault (the last
-    rank, ``ComputeMismatch``, a parameter)."""
+    """The rows the canary did not name correctly within 2 K steps of the fault
+    (``ComputeMismatch``, a parameter, the last rank — or both ranks at two: no majority)."""
+    suspects = [world - 1] if world > 2 else list(range(world))
     return [row for row in rows
             if not (row["outcome"] == Outcome.DETECTED and row["kind"] == "ComputeMismatch"
-                    and row["ranks"] == [world - 1] and row["params"]
+                    and row["ranks"] == suspects and row["params"]
                     and row["step"] <= row["case"]["fault_step"] + 2 * K)]
 
 
@@ -69,16 +68,14 @@ def test_the_canary_names_the_faulty_rank_when_the_verdict_waits_for_the_optimiz
     assert not _not_named_in_time(rows, 2), rows
 
 
-def test_a_fault_present_at_start_up_switches_to_the_tolerance_which_still_names_a_flip(pools):
-    """A fault already there at the start-up probe is indistinguishable from heterogeneous
-    ranks: the canary says so (an event) and compares within its tolerance from then on — a
-    1-ulp error is no longer seen, the part degrading to exponent flips still is."""
+def test_a_fault_present_at_start_up_is_named_at_the_first_probe(pools):
+    """The ranks' fingerprints agree, so the canary compares bitwise from its first probe: a
+    fault already there at step 0 persists over the re-runs and is named (no longer taken for
+    heterogeneous ranks, as the start-up self-test this replaced did)."""
     ulp = SdcCase("sdc-ulp", steps=6, fault_step=0, canary_every=K)
-    flip = dataclasses.replace(ulp, then="sdc-flip-high", then_step=3)
-    named, unseen = _same_on_every_rank(pools.get(2).run(corpus_task, [flip, ulp], (Column.ON,)))
-    assert named["kind"] == "ComputeMismatch" and named["ranks"] == [1] and named["step"] == 3
-    assert named["events"] == ["CanaryUnreproducible"]
-    assert unseen["outcome"] != Outcome.DETECTED and unseen["events"] == ["CanaryUnreproducible"]
+    (named,) = _same_on_every_rank(pools.get(2).run(corpus_task, [ulp], (Column.ON,)))
+    assert named["kind"] == "ComputeMismatch" and named["ranks"] == [0, 1]
+    assert named["step"] == 1 and named["events"] == []
 
 
 def test_stock_ddp_and_harden_without_the_canary_stay_silent_on_sdc(pools):
@@ -100,11 +97,14 @@ def test_a_healthy_run_with_the_canary_raises_nothing(pools):
     assert rows[0]["outcome"] == Outcome.NO_EFFECT and rows[0]["events"] == []
 
 
-def test_an_intermittent_flip_is_named_on_some_probes_and_never_the_wrong_rank(pools):
+def test_an_intermittent_flip_is_reported_on_some_probes_and_never_the_wrong_rank(pools):
+    """One probe per trial: a one-off is reported (an event naming rank 1), never raised alone
+    (``test_canary_confirm.py`` drives the raise after the strikes)."""
     rates = pools.get(2).run(rate_task, "sdc-flip-high", "0.3", 6)
     assert {k: v for k, v in rates[0].items() if k != "fired"} == {
         k: v for k, v in rates[1].items() if k != "fired"}
-    assert 0 < rates[0]["detected"] == rates[0]["right_rank"] <= 6
+    r = rates[0]
+    assert 0 < r["named"] + r["reported"] == r["right_rank"] <= 6 and r["wrong_rank"] == 0
 
 
 @pytest.mark.parametrize("text", ["sdc-ulp@1:3", "sdc-flip-low=0.5@0:2", "sdc-threshold=2.5"])

@@ -164,7 +164,7 @@ def test_stock_ddp_outcome_on_the_example_is_the_measured_fact(stock, name):
 @pytest.mark.parametrize("name", ["permuted-params", "layer-order"])
 def test_harden_detects_a_permuted_registration_where_the_model_allows_one(pools, name):
     out = UserFaultRunner(TargetSpec(TWO_BRANCH, HARDENED), pools.get).run_case(user_case(name))
-    assert out.outcome == "detected" and out.ranks == [1], out
+    assert out.outcome == "detected" and out.ranks == [0, 1], out  # two ranks: both suspects
 
 
 @pytest.mark.parametrize("hook", [HARDENED, None], ids=["hardened", "stock"])

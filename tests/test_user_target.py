@@ -199,7 +199,7 @@ def test_bucket_layout_fires_when_one_rank_registers_its_parameters_in_another_o
 
     result = pools.get(2).run(check_bucket_layout, TargetSpec(hook=GOOD),
                               (parse_fault("permuted-params@1"),), timeout_s=180)[0]
-    assert not result.passed and result.event["ranks"] == [1], result.detail
+    assert not result.passed and result.event["ranks"] == [0, 1], result.detail  # two: both
 
 
 def test_stock_ddp_has_no_hook_whose_buckets_could_be_observed(pools):
@@ -214,7 +214,7 @@ def test_replica_consistency_fires_on_a_bitflip_naming_the_rank_and_parameter(po
     result = pools.get(2).run(check_replica_consistency, TargetSpec(MODEL, GOOD),
                               (parse_fault("bitflip=2.bias@1:1"),), timeout_s=180)[0]
     assert not result.passed
-    assert result.event["ranks"] == [1] and result.event["step"] == 1
+    assert result.event["ranks"] == [0, 1] and result.event["step"] == 1  # two ranks: both
     assert result.event["params"] == ["2.bias"]
 
 
@@ -229,7 +229,7 @@ def test_conform_fails_a_hook_that_forgets_to_divide_with_exit_3(capsys, tmp_pat
 
 @pytest.mark.parametrize("hook,outcome,ranks", [
     (GOOD, "silent-corruption", []),
-    ("examples.my_model:hardened", "detected", [1]),
+    ("examples.my_model:hardened", "detected", [0, 1]),  # two ranks: both suspects
 ], ids=["plain-hook", "hardened"])
 def test_a_bitflip_is_silent_under_a_plain_hook_and_detected_by_harden(pools, hook, outcome,
                                                                        ranks):

@@ -1,15 +1,15 @@
-"""What harden() costs per step beside stock DDP and PyTorch's own Python hooks — the
-regression gate — and how its verification scales with the number of ranks.
+"""What harden() costs per step beside stock DDP and PyTorch's own Python hooks, and how its
+verification scales with the number of ranks.
 
 ``HookCost``'s figures are ratios from ONE job in which every arm wraps the same network on the
 same two ranks and the arms take turns step by step (``openclaw_ref.experiments.hook_cost``):
 each is the median of the per-step ratios, so host drift hits both steps of a pair alike, and
 each figure is the median over three fresh jobs (``cache.hook_cost_figures``: asv runs a
-``track_*`` once per commit); the gate (``tox -e bench-gate``) compares those at
-``--factor 1.05`` for harden()'s default figures on the mlp: ÷ ddp, ÷ ``allreduce_hook`` and
-÷ the floor (stock DDP plus one bare exchange of the guard's bytes per step). ``FSDPCost`` is
-the same for ``harden()`` on an FSDP2 model beside stock ``fully_shard`` (1, 2 and 4 ranks;
-the gate takes its 2-rank mlp ratio). Absolute step times (``SyncStep``) move by ±12 % between
+``track_*`` once per commit). All are reported, none gated: between two asv sessions these
+ratios move by several per cent, as much as the slowdowns a gate must see; the regression gate
+(``tox -e bench-gate``, ``openclaw_ref.bench.gate``) measures BASE's and HEAD's ``harden()`` in
+the same jobs instead. ``FSDPCost`` is the same for ``harden()`` on an FSDP2 model beside stock
+``fully_shard`` (1, 2 and 4 ranks). Absolute step times (``SyncStep``) move by ±12 % between
 runs here and are reported, not gated. ``CountScale`` times the hardened hook's clean check
 (``check_counts`` on a synthesized reduced step block of B buckets at W ranks, the one host
 read included); ``VerifyScale`` times the bucketed engine's
@@ -59,22 +59,21 @@ class HookCost(common.JobBenchmark):
         return need(figures["pairs"].get(pair_name(arm, over), {}), "ratio")
 
     def track_hardened_over_ddp(self, *_):
-        """harden()'s defaults (the step guard) ÷ stock DDP: the speed target, ≤ 1.05 (and
-        gated on the mlp against the base commit)."""
+        """harden()'s defaults (the step guard) ÷ stock DDP: the speed target, ≤ 1.05."""
         return self._arm("hardened", "ratio")
 
     track_hardened_over_ddp.unit = "ratio"
 
     def track_hardened_over_allreduce_hook(self, *_):
         """harden()'s defaults ÷ PyTorch's Python ``allreduce_hook``: reported beside the speed
-        target (gated on the mlp against the base commit)."""
+        target."""
         return self._ratio("hardened", "allreduce_hook")
 
     track_hardened_over_allreduce_hook.unit = "ratio"
 
     def track_hardened_over_floor(self, *_):
         """harden()'s defaults ÷ the floor (stock DDP plus one bare exchange of the guard's
-        bytes): what the checks cost above the one collective (gated on the mlp)."""
+        bytes): what the checks cost above the one collective."""
         return self._ratio("hardened", "floor")
 
     track_hardened_over_floor.unit = "ratio"
@@ -88,7 +87,7 @@ class HookCost(common.JobBenchmark):
 
     def track_floor_over_ddp(self, *_):
         """The one bare exchange per step ÷ stock DDP: the physical limit of a per-step
-        verdict on this host, reported (the gate is on the guard above it)."""
+        verdict on this host."""
         return self._arm("floor", "ratio")
 
     track_floor_over_ddp.unit = "ratio"
@@ -139,7 +138,7 @@ class HookCost(common.JobBenchmark):
 class FSDPCost(common.JobBenchmark):
     """harden() on FSDP2 beside stock ``fully_shard``: the two arms interleaved step by step in
     one job on the MLP (``openclaw_ref.experiments.fsdp_cost``), each figure the median over
-    three fresh jobs. At 4 ranks on 2 cores the ranks time-share: reported, not gated."""
+    three fresh jobs. At 4 ranks on 2 cores the ranks time-share."""
 
     params = [["mlp"], common.FSDP_WORLD_SIZES]
     param_names = ["model", "world_size"]
@@ -152,8 +151,7 @@ class FSDPCost(common.JobBenchmark):
         return need(summary.get(arm, {}), key)
 
     def track_hardened_over_stock(self, *_):
-        """harden()'s defaults on FSDP2 ÷ stock FSDP2 (gated on the mlp at 2 ranks against the
-        base commit)."""
+        """harden()'s defaults on FSDP2 ÷ stock FSDP2."""
         return self._arm("hardened-fsdp", "ratio")
 
     track_hardened_over_stock.unit = "ratio"

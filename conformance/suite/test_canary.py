@@ -1,5 +1,6 @@
 """The compute canary on your model, under DDP or ``--openclaw-wrapper fsdp2/hsdp``: a rank whose
-matmuls compute wrong is named within 2 K steps, and with no fault the canary raises nothing
+matmuls compute wrong is named within 2 K steps (with two ranks there is no majority: both are
+named as suspects), and with no fault the canary raises nothing
 and training is bitwise what it is without it (``conformance/canary_run.py``). A model that
 runs no fp32 matmul the injector can corrupt is skipped for the fault test (say so: the canary
 then has nothing of that kind to see)."""
@@ -25,7 +26,8 @@ def test_the_canary_names_the_rank_whose_matmuls_compute_wrong(pools, target_spe
     errors = [r["error"] for r in replies]
     assert all(e == errors[0] for e in errors), errors
     assert errors[0] is not None and errors[0]["kind"] == "ComputeMismatch", errors[0]
-    assert errors[0]["ranks"] == [world - 1] and errors[0]["step"] <= 2 + 2 * K
+    suspects = [world - 1] if world > 2 else list(range(world))
+    assert errors[0]["ranks"] == suspects and errors[0]["step"] <= 2 + 2 * K
 
 
 def test_the_canary_raises_nothing_and_leaves_training_bitwise_as_it_was(pools, target_spec):

@@ -73,7 +73,7 @@ def test_bucket_alignment_fires_when_one_rank_buckets_by_its_local_norms(pools):
     spec = parse_fault("local-buckets@1")
     result = run(pools, 2, check_bucket_alignment, settings("bucketed"), (spec,))
     assert not result.passed
-    assert result.event["ranks"] == [1] and result.event["bucket"] is not None
+    assert result.event["ranks"] == [0, 1] and result.event["bucket"] is not None  # no majority
 
 
 def test_stock_ddp_bucket_layout_is_recorded_with_parameter_names(pools):
@@ -147,7 +147,7 @@ def test_replica_consistency_fires_on_a_bitflip_naming_rank_and_parameter(pools)
     spec = parse_fault("bitflip@1:2")
     result = run(pools, 2, check_replica_consistency, settings("ddp"), (spec,))
     assert not result.passed
-    assert result.event["step"] == 2 and result.event["ranks"] == [1]
+    assert result.event["step"] == 2 and result.event["ranks"] == [0, 1]  # two ranks: both
     assert result.event["params"] == ["layer.5.ffn.w1.weight"]
 
 

@@ -62,7 +62,7 @@ class BenchSettings:
     threads: int = 1
     timeout_s: float = 900.0  # one job
     # timed steps per arm of each interleaved hook-cost job (``experiments/hook_cost.py``), one
-    # job per asv round: 300 steps gave the gated mlp figure ±2 % between jobs on 2 shared cores
+    # job per asv round: 300 steps gave the mlp figure ±2 % between jobs on 2 shared cores
     hook_steps: int = 300
 
     def __post_init__(self) -> None:

@@ -48,10 +48,10 @@ The faults (VALUE in brackets, with its default):
                            participating far past every deadline.
 
 The silent-data-corruption faults (``sdc_faults.SDC_FAULTS``: ``sdc-ulp``, ``sdc-forward``,
-``sdc-backward``, ``sdc-flip-low``, ``sdc-flip-high``, ``sdc-threshold``) model the rank's
-hardware computing matrix products wrong from the forward of STEP on, wherever they run (see
-``sdc_faults``). They are parsed here like every fault, but are not columns of the fault matrix
-(``FAULTS``): their corpus is ``experiments/sdc_corpus.py``.
+``sdc-backward``, ``sdc-flip-low``, ``sdc-flip-high``, ``sdc-flip-exp``, ``sdc-threshold``)
+model the rank's hardware computing matrix products wrong from the forward of STEP on,
+wherever they run (see ``sdc_faults``). They are parsed here like every fault, but are not
+columns of the fault matrix (``FAULTS``): their corpus is ``experiments/sdc_corpus.py``.
 """
 
 from __future__ import annotations

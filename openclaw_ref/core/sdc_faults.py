@@ -17,10 +17,13 @@ one bit of element 0 of an op's result:
                             call count: the same calls every run), bit 3 (low mantissa);
 ``sdc-flip-high[=0.2]``     the same, bit 30 (the exponent's top bit: a value of magnitude < 2
                             becomes ~1e38 times larger, still finite — no NaN check sees it);
+``sdc-flip-exp[=0.2]``      the same, bit 23 (the exponent's lowest bit: the value doubles or
+                            halves — training stays finite, and silently wrong);
 ``sdc-threshold[=1.0]``     every call whose first operand holds an element of magnitude
                             > VALUE, bit 0 (a data-dependent fault: wrong only on some data).
 
-A call is "backward" when it runs inside an autograd graph task (the engine's thread on CPU).
+A call is "backward" when it runs inside an autograd node's backward — not merely inside a
+graph task: a probe re-run from a callback at the end of the backward is a forward too.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SDC_FAULTS: tuple[str, ...] = ("sdc-ulp", "sdc-forward", "sdc-backward", "sdc-flip-low",
-                               "sdc-flip-high", "sdc-threshold")
+                               "sdc-flip-high", "sdc-flip-exp", "sdc-threshold")
 SDC_DEFAULTS: dict[str, str] = {"sdc-ulp": "", "sdc-forward": "", "sdc-backward": "",
                                 "sdc-flip-low": "0.2", "sdc-flip-high": "0.2",
-                                "sdc-threshold": "1.0"}
+                                "sdc-flip-exp": "0.2", "sdc-threshold": "1.0"}
+_FLIP_BITS = {"sdc-flip-low": 3, "sdc-flip-high": 30, "sdc-flip-exp": 23}
 _OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
                   torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default})
 BOTH, FORWARD, BACKWARD = "both", "forward", "backward"
@@ -54,11 +58,11 @@ class SDCModel:
 
 def sdc_model(name: str, value: str) -> SDCModel:
     """The model of fault ``name`` with its VALUE (``ValueError`` for a bad one)."""
-    if name in ("sdc-flip-low", "sdc-flip-high"):
+    if name in _FLIP_BITS:
         rate = float(value)
         if not 0 < rate <= 1:
             raise ValueError(value)
-        return SDCModel(BACKWARD, 3 if name == "sdc-flip-low" else 30, rate)
+        return SDCModel(BACKWARD, _FLIP_BITS[name], rate)
     if name == "sdc-threshold":
         t = float(value)
         if not t >= 0:
@@ -95,7 +99,7 @@ class FaultyMatmul(TorchDispatchMode):
         if (not self.active or func not in _OPS or not isinstance(out, torch.Tensor)
                 or out.dtype != torch.float32 or out.numel() == 0):
             return out
-        backward = torch._C._current_graph_task_id() != -1
+        backward = torch._C._current_autograd_node() is not None
         if self.model.phase == FORWARD and backward or self.model.phase == BACKWARD \
                 and not backward:
             return out

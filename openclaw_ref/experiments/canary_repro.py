@@ -1,20 +1,19 @@
 """Is the compute canary's probe bitwise reproducible where it runs — above all on CUDA, whose
 default kernels may be non-deterministic (atomic adds in ``index_add`` and in the backward of
-indexing, cuBLAS reduction splits)? The canary's start-up self-test runs the first probe twice
-and switches to its tolerance when the two differ; a kernel that is non-deterministic only
-*sometimes* could pass that test and later raise ``ComputeMismatch`` on a healthy job. Before
-the canary may be on by default, a GPU must show, with the default (non-deterministic-allowed)
-settings, on the MLP and the ``tiny`` and ``small`` presets:
+indexing, cuBLAS reduction splits)? The canary confirms every mismatch by re-running the probe
+(``sync/evidence/canary_verdict.py``), so a non-deterministic kernel switches it to its
+tolerance and never raises; these figures say how often that happens on a device, and how far
+apart the runs land (what the tolerance, ``canary_tolerance.RTOL``, must absorb), on the MLP and
+the ``tiny`` and ``small`` presets:
 
 - ``repeat_task``: the same probe — same parameters, input, seed and cotangent — run many
   times on one rank: how many runs' gradient digests differ from the first run's, the first
-  parameter that differed, and the largest difference as a fraction of a gradient's mass (what
-  the tolerance, ``canary_tolerance.RTOL``, would have to absorb);
+  parameter that differed, and the largest distance from the first run
+  (``canary_tolerance.distance``: a fraction of the whole probe gradient's mass);
 - ``false_alarm_task``: a healthy hardened job (the hook-cost job's ``hardened+canary`` arm: a
   probe every step) over many steps: the ``ConsistencyError`` it raised (none expected), its
-  events, whether the self-test switched to the tolerance — and the repeat count of the same
-  trained model on the same rank, so the two read together: every probe sequence is bitwise
-  stable or was switched to the tolerance, and nothing is raised.
+  events, whether the canary went to its tolerance — and the repeat figures of the same trained
+  model on the same rank, so the two read together.
 
 Device-agnostic (the hook-cost job's models and data, ``hook_cost.step_fn``):
 ``tests/test_canary_repro.py`` runs both on CPU gloo ranks, ``tests/test_gpu_canary.py`` on
@@ -33,7 +32,9 @@ from torch import nn
 
 from openclaw_ref.experiments.hook_cost import BUCKET_CAP_MB, arm_step, step_fn, wrap_arm
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.canary_probe import capture, rebuild, run_probe
+from openclaw_ref.sync.evidence.canary_input import capture, rebuild
+from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe
+from openclaw_ref.sync.evidence.canary_tolerance import distance
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
 
 PROBE_SEED = 0x0C1A5  # the canary's seed of its first probe
@@ -50,52 +51,42 @@ class ProbeModel(enum.StrEnum):
 @dataclass
 class Repeats:
     """``repeats`` runs of one probe: how many differ from the first bitwise, how many distinct
-    results there were, the first parameter that ever differed, and the largest difference of a
-    parameter's gradient (sum of |g − g₀|) as a fraction of its mass (sum of |g₀|)."""
+    results there were, the first parameter that ever differed, and the largest distance from
+    the first run (``canary_tolerance.distance``)."""
 
     repeats: int
     differing: int = 0
     distinct: int = 1
     first_param: str | None = None
-    worst_rel_mass: float = 0.0
+    worst_distance: float = 0.0
     digest: str = ""  # the first run's combined digest (hex), to compare across ranks
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def _digests(digest: ReplicaDigest, grads: list[torch.Tensor | None]) -> tuple[int, ...]:
-    present = [g for g in grads if g is not None]
-    got = iter(digest.digests(present).tolist() if present else [])
-    return tuple(next(got) if g is not None else 0 for g in grads)
-
-
 def repeat_probes(module: nn.Module, args: tuple, kwargs: dict, repeats: int,
-                  seed: int = PROBE_SEED, probe: Callable[..., list] = run_probe) -> Repeats:
+                  seed: int = PROBE_SEED,
+                  probe: Callable[..., ProbeResult] = run_probe) -> Repeats:
     """The canary's probe (``probe``: ``canary_probe.run_probe``) of ``module`` on
     ``(args, kwargs)`` with ``seed``, run ``repeats`` times and compared with the first run."""
     tracked = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    digest = ReplicaDigest()
-    first = [g.detach().clone() if g is not None else None
-             for g in probe(module, tracked, args, kwargs, seed)]
-    first_row = _digests(digest, first)
+    first = probe(module, tracked, args, kwargs, seed)
+    first_row = tuple(first.digest_list())
     rows = {first_row}
     combined = ReplicaDigest.combine_on_host(list(first_row)) & ((1 << 64) - 1)
     out = Repeats(repeats, digest=format(combined, "016x"))
     for _ in range(repeats - 1):
-        grads = probe(module, tracked, args, kwargs, seed)
-        row = _digests(digest, grads)
+        got = probe(module, tracked, args, kwargs, seed)
+        row = tuple(got.digest_list())
         if row == first_row:
             continue
         out.differing += 1
         rows.add(row)
-        for (name, _), g, g0 in zip(tracked, grads, first):
-            if g is None or g0 is None or torch.equal(g, g0):
-                continue
-            out.first_param = out.first_param or name
-            mass = float(g0.double().abs().sum())
-            off = float((g.double() - g0.double()).abs().sum())
-            out.worst_rel_mass = max(out.worst_rel_mass, off / mass if mass else float("inf"))
+        at = next(j for j, (a, b) in enumerate(zip(row, first_row)) if a != b)
+        out.first_param = out.first_param or tracked[at][0]
+        out.worst_distance = max(out.worst_distance,
+                                 distance(got.figures.tolist(), first.figures.tolist()))
     out.distinct = len(rows)
     return out
 
@@ -150,7 +141,7 @@ class FalseAlarmCase:
 
 def false_alarm_task(ctx, case: FalseAlarmCase) -> dict:
     """The healthy job of ``case`` on this rank: what it raised (None), its events, whether the
-    self-test switched the canary to the tolerance, the probes it ran, then the repeat figures
+    canary went to its tolerance, the probes it ran, then the repeat figures
     of the trained model (module docstring)."""
     net, loss = step_fn(case.model, case.seed, ctx)
     ddp, state = wrap_arm("hardened+canary", net, ctx, BUCKET_CAP_MB[case.model],
@@ -175,6 +166,6 @@ def false_alarm_task(ctx, case: FalseAlarmCase) -> dict:
 
 
 def stable_or_tolerated(reply: dict) -> bool:
-    """The condition a healthy job must meet on every rank: its probes are bitwise stable, or
-    the start-up self-test switched the canary to the tolerance; and nothing was raised."""
+    """The condition a healthy job must meet on every rank: nothing was raised, and its probes
+    are bitwise stable or the canary went to its tolerance (the confirmation saw them vary)."""
     return reply["error"] is None and (reply["repeats"]["differing"] == 0 or reply["tolerant"])

@@ -29,13 +29,16 @@ def rotated(arms: Sequence[str], step: int) -> tuple[str, ...]:
 
 
 def interleaved_times(step_fns: Mapping[str, Callable[[int], None]], arms: Sequence[str],
-                      warmup: int, steps: int, device: torch.device) -> dict[str, list[float]]:
+                      warmup: int, steps: int, device: torch.device,
+                      order: Callable[[int], Sequence[str]] | None = None
+                      ) -> dict[str, list[float]]:
     """Run ``step_fns[arm](step)`` for every arm at each of ``warmup + steps`` steps, in
-    ``rotated`` order, a ``dist.barrier()`` before each; this rank's ms of the timed ones."""
+    ``rotated`` order (or ``order(step)``'s, the same on every rank), a ``dist.barrier()``
+    before each; this rank's ms of the timed ones."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {arm: [] for arm in arms}
     for step in range(warmup + steps):
-        for arm in rotated(arms, step):
+        for arm in (order(step) if order else rotated(arms, step)):
             dist.barrier()
             sync()
             t0 = time.perf_counter()

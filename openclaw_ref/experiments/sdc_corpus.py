@@ -1,13 +1,14 @@
 """The silent-data-corruption corpus: one rank's hardware computes matrix products wrong
-(``core.sdc_faults``), under stock DDP, ``harden()`` with the compute canary off (today's
-default) and on — who notices, when, and whom it names.
+(``core.sdc_faults``), under stock DDP, ``harden()`` with the compute canary off
+(``canary_every=0``) and on — who notices, when, and whom it names.
 
 Every case is a plain user loop (no openclaw training loop: the loop a user writes) on
 ``SdcNet`` (an MLP with dropout) over rank-dependent batches, the fault on the last rank from
 ``fault_step`` on. What each column surfaced is all that is read: the ``ConsistencyError`` it
 raised (kind, step, ranks, parameters), or none; then whether the final weights differ from
 the fault-free run's (``silent-corruption``) or not (``no-effect``). ``rate_task`` repeats an
-intermittent or data-dependent fault over many probes and counts how many the canary named.
+intermittent or data-dependent fault over many probes and counts how many the canary named
+(raised) or reported (a ``CanaryTransient`` event: a one-off it does not raise on alone).
 ``tests/test_sdc_corpus.py`` asserts on these; the compare section ``sdc`` publishes them.
 """
 
@@ -37,7 +38,7 @@ FEATURES, HIDDEN, CLASSES, BATCH = 16, 32, 4, 8
 
 
 class Column(enum.StrEnum):
-    """Who watches: stock DDP, ``harden()`` as today (canary off), ``harden()`` + canary."""
+    """Who watches: stock DDP, ``harden()`` with the canary off, ``harden()`` with it on."""
 
     STOCK = "stock DDP"
     OFF = "harden(), canary off"
@@ -108,6 +109,7 @@ class SdcRun:
     fired: int = 0  # corrupted op results on the faulty rank (0 elsewhere)
     weights: list[float] = field(default_factory=list)  # the final weights, to compare
     events: list[str] = field(default_factory=list)
+    event_ranks: list[list[int]] = field(default_factory=list)  # each event's ranks
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -160,7 +162,8 @@ def run_case(ctx, column: Column, case: SdcCase) -> SdcRun:
         if mode is not None:
             run.fired = mode.fired
         if state is not None:
-            run.events = [e.kind for e in state.events]
+            run.events = [str(e.kind) for e in state.events]
+            run.event_ranks = [list(e.ranks) for e in state.events]
             state.close(verify=run.outcome != Outcome.DETECTED.value)
     run.weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
     return run
@@ -188,20 +191,31 @@ def corpus_task(ctx, cases: list[SdcCase], columns: tuple[Column, ...] = tuple(C
 
 def rate_task(ctx, fault: str, value: str | None, probes: int, canary_every: int = 1
               ) -> dict:
-    """How many of ``probes`` probes the canary names an intermittent or data-dependent fault
-    in: each trial is a fresh run whose fault starts just before one probe (after the start-up
-    probe) and which stops at that probe's verdict — detected or not. Returns the count."""
-    detected, right_rank, fired = 0, 0, 0
+    """How many of ``probes`` probes the canary names or reports an intermittent or
+    data-dependent fault in: each trial is a fresh run whose fault starts just before one
+    probe (after the first) and which stops at that probe's verdict. ``named``: it raised
+    ``ComputeMismatch`` (a fault that persisted over the probe's re-runs); ``reported``: a
+    ``CanaryTransient`` event (a one-off on one rank: raised only once ``canary.STRIKES`` of
+    them add up on that rank, which one probe cannot); ``right_rank``: either, naming the
+    faulty rank; ``wrong_rank``: anything naming only other ranks."""
+    faulty = ctx.world_size - 1
+    named = reported = right = wrong = fired = 0
     for trial in range(probes):
         case = SdcCase(fault, value, steps=2 * canary_every + 2, fault_step=canary_every + 1,
                        canary_every=canary_every)
         run = run_case(ctx, Column.ON, dataclasses.replace(case, trial=trial))
         fired += run.fired
+        said = [r for k, r in zip(run.events, run.event_ranks) if k == "CanaryTransient"]
         if run.kind == ComputeMismatch.__name__:
-            detected += 1
-            right_rank += run.ranks == [ctx.world_size - 1]
+            said.append(run.ranks)
+            named += 1
+        elif said:
+            reported += 1
+        right += any(faulty in r for r in said)
+        wrong += any(faulty not in r for r in said)
     return {"fault": fault, "value": value if value is not None else SDC_DEFAULTS[fault],
-            "probes": probes, "detected": detected, "right_rank": right_rank, "fired": fired}
+            "probes": probes, "named": named, "reported": reported, "right_rank": right,
+            "wrong_rank": wrong, "fired": fired}
 
 
 CORPUS: tuple[SdcCase, ...] = tuple(SdcCase(f) for f in SDC_FAULTS)

@@ -202,11 +202,12 @@ class SyncConfig:
     # small collective per FSDP group per synced backward): names a rank that skips gradient
     # sync or lacks a gradient before FSDP2's own collective hangs or aborts
     fsdp_reduce_check: bool = False
-    # hardened DDP step guard: every K steps each rank runs the same small probe (a slice of
-    # one rank's batch, the owner rotating) and its gradients' digest rides in the step's
-    # exchange: names a rank whose hardware computes wrong gradients (``evidence.canary``);
-    # 0 = off (``CANARY_EVERY`` is the recommended K)
-    canary_every: int = 0
+    # the compute canary (``evidence.canary``, docs/canary.md): every K steps each rank runs the
+    # same small probe and the ranks' results are compared; names a rank whose hardware
+    # computes wrong gradients. None (the default): ``CANARY_EVERY`` wherever the canary can
+    # run (the step guard on DDP, replicate(), FSDP2/HSDP), off elsewhere (the per-bucket
+    # guard), said in ``summary()``; K > 0: every K steps, refused where it cannot run; 0: off
+    canary_every: int | None = None
     # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
     # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
     ddp_options: dict[str, Any] = field(default_factory=dict)
@@ -226,7 +227,7 @@ class SyncConfig:
             raise BadInput("replica check interval must be >= 0 (0 = off)")
         if self.replica_slices < 0:
             raise BadInput("replica slices must be >= 0 (0 = off)")
-        if self.canary_every < 0:
+        if self.canary_every is not None and self.canary_every < 0:
             raise BadInput("canary interval must be >= 0 (0 = off)")
         if self.watchdog_s <= 0:
             raise BadInput("watchdog deadline must be positive")
@@ -242,8 +243,9 @@ class SyncConfig:
         return parse_scale(self.scale)[1]
 
 
-# the recommended ``SyncConfig.canary_every``: a probe step costs 0.3-0.8x a step on the MLP
-# and the presets here (up to 1.3x under load), so 256 keeps it under 1 % (docs/hardening.md)
+# ``SyncConfig.canary_every``'s default: a probe costs about one small step (measured in
+# docs/canary.md), so every 256 steps keeps the canary's amortized cost under 1 % of a step on
+# the benchmark models (asv's HookCost canary ratio)
 CANARY_EVERY = 256
 
 

@@ -23,6 +23,7 @@ imported only then: a DDP user's torch need not have FSDP2 at all
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -34,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.torch_version import TorchVersion
 
-from openclaw_ref.sync.base import Guard, RankInfo, SyncConfig, harden_defaults
+from openclaw_ref.sync.base import CANARY_EVERY, Guard, RankInfo, SyncConfig, harden_defaults
 from openclaw_ref.sync.ddp.bucket_guard import harden_buckets
 from openclaw_ref.sync.ddp.harden_state import HardenState
 from openclaw_ref.sync.ddp.replicate import replicate_state, replicated
@@ -95,14 +96,16 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     cfg = cfg or harden_defaults()
     if is_fsdp2(ddp_model):
         refuse_old_fsdp2(torch.__version__)
-    refuse_canary(ddp_model, cfg)
+    every, canary_off = canary_interval(ddp_model, cfg)
+    cfg = dataclasses.replace(cfg, canary_every=every)
     if is_fsdp2(ddp_model):
         from openclaw_ref.sync.fsdp.canary import fsdp_canary_for
         from openclaw_ref.sync.fsdp.guard import harden_fsdp
 
         guard = harden_fsdp(ddp_model, cfg, check_construction, optimizer,
                             lambda guard: _watchdog(guard, cfg, ctx))
-        guard.canary = fsdp_canary_for(guard, cfg.canary_every)
+        guard.canary = fsdp_canary_for(guard, every)
+        guard.canary_off = canary_off
         return guard
     if replicate_state(ddp_model) is not None and cfg.guard is not Guard.STEP:
         raise BadInput("a module given to replicate() takes the step guard only (the per-bucket "
@@ -130,6 +133,7 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
                                synchronized)
     if check_construction:
         state.ledger.count_check(True)
+    state.canary_off = canary_off
     setattr(ddp_model, HARDENED_MARK, state)
     state.handles.append(Unset(ddp_model, HARDENED_MARK))
     state.handles.append(register_optimizer_step_pre_hook(state.before_optimizer_step))
@@ -141,19 +145,28 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     return state
 
 
-def refuse_canary(model: DDP | FSDPModule, cfg: SyncConfig) -> None:
-    """The compute canary runs under the step guard only (DDP's, ``replicate()``'s, FSDP2's
-    and HSDP's): asked for under the per-bucket guard, ``BadInput`` (silently unprotected
-    would be worse than refused)."""
-    if not cfg.canary_every:
-        return
+def canary_interval(model: DDP | FSDPModule, cfg: SyncConfig) -> tuple[int, str]:
+    """The compute canary's interval for ``model`` — ``cfg.canary_every``, or by default
+    ``CANARY_EVERY`` where the canary can run — and, when it is 0, why (for ``summary()``).
+    The canary runs under the step guard only (DDP's, ``replicate()``'s, FSDP2's and HSDP's),
+    and on FSDP2 only where it can hide FSDP2's own forward hooks: asked for explicitly
+    elsewhere, ``BadInput`` (silently unprotected would be worse than refused); by default it
+    is off there, and ``summary()`` says so."""
+    asked = cfg.canary_every
+    if asked == 0:
+        return 0, "off: canary_every=0"
     if is_fsdp2(model) and not _fsdp_hooks_found(model):
+        if asked is None:
+            return 0, "off: FSDP2's forward hooks are not where this torch keeps them"
         raise BadInput("the compute canary (canary_every) cannot hide FSDP2's own forward hooks "
                        "in this torch (their handles are not where torch 2.13 keeps them), and "
                        "a probe through them would change training: pass canary_every=0")
     if cfg.guard is not Guard.STEP:
+        if asked is None:
+            return 0, "off: the per-bucket guard has no canary"
         raise BadInput("the compute canary (canary_every) runs under the step guard only; "
                        "pass guard='step' or canary_every=0")
+    return (CANARY_EVERY if asked is None else asked), ""
 
 
 def is_fsdp2(model: object) -> bool:

@@ -1,12 +1,14 @@
 """Section ``sdc``: one rank's hardware computes matrix products wrong (``core.sdc_faults``)
-under stock DDP, ``harden()`` with the compute canary off (its default) and on — per fault and
-column the outcome, the error, the step and the ranks named, at 2 and 4 ranks
+under stock DDP, ``harden()`` with the compute canary off (``canary_every=0``) and on — per
+fault and column the outcome, the error, the step and the ranks named, at 2 and 4 ranks
 (``experiments.sdc_corpus.corpus_task``); the canary's detection rate of the intermittent and
-data-dependent faults over many probes (``rate_task``); and the healthy-jobs corpus with the
+data-dependent faults over many probes (``rate_task``); the healthy-jobs corpus with the
 canary off and at every step: alarms and whether training stayed bitwise the same
-(``experiments.canary_healthy.healthy_pair_task``). Figures only; the tables and their wording
-are ``reporting.sdc_tables``. Every rank returns the same outcomes (the tests assert it): rank
-0's are kept."""
+(``experiments.canary_healthy.healthy_pair_task``); and the tolerance's justification, healthy
+noise beside the smallest fault caught per model and precision
+(``experiments.canary_noise.noise_table``, on the parent: one process). Figures only; the
+tables and their wording are ``reporting.sdc_tables``. Every rank returns the same outcomes
+(the tests assert it): rank 0's are kept."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.sdc_faults import SDC_FAULTS
 from openclaw_ref.experiments.canary_healthy import HealthyJob, healthy_pair_task
+from openclaw_ref.experiments.canary_noise import noise_table
 from openclaw_ref.experiments.sdc_corpus import Column, SdcCase, corpus_task, rate_task
 
 if TYPE_CHECKING:
@@ -27,6 +30,7 @@ WORLDS = (2, 4)
 RATE_FAULTS: tuple[tuple[str, str], ...] = (("sdc-flip-low", "0.2"), ("sdc-flip-high", "0.2"),
                                             ("sdc-threshold", "2.5"))
 RATE_PROBES, QUICK_RATE_PROBES = 40, 8
+NOISE_TRIALS, QUICK_NOISE_TRIALS = 20, 3
 
 
 def worlds_of(cfg: CompareConfig) -> tuple[int, ...]:
@@ -34,8 +38,8 @@ def worlds_of(cfg: CompareConfig) -> tuple[int, ...]:
 
 
 def jobs(cfg: CompareConfig) -> int:
-    """One tick per world size's corpus, per rate fault, and per healthy job."""
-    return len(worlds_of(cfg)) + len(RATE_FAULTS) + len(HealthyJob)
+    """One tick per world size's corpus, per rate fault, per healthy job, and the noise."""
+    return len(worlds_of(cfg)) + len(RATE_FAULTS) + len(HealthyJob) + 1
 
 
 def cases() -> list[SdcCase]:
@@ -65,6 +69,8 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
                         "alarms_off": sum(r["alarms_off"] for r in replies),
                         "alarms_on": sum(r["alarms_on"] for r in replies)})
         progress.tick(f"sdc healthy {job.value}")
+    noise = noise_table(QUICK_NOISE_TRIALS if cfg.quick else NOISE_TRIALS)
+    progress.tick("sdc canary noise")
     return {"settings": {"canary_every": K, "steps": STEPS, "fault_step": FAULT_STEP,
                          "fault_rank": "last", "cases": [asdict(c) for c in cases()]},
-            "corpus": corpus, "rates": rates, "healthy": healthy}
+            "corpus": corpus, "rates": rates, "healthy": healthy, "noise": noise}

@@ -22,6 +22,7 @@ from torch import nn
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
 from openclaw_ref.sync.errors import CollectiveFailed, backend_message
 from openclaw_ref.sync.evidence.averaged import AveragingWatch
+from openclaw_ref.sync.evidence.canary import canary_summary
 from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
@@ -49,6 +50,7 @@ class HardenState:
     def __init__(self, cfg: SyncConfig, group, named: list[tuple[str, nn.Parameter]],
                  synchronized: list[tuple[str, nn.Parameter]] | None = None) -> None:
         self.cfg = cfg
+        self.canary_off = ""  # why there is no canary (``hardening.canary_interval``)
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -304,7 +306,8 @@ class HardenState:
         return {**self.ledger.summary(), "wire": self.cfg.wire.value,
                 "nonfinite": self.cfg.nonfinite.value,
                 "scale_mode": self.cfg.scale_mode.value,
-                "shadow_buckets": self.shadow_buckets}
+                "shadow_buckets": self.shadow_buckets,
+                "canary": canary_summary(None, self.canary_off)}
 
     def close(self, verify: bool = True) -> None:
         """Compare every replica slice once (``replica_close``: a collective, skipped after a

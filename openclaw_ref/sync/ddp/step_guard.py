@@ -68,7 +68,7 @@ from openclaw_ref.sync.ddp.step_setup import (
 )
 from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
 from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator
-from openclaw_ref.sync.evidence.canary import canary_for, step_digests
+from openclaw_ref.sync.evidence.canary import canary_for, canary_summary, step_digests
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
     encode_slot,
@@ -140,7 +140,8 @@ class StepGuard:
         self._flags: list[bool] | torch.Tensor | None = None
         self._verdict: bool | None = None
         self.shadow_steps = 0
-        self.canary = canary_for(self, cfg.canary_every)  # the compute canary (``canary``)
+        self.canary = canary_for(self, cfg.canary_every or 0)  # the compute canary
+        self.canary_off = ""  # why there is no canary (``hardening.canary_interval``)
         self.digests = step_digests(self.replicas, self.canary)
 
     # -- registration (harden) ----------------------------------------------------------------
@@ -380,7 +381,8 @@ class StepGuard:
     def summary(self) -> dict:
         return {**self.ledger.summary(), "wire": self.cfg.wire.value,
                 "nonfinite": self.cfg.nonfinite.value, "scale_mode": self.cfg.scale_mode.value,
-                "guard": self.cfg.guard.value, "shadow_steps": self.shadow_steps}
+                "guard": self.cfg.guard.value, "shadow_steps": self.shadow_steps,
+                "canary": canary_summary(self.canary, self.canary_off)}
 
     def close(self, verify: bool = True) -> None:
         """Compare every replica slice once (``replica_close``: a collective, skipped after a

@@ -1,50 +1,44 @@
-"""The compute canary of ``harden()``'s step guard: every K steps (``SyncConfig.canary_every``)
-every rank runs the same small probe (``canary_probe``) and the digest of its gradients rides in
-the step's exchange, folded into the replica digest's bits — no byte more on the wire. A rank
-whose hardware computes wrong (silent data corruption in a matmul, a mercurial core) makes its
-probe differ from the others', and the one plurality vote (``vote.plurality``) names it:
-``ComputeMismatch`` on every rank, before the optimizer applies the step. Everything else the
-guard checks shows *agreement*; an SDC'd contribution is averaged in, every rank receives the
-same wrong gradient and every agreement check passes — this one compares *computation*.
+"""The compute canary of ``harden()``'s step guard, on by default (``SyncConfig.canary_every``):
+every K steps every rank runs the same small probe (``canary_probe``) and the ranks' results
+are compared. A rank whose hardware computes wrong (silent data corruption in a matmul, a
+mercurial core) makes its probe differ. Everything else the guard checks shows *agreement*; an
+SDC'd contribution is averaged in, every rank receives the same wrong gradient and every
+agreement check passes — this one compares *computation*.
 
 The schedule (capture step c = n·K, n = 0, 1, …; owner = n mod W):
-  1. the forward of step c: every rank notes its call's input (``canary_probe.capture``: a
-     slice of ``PROBE_ROWS`` rows; the tree of its call);
+  1. the forward of step c: every rank notes its call's input (``canary_input.capture``);
   2. the settle of step c, once its verdict passed on every rank — every rank read the same
-     reduced block, so every rank is here, at the same step: the owner's slice is broadcast
-     (``canary_probe.share``: a fixed-size header, then its bytes — the only collectives the
-     canary adds, two per K steps). Never while ``DDP.join()`` is active (a joined rank runs no
-     settle);
+     reduced block, so every rank is here, at the same step: before the first probe, the
+     ranks' fingerprints (``canary_fingerprint``: where they differ, the canary starts on its
+     tolerance); then the owner's slice is broadcast (``canary_input.share``). Never while
+     ``DDP.join()`` is active (a joined rank runs no settle);
   3. the next forward with gradients enabled (step c + 1): before the module's forward (after
      DDP's buffer broadcast), every rank runs the probe on the current parameters — equal on
-     every rank, the replica check proves it — with the owner's slice, the seed of probe n and a
-     cotangent from a fixed generator; its per-parameter gradient digests are kept;
-  4. the exchange of that step XORs the combined digest into the replica digest's 64 bits (the
-     digest alone when replica slices are off); the counts disagree iff some rank's probe
-     differs (or the replica slices do); every rank then gathers the per-rank rows — the
-     replica pieces and this canary's row — and names the outlier (W ≥ 3), or at W = 2 says the
-     two ranks differ and either may be the faulty one (``control.split_view``).
-A fault present at step t is therefore named by step t + K + 1 at the latest.
-
-Start-up self-test. The first probe (n = 0) runs twice on every rank: a rank whose two runs
-differ (non-deterministic kernels) or a first probe that differs across ranks (ranks with other
-thread counts, CPUs or devices — or a fault already present) cannot be told from SDC by a
-bitwise comparison; every rank reads the same gathered rows and switches together to the
-tolerance of ``canary_tolerance`` (one gather per probe, in the settle of the step after it),
-with a ``CanaryUnreproducible`` event and a warning naming the ranks and saying what is no
-longer seen. A probe some rank could not build (its call's tree differs from the owner's) is a
-``CanaryUnavailable`` event, and the canary goes off on every rank.
+     every rank, the replica check proves it — with the owner's slice, the seed of probe n and
+     a cotangent from a fixed generator;
+  4. the compare, before the optimizer applies step c + 1. Bitwise (the default where the
+     fingerprints agree): the probe's combined digest is XORed into the replica digest of that
+     step's exchange — no byte more on the wire. Under the tolerance: one gather of every
+     rank's figures in the settle of that step (``canary_tolerance``).
+A mismatch is a suspicion (``canary_verdict``): every rank re-runs the same probe and the runs
+are gathered and classified — a persistent difference raises ``ComputeMismatch`` naming the
+suspects (with no majority, both sides: ``vote``); the job's own non-determinism switches the
+comparison to the tolerance (or widens it) and never raises; a one-off on one rank is a
+``CanaryTransient`` event, and ``STRIKES`` one-offs beyond the tolerance on the same rank, with
+none on any other, raise. A persistent fault present at step t is named by step t + K + 1.
 
 What it cannot see: a fault that spares the probe (an op the probe does not run, data the
-probe's slice does not reach, an intermittent fault between probes — the detection rate of an
-intermittent fault is about its rate per probe, not per step), a fault present on every rank
-alike, and, under the tolerance, an error below it (a 1-ulp error).
+probe's slice does not reach, an intermittent fault between probes), a fault present on every
+rank alike, and, under the tolerance, an error below it; a one-off within the tolerance — what
+honest non-determinism looks like — is reported, never raised.
 """
 
 from __future__ import annotations
 
+import enum
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,69 +46,126 @@ from torch import nn
 
 from openclaw_ref.sync.errors import ComputeMismatch, ConsistencyError, Event
 from openclaw_ref.sync.evidence import checks
-from openclaw_ref.sync.evidence.canary_probe import (
-    ProbeInput,
-    capture,
-    rebuild,
-    run_probe,
-    share,
-)
-from openclaw_ref.sync.evidence.canary_tolerance import RTOL, fingerprints, not_probed, outliers
-from openclaw_ref.sync.evidence.control import split_view
+from openclaw_ref.sync.evidence.canary_fingerprint import exchange, local_fingerprint, unequal
+from openclaw_ref.sync.evidence.canary_input import ProbeInput, capture, rebuild, share
+from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe, unwrapped
+from openclaw_ref.sync.evidence.canary_tolerance import off_ranks, tolerance
+from openclaw_ref.sync.evidence.canary_verdict import RERUNS, Finding, Outcome, Run, classify
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest, mix_int
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.evidence.vote import plurality
+from openclaw_ref.sync.evidence.vote import TIE_WORDS, majority
 
-NONE, PROBED, UNBUILT, UNREPRODUCIBLE = range(4)  # a rank's row status
-UNREPRODUCIBLE_EVENT = "CanaryUnreproducible"
-UNAVAILABLE_EVENT = "CanaryUnavailable"
+NONE, PROBED, UNBUILT = range(3)  # a rank's row status
 HEAD = 4  # status, capture step, owner, probe index
+STRIKES = 3  # one-offs beyond the tolerance on one rank, none elsewhere, that raise
+WIDEN = 10.0  # the tolerance's factor when the job's noise exceeds it on several ranks
 _SEED0 = 0x0C1A5
 _MASK64 = (1 << 64) - 1
 
 
+# why the canary turns itself off (``Canary._off``), the same words on every rank
+FORWARD_REPLACED = ("the module's forward is not the one it had at hardening (Lightning "
+                    "replaces it with training_step for each call), which the probe cannot run "
+                    "without the step's side effects")
+UNPROBED = ("could not run the probe on the shared input (its call's arguments have another "
+            "structure there, or the probe raised: that rank's warning says what)")
+OTHER_PATHS = ("the ranks' forwards took different paths on the same probe input (other "
+               "parameters got a gradient): the forward depends on rank-local code or state, "
+               "such as a per-rank attribute choosing a branch, which the probe cannot replay")
+
+
+class CanaryEvent(enum.StrEnum):
+    UNREPRODUCIBLE = "CanaryUnreproducible"  # bitwise no longer holds: the tolerance now
+    TRANSIENT = "CanaryTransient"  # a one-off result on one rank
+    UNAVAILABLE = "CanaryUnavailable"  # the canary is off
+
+
+class Mode(enum.StrEnum):
+    BITWISE = "bitwise"
+    TOLERANCE = "tolerance"
+    OFF = "off"
+
+
+@dataclass
+class ProbeCall:
+    """What a probe ran on, kept until its compare so that it can be re-run exactly: the
+    input, the seed, and the buffers as they were (the step's forward updates BatchNorm's)."""
+
+    args: tuple
+    kwargs: dict
+    seed: int
+    buffers: dict[str, torch.Tensor]
+
+
 class Canary:
     """The canary of one step guard (module docstring). Reads the guard's ``clock``,
-    ``module``, ``tracked``, ``group``, ``rank``, ``world_size``, ``ddp`` and ``events``."""
+    ``module``, ``tracked``, ``group``, ``rank``, ``world_size``, ``ddp``, ``events`` and
+    ``global_ranks``."""
 
     def __init__(self, guard: Any, every: int) -> None:
         self.guard = guard
         self.every = every
-        self.on = True
-        self.tolerant = False  # after the start-up self-test: ``canary_tolerance``
+        self.mode = Mode.BITWISE
+        self.low = False  # some rank's probe computed in a 16-bit float (sticky)
+        self.widened = 1.0  # the tolerance's factor after noise beyond it (``_noisy``)
+        self.why = ""  # why the mode is what it is (summary)
         self.probing = False
         self.digest = ReplicaDigest()
         self.device = guard.tracked[0][1].device if guard.tracked else torch.device("cpu")
         self.probes = 0  # probes run so far (the same count on every rank)
+        self.transients: dict[int, int] = {}  # group rank → one-offs seen
+        self.strikes: dict[int, int] = {}  # group rank → one-offs beyond the tolerance
+        self.noisy: set[int] = set()  # group ranks with a one-off within the tolerance
+        self.varied: set[int] = set()  # group ranks whose runs ever varied, by any amount
+        self.held_bytes = 0  # the most gradient bytes a probe held
+        self._fingerprinted = False
         self._noted: ProbeInput | None = None  # this rank's input at the capture step
         self._noted_at = -1
         self._input: tuple | None = None  # the shared probe input, awaiting the next forward
         self._unbuilt = False
-        self._head = [NONE, 0, 0, 0]  # of the probe awaiting the exchange, then the sent one
-        self._digests: list[int] | torch.Tensor | None = None
-        self._pending: int | torch.Tensor | None = None
-        self._figures: torch.Tensor | None = None  # tolerant: the last probe's fingerprints
-        self._compare_at = -1  # tolerant: the step whose settle compares them
-        self._failure = ""  # why this rank's probe raised, if it did
-        self._forward: Any = None  # the instance's own forward at hardening, if it had one
+        self._head = [NONE, 0, 0, 0]  # of the probe awaiting its compare
+        self._call: ProbeCall | None = None  # the last probe's call, for its reruns
+        self._run0: ProbeResult | None = None  # and its result
+        self._pending: int | torch.Tensor | None = None  # the digest to fold, bitwise
+        self._compare_at = -1  # the step whose verdict compares the last shared probe
+        self._compare_tolerant = False  # ... by gathering figures (under the tolerance then)
+        self._installed: Any = None  # the forward the hooked module carried at hardening
+        self._forward: Any = None  # the forward the probe calls (an instance's own, if any)
+
+    @property
+    def on(self) -> bool:
+        return self.mode is not Mode.OFF
+
+    @property
+    def tolerant(self) -> bool:
+        return self.mode is Mode.TOLERANCE
+
+    @property
+    def rtol(self) -> float:
+        """The tolerance now: the probe's precision's (``canary_tolerance.tolerance``), times
+        what the job's own noise made it widen."""
+        return tolerance(self.low) * self.widened
 
     def install(self) -> Any:
-        """The forward pre-hook (with the call's keyword arguments) that notes and probes. A
-        forward the instance already carries at hardening (Accelerate's mixed-precision
-        wrapper: autocast, outputs to fp32) is what every call runs, so the probe runs it too."""
-        self._forward = self.guard.module.__dict__.get("forward")
+        """The forward pre-hook (with the call's keyword arguments) that notes and probes."""
+        self._remember_forwards()
         return self.guard.module.register_forward_pre_hook(self._before_forward,
                                                           with_kwargs=True)
+
+    def _remember_forwards(self) -> None:
+        """A forward the instance already carries at hardening (Accelerate's mixed-precision
+        wrapper: autocast, outputs to fp32) is what every call runs, so the probe runs it too;
+        a compiled module is probed through the module it wraps (``canary_probe``)."""
+        module = self.guard.module
+        self._installed = module.__dict__.get("forward")
+        self._forward = unwrapped(module).__dict__.get("forward")
 
     # -- 1 and 3: the forward ------------------------------------------------------------------
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.probing or not self.on or not torch.is_grad_enabled():
             return
-        if module.__dict__.get("forward") is not self._forward:  # patched for this call alone
-            self._failure = ("the module's forward is not the one it had at hardening "
-                             "(Lightning replaces it with training_step for each call), which "
-                             "the probe cannot run without the step's side effects")
-            self._off(self.guard.clock, list(range(self.guard.world_size)))
+        if module.__dict__.get("forward") is not self._installed:  # patched for this call
+            self._off(self.guard.clock, list(range(self.guard.world_size)), FORWARD_REPLACED)
             return
         if self._input is not None or self._unbuilt:
             self._probe()
@@ -123,97 +174,90 @@ class Canary:
             self._noted, self._noted_at = capture(args, kwargs), clock
 
     def _probe(self) -> None:
-        if self.tolerant:
-            self._figures = None if self._unbuilt else fingerprints(
-                self._grads(*self._input), _wire_device(self.guard.group, self.device))
-            self._input, self._unbuilt = None, False
-            self.probes += 1
-            return
         status = UNBUILT if self._unbuilt else PROBED
-        digests: list[int] | torch.Tensor = []
+        self._run0 = self._call = None
         if status == PROBED:
             args, kwargs = self._input
+            buffers = {n: b.detach().clone()
+                       for n, b in unwrapped(self.guard.module).named_buffers()}
+            call = ProbeCall(args, kwargs, _SEED0 + self.probes, buffers)
             try:
-                digests = self._digest(args, kwargs)
-                if self.probes == 0 and not _same(digests, self._digest(args, kwargs)):
-                    status = UNREPRODUCIBLE
+                self._run0, self._call = self._execute(call), call
+                self.held_bytes = max(self.held_bytes, self._run0.held_bytes)
             except Exception as exc:  # a probe must never end a healthy job
-                status, digests = UNBUILT, []
-                self._failure = f"{type(exc).__name__}: {exc}"
+                status = UNBUILT  # every rank turns the canary off at the compare
+                warnings.warn(f"compute canary: this rank's probe raised {type(exc).__name__}: "
+                              f"{exc}", stacklevel=2)
         self._input, self._unbuilt = None, False
         self._head[0], self._head[3] = status, self.probes
         self.probes += 1
-        self._digests = digests
-        combined = (ReplicaDigest.combine_on_host(digests) if isinstance(digests, list)
-                    else ReplicaDigest.combine(digests) if digests.numel() else 0)
-        self._pending = _marked(combined, status)
-        if self._failure:  # this rank stops after this step's fold (the others learn it there)
-            self._off(self._head[1], [self.guard.rank])
+        if self.mode is Mode.BITWISE:
+            digests = self._run0.digests if self._run0 is not None else []
+            combined = (ReplicaDigest.combine_on_host(digests) if isinstance(digests, list)
+                        else ReplicaDigest.combine(digests) if digests.numel() else 0)
+            self._pending = _marked(combined, status)
 
-    def _grads(self, args: tuple, kwargs: dict) -> list[torch.Tensor | None]:
+    def _execute(self, call: ProbeCall) -> ProbeResult:
+        """One run of the probe ``call`` (FSDP2: ``fsdp.canary`` runs it on full tensors)."""
         self.probing = True
         try:
-            return run_probe(self.guard.module, self.guard.tracked, args, kwargs,
-                             _SEED0 + self.probes, forward=self._forward)
+            return run_probe(self.guard.module, self.guard.tracked, call.args, call.kwargs,
+                             call.seed, forward=self._forward, digest=self.digest,
+                             buffers=call.buffers)
         finally:
             self.probing = False
 
-    def _digest(self, args: tuple, kwargs: dict) -> list[int] | torch.Tensor:
-        """Every tracked parameter's probe-gradient digest (0 where it got none)."""
-        grads = self._grads(args, kwargs)
-        present = [g for g in grads if g is not None]
-        if self.device.type == "cpu":
-            got = iter(self.digest.digests_on_host(present))
-            return [next(got) if g is not None else 0 for g in grads]
-        out = torch.zeros(len(grads), dtype=torch.int64, device=self.device)
-        if present:
-            at = torch.tensor([i for i, g in enumerate(grads) if g is not None],
-                              device=self.device)
-            out[at] = self.digest.digests(present)
-        return out
-
     # -- 2: the settle of a capture step --------------------------------------------------------
     def settled(self, step: int) -> None:
-        """Step ``step`` passed on every rank: after a tolerant probe, compare its figures; at a
-        capture step, share the owner's slice."""
-        if self.on and self.tolerant and step == self._compare_at:
-            self._compare_within_tolerance(step)
+        """Step ``step`` passed on every rank: under the tolerance, compare the last probe; at
+        a capture step, the fingerprints once, then share the owner's slice."""
+        if step == self._compare_at and self._compare_tolerant:
+            self._compare_within_tolerance(step)  # also on a rank whose probe just failed
         if not self.on or step % self.every or _joining(self.guard.ddp):
             return
+        device = checks._collective_device(self.guard.group, self.device)
+        if not self._fingerprinted:
+            self._fingerprint(step, device)
         owner = (step // self.every) % self.guard.world_size
         noted = self._noted if self._noted_at == step else None
         self._noted, self._noted_at = None, -1
-        shared = share(noted, owner, self.guard.group, _wire_device(self.guard.group,
-                                                                    self.device))
+        shared = share(noted, owner, self.guard.group, device)
         if shared is None:
             return
-        self._input = rebuild(noted if noted is not None else None, shared, self.device)
+        self._input = rebuild(noted, shared, self.device)
         self._unbuilt = self._input is None
         self._head[1], self._head[2] = step, owner
-        self._compare_at = step + 1
+        self._compare_at, self._compare_tolerant = step + 1, self.tolerant
+
+    def _fingerprint(self, step: int, device: torch.device) -> None:
+        self._fingerprinted = True
+        table = exchange(local_fingerprint(self.device, self.guard.module), self.guard.group,
+                         device)
+        found = unequal(table, self.device.type == "cuda")
+        if found is not None:
+            ranks, words = found
+            self._tolerate(step, ranks, f"cannot be compared bitwise with the others ({words})")
+        else:
+            self.why = "the ranks' fingerprints agree: probes compared bitwise"
 
     def _compare_within_tolerance(self, step: int) -> None:
-        """Every rank's fingerprints of the probe, gathered; ``ComputeMismatch`` naming those
-        beyond ``canary_tolerance.RTOL`` (module docstring of ``canary_tolerance``)."""
-        device = _wire_device(self.guard.group, self.device)
-        mine = self._figures if self._figures is not None else not_probed(
-            len(self.guard.tracked), device)
-        self._figures = None
-        rows = checks._gather_rows(mine, self.guard.group).tolist()
-        off, first = outliers(rows)
-        if not off:
+        """Every rank's figures of the last probe, gathered; a rank farther than the
+        tolerance from the median makes every rank confirm (``_confirm``)."""
+        n = 2 * len(self.guard.tracked)
+        mine = ([float(_flag(self._run0))] + self._run0.figures.tolist()
+                if self._run0 is not None else [0.0] * (1 + n))
+        rows = self._gather(torch.tensor(mine, dtype=torch.float64))
+        self._note_precision([int(row[0]) for row in rows])
+        probed = [r for r, row in enumerate(rows) if int(row[0]) & _PROBED]
+        if len(probed) < len(rows):  # some rank could not probe: every rank stops together
+            self._off(step, [r for r in range(len(rows)) if r not in probed], UNPROBED)
             return
-        name = self.guard.tracked[first][0] if first is not None else "?"
-        raise ComputeMismatch(
-            f"the ranks computed different gradients from the same probe, beyond the tolerance "
-            f"(rank {self._head[2]}'s input slice of step {self._head[1]}; the start-up "
-            f"self-test found the ranks not bitwise reproducible, so probes are compared within "
-            f"{RTOL:g} of each gradient's mass): first parameter off {name}"
-            + ("; with two ranks either side may be the faulty one" if len(rows) == 2 else "")
-            + "; drain the named node and rerun the job on other hardware",
-            step=step, ranks=off, params=[name]).renumbered(self.guard.global_ranks)
+        if off_ranks([rows[r][1:] for r in probed], self.rtol):
+            error = self._confirm(step, everyone=True)
+            if error is not None:
+                raise error.renumbered(self.guard.global_ranks)
 
-    # -- 4: the exchange ------------------------------------------------------------------------
+    # -- 4: the exchange, bitwise ---------------------------------------------------------------
     def fold(self, replica: int | torch.Tensor | None) -> int | torch.Tensor | None:
         """The step row's digest with this step's probe folded in (unchanged without one)."""
         pending, self._pending = self._pending, None
@@ -230,9 +274,9 @@ class Canary:
     def gather_row(self) -> list[int]:
         """This rank's part of the failure gather: the head, then one digest per parameter."""
         n = len(self.guard.tracked)
-        if self._head[0] == NONE or self._digests is None:
+        if self._head[0] == NONE:
             return [NONE, 0, 0, 0] + [0] * n
-        mine = self._digests if isinstance(self._digests, list) else self._digests.tolist()
+        mine = self._run0.digest_list() if self._run0 is not None else []
         return list(self._head) + (list(mine) + [0] * n)[:n]
 
     @property
@@ -241,76 +285,185 @@ class Canary:
 
     def divergence(self, rows: Sequence[Sequence[int]], active: Sequence[int], *,
                    step: int) -> ComputeMismatch | None:
-        """The error the gathered canary ``rows`` show among the ``active`` ranks (None when
-        their probes agree, or when the self-test turns the canary off: module docstring)."""
+        """The error the gathered canary ``rows`` show among the ``active`` ranks, once
+        confirmed (None when they agree, or when the confirmation finds no fault)."""
         sent = [r for r in active if rows[r][0] != NONE]
         if not sent:
             return None
-        bad = [r for r in sent if rows[r][0] != PROBED]
-        if any(rows[r][0] == UNBUILT for r in bad):
-            self._off(step, bad)
+        unbuilt = [r for r in sent if rows[r][0] == UNBUILT]
+        if unbuilt:
+            self._off(step, unbuilt, UNPROBED)
             return None
-        if bad:
-            self._tolerate(step, bad, "computed two different results from the same probe "
-                           "(non-deterministic kernels)")
+        if not majority([tuple(rows[r][HEAD:]) for r in sent]).differing:
             return None
-        values = [tuple(rows[r][HEAD:]) for r in sent]
-        vote = plurality(values)
-        if not vote.differing:
+        return self._confirm(step, everyone=len(sent) == len(rows))
+
+    # -- the confirmation -----------------------------------------------------------------------
+    def _confirm(self, step: int, everyone: bool) -> ComputeMismatch | None:
+        """Every rank re-runs the last probe ``RERUNS`` times; the runs are gathered and
+        classified (``canary_verdict``) and acted on. ``everyone``: every rank of the group
+        probed (else nothing is re-run — under FSDP2 a rerun's all-gathers need every rank —
+        and nothing is raised)."""
+        if not everyone:
+            self._say(CanaryEvent.TRANSIENT, step, [], "the probes differed but some rank did "
+                      "not probe, so nothing could be confirmed; nothing raised")
             return None
-        off = [sent[i] for i in vote.differing]
-        head = rows[sent[0]]
-        if head[3] == 0:
-            self._tolerate(step, off, "gave another result than the others for the start-up "
-                           "probe (other thread counts, CPUs or devices, or a fault already "
-                           "present)")
-            return None
-        names = [n for j, (n, _) in enumerate(self.guard.tracked)
-                 if plurality([rows[r][HEAD + j] for r in sent]).differing]
-        first = self.guard.tracked.index(next(t for t in self.guard.tracked
-                                              if t[0] == names[0])) if names else 0
-        split = split_view([format(rows[r][HEAD + first] & _MASK64, "016x") for r in sent],
-                           vote.differing, sent)
+        runs = [self._run0] + [self._execute(self._call) for _ in range(RERUNS)]
+        rows = self._gather(_encode(runs))
+        self._note_precision([row[0] for row in rows])
+        decoded = [_decode(row, len(self.guard.tracked)) for row in rows]
+        finding = classify(decoded, self.tolerant, self.rtol)
+        return self._act(step, finding)
+
+    def _act(self, step: int, finding: Finding) -> ComputeMismatch | None:
+        ranks = list(finding.ranks)
+        if finding.outcome is Outcome.PERSISTENT:
+            return self._mismatch(step, finding)
+        if finding.outcome is Outcome.PATHS:
+            self._off(step, ranks, OTHER_PATHS)
+        if finding.outcome is Outcome.NONDETERMINISTIC:
+            self.varied.update(ranks)
+            self._noisy(step, ranks, f"gave other results on re-runs of the same probe "
+                        f"(up to {finding.distance:.2g} of the probe gradient's mass apart)")
+        elif finding.outcome is Outcome.TRANSIENT:
+            return self._transient(step, ranks[0], finding)
+        return None
+
+    def _transient(self, step: int, rank: int, finding: Finding) -> ComputeMismatch | None:
+        """A one-off on ``rank``: an event; beyond the tolerance a strike, and ``STRIKES`` of
+        them raise — only while no other rank's runs ever varied, by any amount: where others
+        vary too the job is non-deterministic, and noise that happens to land beyond the
+        tolerance on one rank at a time must not add up to a verdict."""
+        self.transients[rank] = self.transients.get(rank, 0) + 1
+        self.varied.add(rank)
+        beyond = finding.distance > self.rtol
+        if beyond:
+            self.strikes[rank] = self.strikes.get(rank, 0) + 1
+        count = self.strikes.get(rank, 0)
+        self._say(CanaryEvent.TRANSIENT, step, [rank],
+                  f"gave a one-off result on one of {1 + RERUNS} runs of the same probe "
+                  f"({finding.distance:.2g} of the probe gradient's mass from the others; "
+                  f"the tolerance is {self.rtol:g}): "
+                  + (f"beyond the tolerance, {count} of {STRIKES} before it is named"
+                     if beyond else "within the noise of a non-deterministic kernel"),
+                  warn=beyond)
+        if beyond and count >= STRIKES and self.varied == {rank}:
+            return self._mismatch(step, finding, intermittent=count)
+        if not beyond:
+            self.noisy.add(rank)
+            if len(self.noisy) >= 2 and self.mode is Mode.BITWISE:
+                self._noisy(step, sorted(self.noisy), "gave one-off results within the noise "
+                            "on more than one rank")
+        return None
+
+    def _note_precision(self, flags: Sequence[int]) -> None:
+        """Some rank's probe computed in a 16-bit float: the tolerance is the low one's."""
+        self.low = self.low or any(f & _LOW for f in flags)
+
+    def _noisy(self, step: int, ranks: list[int], why: str) -> None:
+        """The job's own non-determinism: bitwise → the tolerance; already tolerant → wider."""
+        if self.mode is Mode.BITWISE:
+            self._tolerate(step, ranks, f"{why}: the job's kernels are not reproducible")
+            return
+        self.widened *= WIDEN
+        self.why = f"tolerance widened to {self.rtol:g}: the job's noise exceeded it"
+        self._say(CanaryEvent.UNREPRODUCIBLE, step, ranks, f"{why}, beyond the tolerance: it "
+                  f"is widened to {self.rtol:g} of the probe gradient's mass")
+
+    def _mismatch(self, step: int, finding: Finding, intermittent: int = 0) -> ComputeMismatch:
+        """The error of a confirmed finding, its ranks those of the group (renumbered by the
+        caller that raises it)."""
+        head = self._head
+        tracked = self.guard.tracked
+        name = tracked[finding.param][0] if finding.param is not None else "?"
+        how = ("beyond the tolerance" if self.tolerant else "bitwise")
+        probe = (f"probe {head[3]}: rank {head[2]}'s input slice of step {head[1]}, the same "
+                 "parameters, buffers, dropout seed and cotangent on every rank")
+        what = (f"gave one-off results beyond the tolerance on {intermittent} probes (the last, "
+                f"{probe}), and no other rank's results ever varied: its hardware computes "
+                "wrong intermittently" if intermittent else
+                f"computed other gradients than the others ({how}) from the same probe and "
+                f"reproduced them on {1 + RERUNS} runs ({probe})")
+        advice = (f"the ranks split with {TIE_WORDS} — rerun the job with these ranks on other "
+                  "hardware, or with a third rank, to tell which" if finding.tie else
+                  "drain the named node and rerun the job on other hardware")
         return ComputeMismatch(
-            f"the ranks computed different gradients from the same probe (probe {head[3]}: "
-            f"rank {head[2]}'s input slice of step {head[1]}, the same parameters, dropout seed "
-            f"and cotangent on every rank): first differing parameter "
-            f"{names[0] if names else '?'}, gradient digest {split}; drain the named node and "
-            "rerun the job on other hardware", step=step, ranks=off, params=names)
+            f"{what}: first differing parameter {name}, {finding.distance:.3g} of the probe "
+            f"gradient's mass; {advice}", step=step, ranks=list(finding.ranks), params=[name])
 
+    # -- mode changes and what is said --------------------------------------------------------
     def _tolerate(self, step: int, ranks: list[int], why: str) -> None:
-        """From now on every rank compares probes within a tolerance (each reads the same
+        """From now on every rank compares probes within the tolerance (each reads the same
         rows, so all switch together), saying what is no longer seen."""
-        self.tolerant = True
+        self.mode = Mode.TOLERANCE
         self._pending = None
-        self._say(UNREPRODUCIBLE_EVENT, step, ranks, f"{why}; a bitwise probe cannot tell that "
-                  "from silent data corruption, so from now on the canary compares each probe's "
-                  f"gradients within {RTOL:g} of their mass (one gather per probe): an error "
-                  "below that — a 1-ulp error in one element — is no longer seen")
+        self.why = f"tolerance: rank(s) {self._named(ranks)} {why}"
+        self._say(CanaryEvent.UNREPRODUCIBLE, step, ranks, f"{why}; so from now on the canary "
+                  f"compares each probe's gradients within {self.rtol:g} of the probe "
+                  "gradient's mass (one gather per probe): an error below that — a 1-ulp error "
+                  "in one element — is no longer seen")
 
-    def _off(self, step: int, ranks: list[int]) -> None:
-        """The canary stops (on every rank, each reading the same rows; or on this rank, whose
-        probe raised), saying why."""
+    def _off(self, step: int, ranks: list[int], why: str) -> None:
+        """The canary stops on every rank (each reads the same rows, or sees the same
+        replaced forward), saying why in the same words everywhere; a warning only where a
+        probe could not run (``UNPROBED``), which a healthy set-up never causes."""
         if not self.on:
             return
-        self.on = False
+        self.mode = Mode.OFF
         self._input, self._unbuilt = None, False
-        why = (f"could not run the probe ({self._failure})" if self._failure else
-               "could not rebuild the probe's input from the owner's slice (its call's "
-               "arguments have another structure)")
-        self._say(UNAVAILABLE_EVENT, step, ranks, f"{why}: compute canary off, no rank's "
+        self.why = f"off: {why}"
+        self._say(CanaryEvent.UNAVAILABLE, step, ranks, f"{why}: compute canary off, no rank's "
                   "computation is compared from now on (clocks, averaging and replicas still "
-                  "are); pass canary_every=0 to silence this")
+                  "are); pass canary_every=0 to silence this", warn=why == UNPROBED)
 
-    def _say(self, kind: str, step: int, ranks: list[int], detail: str) -> None:
-        named = [self.guard.global_ranks[r] for r in ranks]
-        detail = f"compute canary: rank(s) {named} {detail}"
-        self.guard.events.append(Event(kind, step, named, None, [], detail))
-        warnings.warn(detail, stacklevel=3)
+    def _say(self, kind: CanaryEvent, step: int, ranks: list[int], detail: str,
+             warn: bool = False) -> None:
+        detail = f"compute canary: rank(s) {self._named(ranks)} {detail}"
+        self.guard.events.append(Event(kind, step, self._named(ranks), None, [], detail))
+        if warn:
+            warnings.warn(detail, stacklevel=3)
+
+    def _named(self, ranks: Sequence[int]) -> list[int]:
+        return [self.guard.global_ranks[r] for r in ranks]
+
+    def _gather(self, local: torch.Tensor) -> list[list]:
+        device = checks._collective_device(self.guard.group, self.device)
+        return checks._gather_rows(local.to(device), self.guard.group).tolist()
+
+    def summary(self) -> dict:
+        """What the canary did, for the run's summary (``summary()['canary']``)."""
+        return {"every": self.every, "mode": self.mode.value, "why": self.why,
+                "probes": self.probes, "rtol": self.rtol, "held_bytes": self.held_bytes,
+                "transients": {str(g): n for g, n in zip(
+                    self._named(list(self.transients)), self.transients.values())},
+                "strikes": {str(g): n for g, n in zip(
+                    self._named(list(self.strikes)), self.strikes.values())}}
 
 
-def _same(a: list[int] | torch.Tensor, b: list[int] | torch.Tensor) -> bool:
-    return a == b if isinstance(a, list) else bool(torch.equal(a, b))
+_PROBED, _LOW = 1, 2  # a gathered row's flags
+
+
+def _flag(run: ProbeResult) -> int:
+    return _PROBED | (_LOW if run.low_precision else 0)
+
+
+def _encode(runs: Sequence[ProbeResult]) -> torch.Tensor:
+    """One int64 row: the flags, then each run's digests and its figures' bits."""
+    parts = [torch.tensor([_flag(runs[0])], dtype=torch.int64)]
+    for run in runs:
+        parts.append(torch.as_tensor(run.digest_list(), dtype=torch.int64).reshape(-1))
+        parts.append(run.figures.detach().to("cpu", torch.float64).view(torch.int64))
+    return torch.cat(parts)
+
+
+def _decode(row: Sequence[int], params: int) -> list[Run]:
+    out, at = [], 1
+    while at < len(row):
+        digests = tuple(row[at:at + params])
+        bits = torch.tensor(row[at + params:at + 3 * params], dtype=torch.int64)
+        out.append(Run(digests, tuple(bits.view(torch.float64).tolist())))
+        at += 3 * params
+    return out
 
 
 def _marked(combined: int | torch.Tensor, status: int) -> int | torch.Tensor:
@@ -329,8 +482,12 @@ def _joining(ddp: Any) -> bool:
     return bool(config is not None and config.enable)
 
 
-def _wire_device(group: Any, device: torch.device) -> torch.device:
-    return checks._collective_device(group, device)
+def canary_summary(canary: Canary | None, off: str) -> dict:
+    """A guard's ``summary()['canary']``: the canary's own, or why there is none (``off``:
+    ``hardening.canary_interval``'s reason)."""
+    if canary is not None:
+        return canary.summary()
+    return {"every": 0, "mode": Mode.OFF.value, "why": off or "off", "probes": 0}
 
 
 def canary_for(guard: Any, every: int) -> Canary | None:

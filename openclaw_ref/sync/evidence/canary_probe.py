@@ -1,178 +1,75 @@
 """The compute canary's probe: one small forward and backward that every rank computes on the
-same parameters, the same input, the same dropout seed and the same cotangent, touching nothing
-of training (``canary`` schedules it and compares its digests).
+same parameters, the same input (``canary_input``), the same dropout seed and the same
+cotangent, touching nothing of training (``canary`` schedules it and compares its results).
 
-The input. A slice of one rank's real micro-batch (``capture``: the first ``PROBE_ROWS`` rows
-of every tensor whose first dimension is the batch's, any other tensor whole; ints, floats,
-bools and None as they are), sent to every rank as tensors (``share``: a fixed-size int64
-header, then the bytes; never a pickle), and rebuilt into the tree of the receiving rank's own
-arguments (``rebuild``). A leaf the header cannot describe (a string, an object) stays the
-receiving rank's own.
+What it yields (``ProbeResult``): per tracked parameter, the 64-bit digest of its probe
+gradient (``ReplicaDigest``: any change confined to one word is seen with certainty) and two
+float64 figures, the gradient's sum and its mass (sum of magnitudes) — the figures measure how
+FAR two results are, which a digest cannot (``canary_tolerance``).
 
-What is not touched (``run_probe``): the module is called through ``type(module).forward``, or
-through the forward its instance carried at hardening (a client's persistent wrapper, such as
-Accelerate's mixed-precision autocast) — not ``__call__``: no hook of the root module runs —
-with its parameters and buffers swapped for stand-ins for the call
+Bounded memory. Each gradient is taken from its stand-in the moment autograd accumulates it (a
+post-accumulate-grad hook), queued, and digested with the others queued once they reach
+``BLOCK_BYTES``; then dropped. So the probe never holds more than one block of gradients — at
+most ``BLOCK_BYTES`` of small ones, or one parameter's — however large the model, and
+``ProbeResult.held_bytes`` says how much it held at its peak. The forward's activations are
+those of ``PROBE_ROWS`` rows. Parameters are stand-ins sharing the user's storage (no copy)
+under DDP; FSDP2's full tensors are its own module's matter (``fsdp.canary``).
+
+What is not touched: the module is called through ``type(module).forward``, or through the
+forward its instance carried at hardening (a client's persistent wrapper, such as Accelerate's
+mixed-precision autocast) — not ``__call__``: no hook of the root module runs — with its
+parameters and buffers swapped for stand-ins for the call
 (``torch.nn.utils.stateless._reparametrize_module``, tied weights kept tied): each parameter a
-new leaf sharing its storage (``detach``), each buffer a clone
-(BatchNorm's running statistics go to the clone). So no ``.grad`` of the user's parameters, no
-buffer and no gradient accumulator DDP hooked is touched. The backward runs inside the swap too:
-a checkpointed segment recomputes its forward in the backward, and would otherwise reach the
-user's parameters. The RNG streams are forked and seeded with the probe's own seed
-(``torch.random.fork_rng``), so the user's streams continue as if nothing ran; the backward
-starts from a cotangent drawn from a fixed CPU generator.
-Submodules' hooks do run (they are part of the computation the probe checks).
+new leaf sharing its storage (``detach``), each buffer a clone (BatchNorm's running statistics
+go to the clone). So no ``.grad`` of the user's parameters, no buffer and no gradient
+accumulator DDP hooked is touched. The backward runs inside the swap too: a checkpointed segment
+recomputes its forward in the backward, and would otherwise reach the user's parameters. The RNG
+streams — torch's, and Python's and numpy's global ones — are forked and seeded with the
+probe's own seed (``torch.random.fork_rng``, ``host_rngs``), so the user's streams continue as
+if nothing ran; the backward starts from a cotangent drawn from a
+fixed CPU generator. Submodules' hooks do run (they are part of the computation the probe
+checks).
+
+Compiled models. A ``torch.compile``d module is probed through the module it wraps, and the whole
+probe runs under ``torch.compiler.set_stance("force_eager")``: dynamo never sees the probe's
+2-row input, so the compiled training step keeps its graphs — no recompile, no graph break —
+and the probe checks the eager kernels of the same hardware.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+import random
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.utils.stateless import _reparametrize_module
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
-PROBE_ROWS = 2  # rows of the owner's batch (2: BatchNorm in training mode needs > 1 value)
-HEADER = 256  # int64 words of the input's description
-MAX_DIMS = 8
+from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
+
 COTANGENT_SEED = 0x5EED
-_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
-TENSOR, INT, FLOAT, BOOL, NONE, OTHER = range(1, 7)
-_GRAD_BIT = 8  # a tensor's dtype code carries its requires_grad flag above this bit
+BLOCK_BYTES = 1 << 20  # gradients queued before they are digested and dropped
 
 
 @dataclass
-class ProbeInput:
-    """A rank's view of the probe's input: the tree of its own call (``spec``) and one value
-    per leaf (the owner's slice once shared; the rank's own value where it cannot be sent)."""
+class ProbeResult:
+    """One probe run: a digest per tracked parameter (0 where it got no gradient), its
+    figures — ``(2·P,)`` float64, each parameter's gradient sum then mass — the most gradient
+    bytes the probe held at once, and whether any of it computed in a 16-bit float (autocast,
+    or 16-bit parameters): what sets the tolerance its noise needs."""
 
-    spec: Any
-    leaves: list[Any]
+    digests: list[int] | torch.Tensor
+    figures: torch.Tensor
+    held_bytes: int = 0
+    low_precision: bool = False  # some of it ran in bf16/fp16 (``canary_tolerance``)
 
-
-def capture(args: tuple, kwargs: dict) -> ProbeInput:
-    """The slice of this call's input the probe would use: ``PROBE_ROWS`` rows of each
-    batch-major tensor (cloned, so a caller that reuses its buffers changes nothing here)."""
-    leaves, spec = tree_flatten((args, kwargs))
-    tensors = [t for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
-    batch = tensors[0].shape[0] if tensors else None
-    out = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            rows = leaf.dim() > 0 and leaf.shape[0] == batch
-            leaf = (leaf[:PROBE_ROWS] if rows else leaf).detach().clone().requires_grad_(
-                leaf.requires_grad)
-        out.append(leaf)
-    return ProbeInput(spec, out)
-
-
-def _describe(leaves: Sequence[Any]) -> tuple[list[int], list[torch.Tensor]] | None:
-    """The header words and the tensors to send of an input; None when it does not fit."""
-    words, tensors = [len(leaves)], []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            if leaf.dtype not in _DTYPES or leaf.dim() > MAX_DIMS or leaf.is_sparse:
-                return None
-            words += [TENSOR, _DTYPES.index(leaf.dtype) | leaf.requires_grad << _GRAD_BIT,
-                      leaf.dim(), *leaf.shape]
-            tensors.append(leaf)
-        elif isinstance(leaf, bool):
-            words += [BOOL, int(leaf)]
-        elif isinstance(leaf, int) and -(1 << 63) <= leaf < 1 << 63:
-            words += [INT, leaf]
-        elif isinstance(leaf, float):
-            words += [FLOAT, struct.unpack("<q", struct.pack("<d", leaf))[0]]
-        elif leaf is None:
-            words += [NONE]
-        else:
-            words += [OTHER]
-    return (words, tensors) if len(words) <= HEADER else None
-
-
-def share(mine: ProbeInput | None, owner: int, group, device: torch.device
-          ) -> list[Any] | None:
-    """The owner's leaves on every rank: its header broadcast (a fixed ``HEADER`` words, so
-    every rank sends the same size whatever it holds), then its tensors' bytes (a size every
-    rank read from that header). None on every rank when the owner has no input to share.
-    ``mine``: the owner's capture (ignored elsewhere); ``owner``: a rank of ``group``."""
-    is_owner = dist.get_rank(group) == owner
-    described = _describe(mine.leaves) if is_owner and mine is not None else None
-    header = torch.zeros(HEADER + 1, dtype=torch.int64)
-    if described is not None:
-        words, tensors = described
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        header[:len(words) + 1] = torch.tensor([nbytes, *words])
-    header = header.to(device)
-    src = dist.get_global_rank(group, owner)
-    dist.broadcast(header, src, group=group)
-    head = header.tolist()
-    if head[1] == 0:
-        return None
-    payload = torch.empty(head[0], dtype=torch.uint8, device=device)
-    if is_owner and head[0]:
-        payload.copy_(torch.cat([t.contiguous().reshape(-1).view(torch.uint8).to(device)
-                                 for t in tensors]))
-    if head[0]:
-        dist.broadcast(payload, src, group=group)
-    return _decode(head[1:], payload)
-
-
-def _decode(words: list[int], payload: torch.Tensor) -> list[Any]:
-    """The leaves a header and payload describe (``OTHER``: a placeholder, kept local)."""
-    leaves, at, offset = [], 0, 0
-    for _ in range(words[0] if words else 0):
-        at += 1
-        kind = words[at]
-        if kind == TENSOR:
-            code, ndim = words[at + 1], words[at + 2]
-            dtype = _DTYPES[code & ((1 << _GRAD_BIT) - 1)]
-            shape = words[at + 3:at + 3 + ndim]
-            at += 2 + ndim
-            n = dtype.itemsize
-            for d in shape:
-                n *= d
-            leaf = payload[offset:offset + n].view(dtype).reshape(shape).clone()
-            leaves.append(leaf.requires_grad_(bool(code >> _GRAD_BIT)))
-            offset += n
-        elif kind in (INT, BOOL, FLOAT):
-            at += 1
-            v = words[at]
-            leaves.append(bool(v) if kind == BOOL else v if kind == INT
-                          else struct.unpack("<d", struct.pack("<q", v))[0])
-        elif kind == NONE:
-            leaves.append(None)
-        else:
-            leaves.append(_OTHER)
-    return leaves
-
-
-_OTHER = object()
-
-
-def rebuild(local: ProbeInput | None, shared: list[Any], device: torch.device
-            ) -> tuple[tuple, dict] | None:
-    """The probe's ``(args, kwargs)`` on this rank: the shared leaves in its own call's tree
-    (a leaf sent as ``OTHER`` keeps this rank's value); None when the trees do not match."""
-    if local is None or len(local.leaves) != len(shared):
-        return None
-    leaves = []
-    for mine, theirs in zip(local.leaves, shared):
-        if theirs is _OTHER:
-            leaves.append(mine)
-        elif isinstance(theirs, torch.Tensor):
-            where = mine.device if isinstance(mine, torch.Tensor) else device
-            leaves.append(theirs.detach().to(where).requires_grad_(theirs.requires_grad))
-        else:
-            leaves.append(theirs)
-    return tree_unflatten(leaves, local.spec)
+    def digest_list(self) -> list[int]:
+        return self.digests if isinstance(self.digests, list) else self.digests.tolist()
 
 
 def cotangent_like(t: torch.Tensor, seed: int) -> torch.Tensor:
@@ -182,43 +79,176 @@ def cotangent_like(t: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.device, t.dtype)
 
 
+def eager() -> AbstractContextManager:
+    """Compiled code runs eagerly inside (``torch.compiler.set_stance("force_eager")``; where a
+    torch has no stances, dynamo is disabled for the block)."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    if stance is not None:
+        return stance("force_eager")
+    return torch._dynamo.config.patch(disable=True)
+
+
+class _Precision:
+    """Whether a 16-bit float computes anywhere in the probe: autocast on the parameters'
+    device where the probe is called or where any submodule is called (a forward wrapper such
+    as Accelerate's enters it inside the call), or 16-bit parameters. A global forward
+    pre-hook, registered for the probe's forward only."""
+
+    def __init__(self, device: torch.device, tracked: Sequence[tuple[str, nn.Parameter]]):
+        self.device = device.type
+        self.low = any(p.dtype in _LOW for _, p in tracked) or self.autocast()
+
+    def autocast(self) -> bool:
+        try:
+            return torch.is_autocast_enabled(self.device)
+        except TypeError:  # torch < 2.4: no device argument
+            return (torch.is_autocast_cpu_enabled() if self.device == "cpu"
+                    else torch.is_autocast_enabled())
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        self.low = self.low or self.autocast()
+
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+@contextmanager
+def host_rngs(seed: int) -> Iterator[None]:
+    """Python's and numpy's global random streams seeded with ``seed`` for the block and put
+    back after it: a forward that draws from them (a layer drop by ``random.random()``) draws
+    the same on every rank, and the user's streams continue as if nothing ran."""
+    try:
+        import numpy as np  # torch's object collectives need it, but torch itself does not
+    except ImportError:
+        np = None
+    state = random.getstate()
+    np_state = np.random.get_state() if np is not None else None
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed & 0xFFFFFFFF)
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        if np is not None:
+            np.random.set_state(np_state)
+
+
+def unwrapped(module: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) compiles, else itself."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+class _Stream:
+    """Digests and figures of the gradients as autograd accumulates them, a block at a time
+    (module docstring): ``taker`` makes the stand-ins' post-accumulate-grad hooks."""
+
+    def __init__(self, tracked: int, digest: ReplicaDigest, device: torch.device,
+                 block_bytes: int) -> None:
+        self.digest, self.device, self.block_bytes = digest, device, block_bytes
+        self.on_host = device.type == "cpu"
+        self.digests: list[int] | torch.Tensor = (
+            [0] * tracked if self.on_host else torch.zeros(tracked, dtype=torch.int64,
+                                                           device=device))
+        self.seen = [False] * tracked
+        self.figures = torch.zeros(2 * tracked, dtype=torch.float64, device=device)
+        self.queue: list[tuple[Sequence[int], torch.Tensor]] = []
+        self.queued = self.held = 0
+
+    def taker(self, indices: Sequence[int]) -> Callable[[torch.Tensor], None]:
+        """The post-accumulate-grad hook of the stand-in of the parameters at ``indices``."""
+        return lambda leaf: self.take(indices, leaf)
+
+    def take(self, indices: Sequence[int], leaf: torch.Tensor) -> None:
+        g, leaf.grad = leaf.grad, None
+        if g is None:
+            return
+        g = g.to_dense() if g.is_sparse else g
+        self.queue.append((indices, g))
+        self.queued += g.numel() * g.element_size()
+        self.held = max(self.held, self.queued)
+        if self.queued >= self.block_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.queue:
+            return
+        grads = [g for _, g in self.queue]
+        got = (self.digest.digests_on_host(grads) if self.on_host
+               else self.digest.digests(grads).to(self.device))
+        figs = torch.stack([torch.stack([g.sum(dtype=torch.float64),
+                                         torch.linalg.vector_norm(g, 1, dtype=torch.float64)])
+                            .to(self.device) for g in grads])
+        for k, (indices, _) in enumerate(self.queue):
+            for i in indices:
+                self._add(i, got[k])
+                self.figures[2 * i:2 * i + 2] += figs[k]
+        self.queue.clear()
+        self.queued = 0
+
+    def _add(self, i: int, d: int | torch.Tensor) -> None:
+        """Parameter ``i``'s digest; a second accumulation (a reentrant checkpoint's) is
+        combined with the first in order — the same order on every rank."""
+        if self.seen[i]:
+            pair = [self.digests[i], d]
+            d = (ReplicaDigest.combine_on_host(pair) if self.on_host
+                 else ReplicaDigest.combine(torch.stack(pair)))
+        self.digests[i] = d
+        self.seen[i] = True
+
+
 def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], args: tuple,
               kwargs: dict, seed: int, forward: Callable[..., Any] | None = None, *,
+              digest: ReplicaDigest | None = None,
+              buffers: dict[str, torch.Tensor] | None = None,
               value: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.detach,
-              around: Callable[[], AbstractContextManager] = nullcontext
-              ) -> list[torch.Tensor | None]:
-    """Each tracked parameter's gradient of the probe (None where it got none), computed as
-    the module docstring says: nothing of training is read back or written. ``forward``: the
-    instance's own forward to call instead of the class's (a client's persistent wrapper);
-    ``value``: a parameter's stand-in values (its storage, detached; FSDP2: its full tensor);
-    ``around``: what the forward and backward run inside (FSDP2: its own hooks hidden)."""
+              around: Callable[[], AbstractContextManager] = nullcontext,
+              block_bytes: int = BLOCK_BYTES) -> ProbeResult:
+    """The probe of the module docstring on ``(args, kwargs)`` with ``seed``: nothing of
+    training is read back or written. ``forward``: the instance's own forward to call instead
+    of the class's (a client's persistent wrapper); ``value``: a parameter's stand-in values
+    (its storage, detached; FSDP2: its full tensor); ``around``: what the forward and backward
+    run inside (FSDP2: its own hooks hidden); ``buffers``: the values the buffers' clones take
+    (a re-run's: the buffers as they were at the first run), default the module's own."""
+    module = unwrapped(module)
+    device = tracked[0][1].device if tracked else torch.device("cpu")
+    stream = _Stream(len(tracked), digest or ReplicaDigest(), device, block_bytes)
+    where = {id(p): [] for _, p in tracked}
+    for i, (_, p) in enumerate(tracked):
+        where[id(p)].append(i)
     stand_ins: dict[str, torch.Tensor] = {}
     by_id: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         for name, p in module.named_parameters(remove_duplicate=False):
             if id(p) not in by_id:
-                by_id[id(p)] = value(p).requires_grad_(p.requires_grad)
+                by_id[id(p)] = leaf = value(p).requires_grad_(id(p) in where)
+                if id(p) in where:
+                    leaf.register_post_accumulate_grad_hook(stream.taker(where[id(p)]))
             stand_ins[name] = by_id[id(p)]
     for name, b in module.named_buffers(remove_duplicate=False):
-        stand_ins[name] = b.clone()
+        stand_ins[name] = (buffers[name] if buffers is not None and name in buffers
+                           else b).clone()
     devices = sorted({p.device.index or 0 for _, p in tracked if p.is_cuda})
-    with torch.random.fork_rng(devices=devices, device_type="cuda"), torch.enable_grad():
+    with torch.random.fork_rng(devices=devices, device_type="cuda"), host_rngs(seed), \
+            torch.enable_grad(), eager():
         torch.default_generator.manual_seed(seed)
         for d in devices:
             torch.cuda.default_generators[d].manual_seed(seed)
         # the backward too runs with the stand-ins in place: a checkpointed segment
         # recomputes its forward there, and must not reach the user's parameters
+        precision = _Precision(device, tracked)
+        watch = register_module_forward_pre_hook(precision)
         with around(), _reparametrize_module(module, stand_ins, tie_weights=True):
-            out = (forward(*args, **kwargs) if forward is not None
-                   else type(module).forward(module, *args, **kwargs))
+            try:
+                out = (forward(*args, **kwargs) if forward is not None
+                       else type(module).forward(module, *args, **kwargs))
+            finally:
+                watch.remove()
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
                     and t.requires_grad and (t.is_floating_point() or t.is_complex())]
             if outs:
                 torch.autograd.backward(outs, [cotangent_like(t, seed + i)
                                                for i, t in enumerate(outs)])
-    grads = []
-    for name, p in tracked:
-        leaf = by_id.get(id(p), stand_ins.get(name))
-        g = leaf.grad if leaf is not None else None
-        grads.append(g.to_dense() if g is not None and g.is_sparse else g)
-    return grads
+    stream.flush()
+    return ProbeResult(stream.digests, stream.figures, stream.held, precision.low)

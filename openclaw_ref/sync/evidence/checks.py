@@ -27,9 +27,8 @@ from openclaw_ref.sync.errors import (
     ReplicaDivergence,
     ShapeMismatch,
 )
-from openclaw_ref.sync.evidence.control import split_view
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
-from openclaw_ref.sync.evidence.vote import plurality
+from openclaw_ref.sync.evidence.vote import majority, split_view, tie_caveat
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -149,12 +148,14 @@ def compare_manifests(manifests: list[Manifest], *, step: int | None = None,
     manifest differs from the reference, and every rank that differs anywhere."""
     error = error or ParameterMismatch
     digests = [manifest_digest(m) for m in manifests]
-    ref_digest, off = plurality(digests)
+    vote = majority(digests)
+    ref_digest, off = vote.reference, vote.differing
     if not off:
         return
     ref_rank = digests.index(ref_digest)
     ref = manifests[ref_rank]
-    first = min(off, key=lambda r: _first_difference(ref, manifests[r]))
+    first = min((r for r in off if r != ref_rank),
+                key=lambda r: _first_difference(ref, manifests[r]))
     i = _first_difference(ref, manifests[first])
 
     def entry(m: Manifest) -> str:
@@ -162,7 +163,7 @@ def compare_manifests(manifests: list[Manifest], *, step: int | None = None,
 
     names = sorted({m[i][0] for m in (ref, manifests[first]) if i < len(m)})
     raise error(f"entry #{i}: rank {ref_rank} has {entry(ref)}, rank {first} has "
-                f"{entry(manifests[first])} ({len(manifests)} ranks compared)",
+                f"{entry(manifests[first])} ({len(manifests)} ranks compared){tie_caveat(vote)}",
                 step=step, ranks=off, params=names)
 
 
@@ -191,9 +192,10 @@ def construction_check(named: Iterable[tuple[str, torch.Tensor]], group=None,
                 for raw in _all_gather_bytes(packed, group, device)]
     compare_manifests([m for m, _ in gathered])
     layouts = [tuple(lay) if lay is not None else None for _, lay in gathered]
-    _, off = plurality(layouts)
+    vote = majority(layouts)
+    off = vote.differing
     if off:
-        split = split_view(layouts, off, show=lambda lay: f"{len(lay or ())} buckets "
+        split = split_view(layouts, vote, show=lambda lay: f"{len(lay or ())} buckets "
                                                           f"{list(lay or ())[:8]}")
         raise BucketMisalignment(
             f"bucket layouts differ at construction (bucket sizes in bytes): {split}",
@@ -270,19 +272,19 @@ def replica_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int, group
     count = torch.tensor([len(names)], dtype=torch.int64, device=local.device)
     heads = _all_gather(torch.cat([ReplicaDigest.combine(local).reshape(1), count]), group)
     counts = [c for _, c in heads]
-    _, off = plurality(counts)
+    vote = majority(counts)
+    off = vote.differing
     if off:
-        split = split_view(counts, off, show=lambda c: f"{c} parameters")
+        split = split_view(counts, vote, show=lambda c: f"{c} parameters")
         raise ParameterMismatch(f"replica check over different parameter counts: {split}",
                                 step=step, ranks=off)
-    _, off = plurality([c for c, _ in heads])
-    if not off:
+    if not majority([c for c, _ in heads]).differing:
         return
     table = _all_gather(local, group)
     diverged: list[str] = []
     ranks: set[int] = set()
     for i, name in enumerate(names):
-        _, odd = plurality([row[i] for row in table])
+        odd = majority([row[i] for row in table]).differing
         if odd:
             diverged.append(name)
             ranks.update(odd)

@@ -3,10 +3,10 @@
 
 Decision rule (``verify``). The verdict is a pure function of the reduced block, which is
 bitwise identical on every rank, so every rank raises the same error at the same step and bucket
-or none does. For each field the reference value is the one most ranks report (ties: the value
-of the lowest such rank; ``vote.plurality``); the ranks reporting anything else are the
-disagreeing ranks (``ranks`` of the error). The message claims a majority only where there is
-one; otherwise it says the ranks disagree and gives every rank's value (``split_view``).
+or none does. For each field the reference value is the one a strict majority of the ranks
+report (``vote.majority``); the ranks reporting anything else are the disagreeing ranks (``ranks``
+of the error) — with no strict majority, every rank, and the message says the ranks disagree
+and gives every rank's value (``vote.split_view``).
 Checks run in cause order: missing slot → a bucket some rank's DDP never issued (worded from
 the slots of the ranks that did not reduce, ``not_reduced``) → clock → bucket index/membership →
 scale → absent required gradient; a local non-finite gradient is reported
@@ -44,26 +44,7 @@ from openclaw_ref.sync.evidence.control_layout import (
     Slot,
     units_to_ms,
 )
-from openclaw_ref.sync.evidence.vote import plurality
-
-
-def split_view(values: Sequence[object], differing: Sequence[int],
-               ranks: Sequence[int] | None = None, show=str) -> str:
-    """How the ranks' ``values`` split (``differing``: indices from ``vote.plurality``;
-    ``ranks``: the rank of each value, default its index). With a strict majority, the value it
-    holds and the other ranks' values; without one (two ranks, any tie) every rank's value,
-    no rank singled out as the odd one, and why the error still lists the ranks it does (they
-    differ from the lowest rank's value, ``vote.plurality``'s tie rule)."""
-    n = len(values)
-    ids = list(ranks) if ranks is not None else list(range(n))
-    off = set(differing)
-    agree = [i for i in range(n) if i not in off]
-    if 2 * len(agree) > n:
-        others = ", ".join(f"rank {ids[i]}: {show(values[i])}" for i in differing)
-        return f"{show(values[agree[0]])} on {len(agree)} of {n} ranks, {{{others}}}"
-    every = ", ".join(f"rank {ids[i]}: {show(values[i])}" for i in range(n))
-    return (f"the ranks disagree, no majority: {{{every}}} — either side may be the faulty "
-            f"one; the ranks named are those that differ from rank {ids[agree[0]]}'s value")
+from openclaw_ref.sync.evidence.vote import majority, split_view
 
 
 @dataclass(frozen=True)
@@ -99,7 +80,8 @@ def verify(slots: list[Slot], *, bucket: int | None, params: list[str]) -> Bucke
         clocks = [slots[r].clock for r in active]
         raise BucketMisalignment(
             "no readable control block from these ranks (different bucket sizes or slot "
-            "collision)", step=int(plurality(clocks)[0]) if clocks else None, ranks=missing,
+            "collision)", step=int(majority(clocks).reference) if clocks else None,
+            ranks=missing,
             bucket=bucket, params=params)
     unissued = [r for r in active if slots[r].unissued]
     if unissued:
@@ -110,8 +92,9 @@ def verify(slots: list[Slot], *, bucket: int | None, params: list[str]) -> Bucke
 
     def odd(name: str, show=str) -> tuple[object, list[int], str]:
         values = [getattr(slots[r], name) for r in active]
-        ref, off = plurality(values)
-        return ref, [active[i] for i in off], split_view(values, off, active, show)
+        vote = majority(values)
+        return (vote.reference, [active[i] for i in vote.differing],
+                split_view(values, vote, active, show))
 
     clock, late, split = odd("clock", lambda c: f"step {c}")
     if late:
@@ -153,7 +136,7 @@ def not_reduced(slots: Sequence[Slot], active: Sequence[int], unissued: Sequence
     bypassed the wrapper or parameters replaced after wrapping, else ``MissingGradient``; the
     parameter named is the one the first rank with that cause reported; ``ranks`` are every
     rank whose DDP did not reduce, each cause's ranks in the words when they differ."""
-    step = int(plurality([slots[r].clock for r in active])[0])
+    step = int(majority([slots[r].clock for r in active]).reference)
     by_why: dict[NotIssued, list[int]] = {}
     for r in unissued:
         by_why.setdefault(slots[r].unissued, []).append(r)

@@ -20,8 +20,9 @@ next forward, after which that forward changes them again; the hook never sees a
 which they must be equal.
 
 A mismatch (counts not 0 / n) makes every rank gather each rank's per-parameter digests of the
-slice; ``divergence`` names the ranks whose slice digest differs from the plurality
-(``vote.plurality``) and the differing parameters, first the first one in registration order.
+slice; ``divergence`` names the ranks whose slice digest differs from the majority
+(``vote.majority``: with no strict majority, every rank) and the differing parameters, first
+the first one in registration order.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ import torch
 from torch import nn
 
 from openclaw_ref.sync.errors import ReplicaDivergence
-from openclaw_ref.sync.evidence.control import split_view
 from openclaw_ref.sync.evidence.replica_digest import MAX_PLANS, ReplicaDigest
-from openclaw_ref.sync.evidence.vote import plurality
+from openclaw_ref.sync.evidence.vote import majority, split_view
 
 Piece = tuple[int, int, int]  # (parameter index, first element, end element)
 
@@ -117,15 +117,15 @@ class ReplicaSlices:
         if not mine:
             return None
         heads = [(row[0], tuple(row[1:])) for row in mine]
-        _, off = plurality(heads)
-        if not off:
+        vote = majority(heads)
+        if not vote.differing:
             return None
-        index = mine[[i for i in range(len(mine)) if i not in off][0]][0] - 1
+        index = vote.reference[0] - 1
         names, split = [], ""
         for j, (p, _, _) in enumerate(self.slices[index]):
             values = [row[1 + j] for row in mine]
-            _, odd = plurality(values)
-            if odd and self.named[p][0] not in names:
+            odd = majority(values)
+            if odd.differing and self.named[p][0] not in names:
                 names.append(self.named[p][0])
                 split = split or split_view([format(v & _MASK64, "016x") for v in values],
                                             odd, ranks)
@@ -134,7 +134,7 @@ class ReplicaSlices:
         return ReplicaDivergence(
             f"parameter replicas differ bitwise (slice {index} of {self.k}, digested before "
             f"this step's optimizer step): {first}", step=step,
-            ranks=[ranks[i] for i in off], params=names)
+            ranks=[ranks[i] for i in vote.differing], params=names)
 
 
 _MASK64 = (1 << 64) - 1

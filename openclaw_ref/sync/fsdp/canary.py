@@ -48,8 +48,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from openclaw_ref.sync.errors import ComputeMismatch
 from openclaw_ref.sync.evidence import checks
-from openclaw_ref.sync.evidence.canary import _SEED0, Canary
-from openclaw_ref.sync.evidence.canary_probe import run_probe
+from openclaw_ref.sync.evidence.canary import Canary, ProbeCall
+from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe
 
 
 def full_value(p: torch.Tensor) -> torch.Tensor:
@@ -131,18 +131,18 @@ class FSDPCanary(Canary):
         """The forward pre-hook, ahead of FSDP2's (and of the guard's, if installed later),
         and the optimizer step pre-hook, after the guard's (registered after it)."""
         module = self.guard.module
-        self._forward = module.__dict__.get("forward")  # as ``Canary.install`` records it
+        self._remember_forwards()
         return [module.register_forward_pre_hook(self._before_forward, with_kwargs=True,
                                                  prepend=True),
                 register_optimizer_step_pre_hook(self._after_exchange)]
 
-    def _grads(self, args: tuple, kwargs: dict) -> list[torch.Tensor | None]:
+    def _execute(self, call: ProbeCall) -> ProbeResult:
         self.probing = True
         try:
             module = self.guard.module
-            return run_probe(module, self.guard.tracked, args, kwargs, _SEED0 + self.probes,
-                             forward=self._forward, value=full_value,
-                             around=lambda: hidden_fsdp_hooks(module))
+            return run_probe(module, self.guard.tracked, call.args, call.kwargs, call.seed,
+                             forward=self._forward, digest=self.digest, buffers=call.buffers,
+                             value=full_value, around=lambda: hidden_fsdp_hooks(module))
         finally:
             self.probing = False
 
@@ -155,7 +155,7 @@ class FSDPCanary(Canary):
         self._seen = guard.opt_steps
         step = guard.opt_steps - 1
         try:
-            if self.on and not self.tolerant and step == self._compare_at:
+            if step == self._compare_at and not self._compare_tolerant:  # bitwise: this row
                 self.fold(None)  # the probe's row is sent once
                 row = torch.tensor(self.gather_row(), dtype=torch.int64, device=(
                     checks._collective_device(self.guard.group, self.device)))

@@ -63,7 +63,8 @@ def close_replica_check(guard) -> None:
             "replicas of the same shards (HSDP, replicate_with_fsdp) differ bitwise at close(), "
             "after the last "
             f"optimizer step (every parameter compared; first differing: {params[0]}); with "
-            "two replicas the higher rank is named: either may be the faulty one",
+            "no majority among a shard's replicas (two replicas) every one is named: either may "
+            "be the faulty one",
             step=step, ranks=[guard.global_ranks[r] for r in off], params=params)
         guard.events.append(err.event())
         raise err

@@ -29,7 +29,7 @@ from openclaw_ref.sync.errors import (
     ReplicaDivergence,
     ScaleMismatch,
 )
-from openclaw_ref.sync.evidence.vote import plurality
+from openclaw_ref.sync.evidence.vote import majority, tie_caveat
 from openclaw_ref.sync.fsdp.scale import FACTOR, factor_text, from_bits, judge_scales
 
 DIGEST_BITS = 62
@@ -104,21 +104,23 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
           ) -> tuple[ConsistencyError | None, list[Event]]:
     """The verdict of one exchange: the first error (clock, loads, the reduce-scatter's input,
     what was reduced, replicas, non-finite, scale, optimizer), with the ranks that differ from
-    the plurality named by their global rank, and the non-fatal findings (a non-finite gradient
-    under ``nonfinite="skip"``). ``slices``: K, the replica digest's slice count (for the
-    message); ``scale_tol``: the scale check's relative tolerance (``scale.tolerance``)."""
+    the majority named by their global rank (every rank on a tie), and the non-fatal findings
+    (a non-finite gradient under ``nonfinite="skip"``). ``slices``: K, the replica digest's
+    slice count (for the message); ``scale_tol``: the scale check's relative tolerance
+    (``scale.tolerance``)."""
     def ranks(group_ranks: Iterable[int]) -> list[int]:
         return [global_ranks[r] for r in group_ranks]
 
-    clock = plurality([(r[Field.KIND], r[Field.OPT_STEPS], r[Field.BACKWARDS], r[Field.RS_SEQ])
+    clock = majority([(r[Field.KIND], r[Field.OPT_STEPS], r[Field.BACKWARDS], r[Field.RS_SEQ])
                        for r in rows])
     step = clock.reference[1]
     if clock.differing:
         told = "; ".join(f"rank {global_ranks[r]}: {_clock_text(rows[r])}"
                          for r in clock.differing)
-        others = _clock_text(rows[_first_agreeing(clock, len(rows))])
-        return ClockMismatch(f"{told}; the others: {others} (a rank ran another "
-                             f"forward/backward or optimizer step?){_no_majority(clock, rows)}",
+        others = ("" if clock.tie else
+                  f"; the others: {_clock_text(rows[_first_agreeing(clock, len(rows))])}")
+        return ClockMismatch(f"{told}{others} (a rank ran another "
+                             f"forward/backward or optimizer step?){tie_caveat(clock)}",
                              step=step, ranks=ranks(clock.differing)), []
     loaded = _loaders([r[Field.LOADS] for r in rows])
     if loaded:
@@ -131,14 +133,14 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
                                   ranks=ranks(loaded)), []
     kind = Exchange(rows[0][Field.KIND])
     if kind is Exchange.REDUCE_SCATTER:
-        numel = plurality([r[Field.RS_NUMEL] for r in rows])
+        numel = majority([r[Field.RS_NUMEL] for r in rows])
         if numel.differing:
             sizes = ", ".join(f"rank {global_ranks[r]}: {row[Field.RS_NUMEL]}"
                               for r, row in enumerate(rows))
             return MissingGradient(f"reduce-scatter {rows[0][Field.RS_SEQ]} of this backward "
                                    f"has another input size on these ranks ({sizes} "
                                    "elements): a parameter without a gradient (unused in the "
-                                   f"forward?){_no_majority(numel, rows)}", step=step,
+                                   f"forward?){tie_caveat(numel)}", step=step,
                                    ranks=ranks(numel.differing)), []
         return None, []
     if kind is Exchange.BACKWARD:
@@ -152,10 +154,10 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
                                         "reduce-scatter would hang)", step=step,
                                         ranks=ranks(skipping)), []
         return None, []
-    reduced = plurality([r[Field.REDUCED] for r in rows])
+    reduced = majority([r[Field.REDUCED] for r in rows])
     if reduced.differing:
         return MissingGradient("these ranks reduced other sharded parameters, or as often, "
-                               f"since the last optimizer step{_no_majority(reduced, rows)}",
+                               f"since the last optimizer step{tie_caveat(reduced)}",
                                step=step,
                                ranks=ranks(reduced.differing)), []
     if kind is Exchange.OPTIMIZER_STEP:
@@ -165,8 +167,8 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
                 f"replicas of the same shards (HSDP, replicate_with_fsdp) differ bitwise (slice "
                 f"{step % slices} of "
                 f"{slices}, digested before this optimizer step); a rank is named when its "
-                "digest differs from the plurality of its replicas, and with two replicas from "
-                "the lower rank's: either may be the faulty one", step=step,
+                "digest differs from the majority of its replicas; with no majority (two "
+                "replicas) every replica is named: either may be the faulty one", step=step,
                 ranks=ranks(diverged)), []
     unreduced = [r for r, row in enumerate(rows) if row[Field.NOT_REDUCED]]
     if kind is Exchange.OPTIMIZER_STEP and unreduced:
@@ -198,25 +200,26 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
 
 
 def _loaders(counts: Sequence[int]) -> list[int]:
-    """The ranks whose load count differs from the plurality's; without a majority (two
-    ranks: rank 0 loaded, rank 1 did not) those that loaded more often than the fewest."""
-    vote = plurality(list(counts))
-    if not vote.differing or 2 * len(vote.differing) < len(counts):
+    """The ranks whose load count differs from the majority's; without a majority (two
+    ranks: rank 0 loaded, rank 1 did not) those that loaded more often than the fewest — a
+    per-rank fact, not a vote: loading is what a rank did, and the rank that did it is named."""
+    vote = majority(list(counts))
+    if not vote.tie:
         return list(vote.differing)
     return [r for r, c in enumerate(counts) if c > min(counts)]
 
 
 def _fewer(counts: Sequence[int]) -> list[int]:
-    """The ranks whose count differs from the plurality's; without a majority those with
-    fewer than the most (the ranks that skip what the others do)."""
-    vote = plurality(list(counts))
-    if not vote.differing or 2 * len(vote.differing) < len(counts):
+    """The ranks whose count differs from the majority's; without a majority those with
+    fewer than the most (the ranks that skip what the others do: a per-rank fact)."""
+    vote = majority(list(counts))
+    if not vote.tie:
         return list(vote.differing)
     return [r for r, c in enumerate(counts) if c < max(counts)]
 
 
 def replica_divergence(rows: list[list[int]]) -> list[int]:
-    """The ranks whose replica digest differs from the plurality of the ranks holding the same
+    """The ranks whose replica digest differs from the majority of the ranks holding the same
     shards (same ``REPLICA_OF``); 1-D FSDP has no replicas, and nothing is compared."""
     peers: dict[int, list[int]] = {}
     for r, row in enumerate(rows):
@@ -224,7 +227,7 @@ def replica_divergence(rows: list[list[int]]) -> list[int]:
             peers.setdefault(row[Field.REPLICA_OF], []).append(r)
     off: list[int] = []
     for members in peers.values():
-        vote = plurality([rows[r][Field.REPLICA] for r in members])
+        vote = majority([rows[r][Field.REPLICA] for r in members])
         off += [members[i] for i in vote.differing]
     return sorted(off)
 
@@ -235,25 +238,18 @@ def _optimizer_verdict(rows: list[list[int]], ranks, step: int) -> ConsistencyEr
         return OptimizerMismatch("the stepping optimizer holds none of the model's sharded "
                                  "parameters (built before fully_shard?): the model would "
                                  "never train", step=step, ranks=ranks(foreign))
-    hyper = plurality([r[Field.HYPER] for r in rows])
+    hyper = majority([r[Field.HYPER] for r in rows])
     if hyper.differing:
         return OptimizerMismatch("the optimizer's hyperparameters (lr, betas, weight decay, "
-                                 f"…) differ from the other ranks'{_no_majority(hyper, rows)}",
+                                 f"…) differ from the other ranks'{tie_caveat(hyper)}",
                                  step=step,
                                  ranks=ranks(hyper.differing))
     return None
 
 
-def _no_majority(vote, rows: Sequence[object]) -> str:
-    """The caveat of a tie (``vote``): the ranks named are only those that differ from the
-    lowest rank's value, and either side may be the faulty one."""
-    if 2 * len(vote.differing) < len(rows):
-        return ""
-    return "; the ranks disagree, no majority: either side may be the faulty one"
-
-
 def _first_agreeing(vote, world: int) -> int:
-    return next(r for r in range(world) if r not in vote.differing)
+    """A rank holding the reference value (rank 0 on a tie, where every rank is a suspect)."""
+    return next((r for r in range(world) if r not in vote.differing), 0)
 
 
 def _clock_text(row: list[int]) -> str:

@@ -66,6 +66,7 @@ from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
 from openclaw_ref.sync.ddp.step_setup import Unset
 from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
 from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.canary import canary_summary
 from openclaw_ref.sync.evidence.replica_close import check_watchdog
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
 from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE, Watchdog
@@ -131,6 +132,7 @@ class FSDPGuard:
         self.watchdog: Watchdog | None = None
         self.last_words: LastWords | None = None
         self.canary = None  # the compute canary (``fsdp.canary``), set by ``harden``
+        self.canary_off = ""  # why there is none (``hardening.canary_interval``)
         self._fsdp_groups: list = []  # every FSDP param group (``reduce_grads``: syncing)
         self.closed = self.failed = False
         self.exchanges = self.passed = self.extra_forward_exchanges = self.reduce_exchanges = 0
@@ -374,7 +376,8 @@ class FSDPGuard:
                 "extra_forward_exchanges": self.extra_forward_exchanges,
                 "reduce_exchanges": self.reduce_exchanges,
                 "notes": dict(self.last_words.written) if self.last_words else {},
-                "nonfinite": self.cfg.nonfinite.value}
+                "nonfinite": self.cfg.nonfinite.value,
+                "canary": canary_summary(self.canary, self.canary_off)}
 
     def close(self, verify: bool = True) -> None:
         """On HSDP, compare every replica slice once more across the replica dimension (module

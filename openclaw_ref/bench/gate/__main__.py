@@ -1,0 +1,67 @@
+"""``python -m openclaw_ref.bench.gate [BASE] [HEAD]``: the regression gate (``tox -e bench-gate``).
+
+Prints one line per job and the verdict; exits 0 (within), 1 (slower: a regression), 5 (noisy:
+the host was too busy to rule out the slowdown the gate promises to see), 2 (bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from openclaw_ref.bench.gate.run import GatePlan, compare
+from openclaw_ref.bench.gate.stat import Verdict
+from openclaw_ref.core.jsonio import check_output_file, write_json_atomic
+from openclaw_ref.sync.errors import BadInput
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m openclaw_ref.bench.gate",
+                                description="is HEAD's harden() slower than BASE's? Both "
+                                            "measured in the same jobs beside stock DDP")
+    plan = GatePlan()
+    p.add_argument("base", nargs="?", default="HEAD~1", help="the commit to compare against")
+    p.add_argument("head", nargs="?", default="HEAD", help="the commit under test")
+    p.add_argument("--jobs", type=int, default=plan.jobs, help="fresh jobs per run")
+    p.add_argument("--steps", type=int, default=plan.steps, help="timed steps per arm and job")
+    p.add_argument("--repo", default=".", help="the git repository holding both commits")
+    p.add_argument("--out", default=None, help="write the run's record (JSON) here")
+    return p
+
+
+def verdict_line(record: dict) -> str:
+    x, old = record["excess"], record["old_rule"]
+    return (f"gate: {record['verdict'].upper()} — HEAD {record['head']['sha'][:10]} adds "
+            f"{x['point']:+.4f} [{x['low']:+.4f}, {x['high']:+.4f}] of a stock DDP step "
+            f"({record['stock_step_ms']:.1f} ms) over BASE {record['base']['sha'][:10]}; flags "
+            f"≥ {record['tolerance']:.3f} with the interval above 0, must see {record['see']:.2f}"
+            f"; hardened ÷ ddp {old['base_over_ddp']:.3f} → {old['head_over_ddp']:.3f}; "
+            f"{record['seconds'] / 60:.1f} min")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        plan = GatePlan(jobs=args.jobs, steps=args.steps)
+        if args.out:
+            check_output_file(args.out, "--out")
+        print(f"gate: {args.base} → {args.head}, {plan.jobs} jobs × {plan.steps} steps per arm "
+              f"(~{plan.estimate_s() / 60:.0f} min on 2 idle cores)", flush=True)
+        record = compare(Path(args.repo), args.base, args.head, plan,
+                         lambda m: print(m, flush=True))
+    except BadInput as exc:
+        print(f"gate: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        write_json_atomic(args.out, record)
+    print(verdict_line(record), flush=True)
+    if record["events"]:
+        print(f"gate: the guards reported {record['events']} event(s) on a healthy job",
+              flush=True)
+    return Verdict(record["verdict"]).exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
