@@ -3,8 +3,10 @@
 them, ``harden()`` trains bitwise like the same compiled model without it, adds no graph break
 and no recompile — read from dynamo's own counters, which a deliberate recompile and graph
 break in the same task show are live — and a rank with another learning rate is still named.
-Compiled autograd is refused: torch itself refuses it with DDP's C++ reducer (hardened or not),
-and ``harden()`` refuses, with ``BadInput`` naming it, the Python reducer it needs.
+``harden()`` runs at its defaults, so the compute canary probes too (its start-up probe falls
+in the first steps). Compiled autograd is refused: torch itself refuses it with DDP's C++
+reducer (hardened or not), and ``harden()`` refuses, with ``BadInput`` naming it, the Python
+reducer it needs.
 
 Every compiled arm starts from ``torch._dynamo.reset()`` in the session's 2-rank pool, so the
 two arms' counters count the same work; inductor's on-disk cache makes the second arm's
@@ -75,6 +77,7 @@ def _compiled_run(ctx, hardened: bool, lr_rank1: float = 0.01, steps: int = STEP
         if state is not None:
             state.close(verify=seen["error"] is None)
             seen["events"] = [e.kind for e in state.events]
+            seen["probes"] = (state.summary().get("canary") or {}).get("probes", 0)
     seen["counters"] = _counters()
     seen["params"] = [p.detach().clone() for p in ddp.parameters()]
     rebuilt = ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")  # after iteration 1
@@ -121,6 +124,7 @@ def test_a_model_compiled_before_the_wrap_trains_bitwise_without_a_graph_break_o
         stock, hardened = seen["stock"], seen["hardened"]
         assert stock["error"] is None and hardened["error"] is None
         assert hardened["events"] == []
+        assert hardened["probes"] >= 1  # harden()'s defaults: the compute canary probed too
         assert hardened["losses"] == stock["losses"]  # bitwise: float equality of every loss
         assert all(torch.equal(a, b) for a, b in zip(stock["params"], hardened["params"]))
         # DDPOptimizer split the graph at DDP's buckets in both arms: one dynamo graph, one
@@ -149,7 +153,8 @@ def test_a_rank_with_another_learning_rate_is_named_under_compile(pools):
     errors = [r["hardened"]["error"] for r in runs]
     assert all(isinstance(e, ReplicaDivergence) for e in errors), errors
     assert errors[0].step == errors[1].step and errors[0].step < FAULT_STEPS
-    assert errors[0].ranks == errors[1].ranks == [1]  # two ranks, no majority: the higher
+    # two ranks, no majority: both are suspects, on both ranks (evidence/vote.py)
+    assert errors[0].ranks == errors[1].ranks == [0, 1]
 
 
 # A fresh interpreter, one rank: DDP under optimize_ddp="python_reducer" rewrites inductor's
