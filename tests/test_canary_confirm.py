@@ -13,7 +13,13 @@ Every rank tells the same story: the same error, step, ranks and events.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.core.nondeterminism import Phase
 from openclaw_ref.experiments.canary_confirm import (
@@ -22,7 +28,9 @@ from openclaw_ref.experiments.canary_confirm import (
     Noise,
     confirm_cases_task,
 )
+from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.evidence.canary import STRIKES, CanaryEvent
+from openclaw_ref.sync.hardening import harden
 
 K = 2
 STEPS = 20
@@ -103,3 +111,57 @@ def test_a_one_rank_intermittent_fault_is_reported_then_named_at_the_strikes(poo
     transients = [e for e in run["events"] if e[0] == CanaryEvent.TRANSIENT]
     assert len(transients) >= STRIKES and all(e[1] == [1] for e in transients)
     assert run["canary"]["strikes"] == {"1": STRIKES}
+
+
+class FragileNet(nn.Module):
+    """Raises on a 2-row input (the probe's slice) where ``fragile`` is set: a probe that
+    fails on one rank only."""
+
+    def __init__(self, fragile: bool) -> None:
+        super().__init__()
+        self.fragile = fragile
+        self.body = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fragile and x.shape[0] == 2:
+            raise RuntimeError("this rank cannot run a 2-row batch")
+        return self.body(x)
+
+
+def fragile_task(ctx, threads: tuple[int, ...]) -> dict:
+    """Rank 1's probe raises; ``threads`` per rank (unequal: the tolerance from the start)."""
+    pool_threads = torch.get_num_threads()
+    torch.set_num_threads(threads[ctx.rank])
+    try:
+        torch.manual_seed(0)
+        model = FragileNet(fragile=ctx.rank == 1)
+        ddp = DDP(model)
+        state = harden(ddp, SyncConfig(canary_every=2), ctx)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for step in range(6):
+                g = torch.Generator().manual_seed(10 * ctx.rank + step)
+                F.cross_entropy(ddp(torch.randn(8, 12, generator=g)),
+                                torch.randint(0, 4, (8,), generator=g)).backward()
+                opt.step()
+                opt.zero_grad()
+        reply = {"canary": state.summary()["canary"],
+                 "events": [(str(e.kind), e.ranks, e.step) for e in state.events],
+                 "warned": [str(w.message) for w in seen
+                            if "this rank's probe raised" in str(w.message)]}
+        state.close()
+        return reply
+    finally:
+        torch.set_num_threads(pool_threads)
+
+
+@pytest.mark.parametrize("threads", [(1, 1), (1, 2)], ids=["bitwise", "tolerance"])
+def test_a_probe_that_raises_on_one_rank_turns_the_canary_off_everywhere_and_ends_nothing(
+        pools, threads):
+    replies = pools.get(2).run(fragile_task, threads)
+    offs = [[e for e in r["events"] if e[0] == CanaryEvent.UNAVAILABLE] for r in replies]
+    assert offs[0] == offs[1] and len(offs[0]) == 1 and offs[0][0][1] == [1], offs
+    assert all(r["canary"]["mode"] == "off" and "could not run" in r["canary"]["why"]
+               for r in replies)
+    assert replies[1]["warned"] and not replies[0]["warned"]  # the cause, on its own rank

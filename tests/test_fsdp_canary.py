@@ -21,7 +21,8 @@ from openclaw_ref.core.sdc_faults import FaultyMatmul, entered, sdc_model
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.canary_probe import run_probe
-from openclaw_ref.sync.fsdp.canary import full_value, hidden_fsdp_hooks
+from openclaw_ref.sync.fsdp.canary import hidden_fsdp_hooks
+from openclaw_ref.sync.fsdp.canary_units import UnitGather, full_value
 from openclaw_ref.sync.hardening import harden
 
 STEPS = 4
@@ -148,19 +149,34 @@ def test_hsdp_trains_bitwise_the_same_with_the_canary_at_every_step(pools):
     _assert_on_off_bitwise(pools, 4, "hsdp", "default")
 
 
+class _Upfront:
+    """Every parameter a stand-in gathered up front: no unit gathered lazily."""
+
+    ids, peak_bytes = frozenset(), 0
+
+    def __init__(self, model) -> None:
+        pass
+
+    def installed(self, stream, where):
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+
 def leaky_train_task(ctx, every: int) -> dict:
-    """``train_task`` with the probe run through FSDP2's hooks (not hidden): the leak the
-    on/off comparison must see."""
+    """``train_task`` with the probe run through FSDP2's hooks (not hidden) on stand-ins of
+    every parameter: the leak the on/off comparison must see."""
     from contextlib import nullcontext
 
     from openclaw_ref.sync.fsdp import canary
 
-    hidden = canary.hidden_fsdp_hooks
+    hidden, units = canary.hidden_fsdp_hooks, canary.UnitGather
     canary.hidden_fsdp_hooks = lambda model: nullcontext()
+    canary.UnitGather = _Upfront
     try:
         return train_task(ctx, "fsdp2", "default", every)
     finally:
-        canary.hidden_fsdp_hooks = hidden
+        canary.hidden_fsdp_hooks, canary.UnitGather = hidden, units
 
 
 def test_a_probe_run_through_fsdp2s_own_hooks_would_change_training_and_is_seen(pools):
@@ -197,21 +213,28 @@ def probe_task(ctx) -> dict:
     x = _batch(1, 0)[0][:2]
     with hidden_fsdp_hooks(model):
         inside = tuple(len(m._forward_pre_hooks) for m in model.modules())
+    units = UnitGather(model)
     got = run_probe(model, tracked, (x,), {}, 11, value=full_value,
-                    around=lambda: hidden_fsdp_hooks(model))
+                    around=lambda: hidden_fsdp_hooks(model), lazy=units)
     reference = run_probe(plain, list(plain.named_parameters()), (x,), {}, 11)
+    full = sum(p.numel() * p.element_size() for p in plain.parameters())
+    largest = max(sum(p.numel() * p.element_size() for p in m.parameters())
+                  for m in model.children() if isinstance(m, FSDPModule))
     after = seen()
     dist.barrier()
     return {"same": before == after, "inside": inside,
             "outside": tuple(len(m._forward_pre_hooks) for m in model.modules()),
             "buffers": all(torch.equal(b, buffers[n]) for n, b in model.named_buffers()),
-            "grads": [g == r for g, r in zip(got.digest_list(), reference.digest_list())]}
+            "grads": [g == r for g, r in zip(got.digest_list(), reference.digest_list())],
+            "param_bytes": got.param_bytes, "full_bytes": full, "largest_unit": largest}
 
 
 def test_the_fsdp2_probe_gives_the_unsharded_models_gradients_and_leaves_fsdp2_as_it_was(
         pools):
     for reply in pools.get(2).run(probe_task):
         assert reply["grads"] and all(reply["grads"]), reply["grads"]
+        # one unit's full parameters at a time, not the model's
+        assert 0 < reply["param_bytes"] <= reply["largest_unit"] < reply["full_bytes"], reply
         assert reply["same"] and reply["buffers"]
         assert sum(reply["inside"]) == 0 < sum(reply["outside"])  # FSDP2's hooks were hidden
 
@@ -300,7 +323,7 @@ def test_on_the_zoos_models_the_fsdp2_canary_is_bitwise_silent_and_names_an_sdc_
         assert all(torch.equal(p, b["params"][n]) for n, p in a["params"].items())
     faulty = pool.run(canary_task, factory, K, 6, "sdc-ulp", FAULT_STEP, "fsdp2")
     assert [(r["error"]["kind"], r["error"]["ranks"]) for r in faulty] == [
-        ("ComputeMismatch", [1])] * 2
+        ("ComputeMismatch", [0, 1])] * 2  # two ranks: both suspects
     assert all(0 <= r["error"]["step"] - FAULT_STEP <= 2 * K for r in faulty)
 
 
@@ -337,4 +360,5 @@ def test_replicate_with_fsdp_takes_the_canary_bitwise_and_names_an_sdc_rank(pool
     faulty = pools.get(2).run(sdc_task, "replicate", "sdc-backward", K, 1)
     for reply in faulty:
         kind, step, ranks, text = reply["error"]
-        assert (kind, ranks) == ("ComputeMismatch", [1]) and 0 <= step - FAULT_STEP <= 2 * K, text
+        assert (kind, ranks) == ("ComputeMismatch", [0, 1])  # two ranks: both suspects
+        assert 0 <= step - FAULT_STEP <= 2 * K, text

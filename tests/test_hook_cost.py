@@ -139,6 +139,11 @@ def test_a_real_interleaved_job_times_every_arm_with_no_false_alarm(pools):
     assert all(len(raw["step_ms"][a]) == 5 and min(raw["step_ms"][a]) > 0 for a in ARMS)
     assert raw["buckets"]["ddp"] == 8  # 8 × Linear(512, 512) under a 1 MB cap
     assert raw["events"] == 0
+    # every hardened arm's canary held at most one block of gradients at a time (1 MiB, or
+    # one 1 MiB Linear(512, 512) weight), of the MLP's 8.4 MB
+    held = raw["probe_held_bytes"]
+    assert set(held) == {"hardened", "hardened-fp16", "hardened-noreplica", "hardened+canary"}
+    assert 0 < held["hardened+canary"] <= 2 * 2**20 and held["hardened+canary"] == held["hardened"]
 
 
 # --- verification at scale -------------------------------------------------------------------

@@ -162,6 +162,14 @@ def test_each_event_is_counted_once_across_steps(exporter):
                  kind="ClockMismatch") == 2
 
 
+def test_a_canary_transient_is_counted_by_its_suspect_rank(exporter):
+    events = [Event("CanaryTransient", 3, [1]), Event("CanaryTransient", 9, [1])]
+    exporter.on_step_metrics(9, {}, True, events)
+    s = scrape(exporter.url)
+    assert value(s, "openclaw_canary_transients_total", rank="0", suspect="1") == 2
+    assert value(s, "openclaw_checks_fired_total", rank="0", kind="CanaryTransient") == 2
+
+
 def test_two_exporters_in_one_process_do_not_share_state(exporter):
     other = PrometheusExporter(rank=1, port=0)
     try:

@@ -29,6 +29,7 @@ from openclaw_ref.experiments.verify_scale import (
     synthesized_blocks,
     synthesized_counts,
 )
+from openclaw_ref.sync.base import CANARY_EVERY
 from openclaw_ref.sync.evidence.control import check_blocks
 from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.control_counts_host import check_counts
@@ -78,13 +79,6 @@ class HookCost(common.JobBenchmark):
 
     track_hardened_over_floor.unit = "ratio"
 
-    def track_canary_over_hardened(self, *_):
-        """The step guard with the compute canary ÷ without it (n/a until the job has the
-        ``hardened+canary`` arm)."""
-        return self._ratio("hardened+canary", "hardened")
-
-    track_canary_over_hardened.unit = "ratio"
-
     def track_floor_over_ddp(self, *_):
         """The one bare exchange per step ÷ stock DDP: the physical limit of a per-step
         verdict on this host."""
@@ -133,6 +127,46 @@ class HookCost(common.JobBenchmark):
         return self._arm("hardened", "per_bucket_us")
 
     track_hardened_extra_us_per_bucket.unit = "us"
+
+
+class CanaryCost(common.JobBenchmark):
+    """The compute canary's cost on the benchmark models (``mlp``, ``tiny``, ``small``): stock
+    DDP, ``harden()``'s defaults and ``harden()`` probing every step, interleaved in one job
+    (``cache.canary_cost_figures``: the median over three fresh jobs). A cost paid once every
+    K steps is invisible to a median of per-step ratios, so it is measured where it is paid —
+    a probe every step — and amortized over the default K: the target is ≤ 1.01."""
+
+    params = [["mlp", "tiny", "small"]]
+    param_names = ["model"]
+
+    def setup(self, cache_dir, model):
+        if common.settings().max_world < 2:
+            raise NotImplementedError("the canary's cost needs 2 ranks")
+        self.cache_dir, self.model = cache_dir, model
+
+    def _figures(self) -> dict:
+        return common.canary_cost(self.cache_dir, self.model)
+
+    def track_probe_step_over_hardened(self, *_):
+        """A step with a probe ÷ the same step without one (reported)."""
+        return need(self._figures()["pairs"].get(pair_name("hardened+canary", "hardened"), {}),
+                    "ratio")
+
+    track_probe_step_over_hardened.unit = "ratio"
+
+    def track_canary_amortized_over_hardened(self, *_):
+        """harden() with the canary at its default K ÷ without it: 1 + (the probe step's ratio
+        − 1) ÷ K (the target: ≤ 1.01)."""
+        return 1.0 + (self.track_probe_step_over_hardened() - 1.0) / CANARY_EVERY
+
+    track_canary_amortized_over_hardened.unit = "ratio"
+
+    def track_probe_held_bytes(self, *_):
+        """The most gradient bytes one probe held at once (the canary's extra memory beside
+        the activations of its 2 rows)."""
+        return need(self._figures()["arms"].get("hardened+canary", {}), "probe_held_bytes")
+
+    track_probe_held_bytes.unit = "bytes"
 
 
 class FSDPCost(common.JobBenchmark):

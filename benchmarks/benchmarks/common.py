@@ -52,6 +52,11 @@ def hook_cost(cache_dir: str, model: str) -> dict:
     return cache.hook_cost_figures(model, settings(), cache.CaseCache(cache_dir))
 
 
+def canary_cost(cache_dir: str, model: str) -> dict:
+    """The canary's cost summary for ``model`` (``cache.canary_cost_figures``)."""
+    return cache.canary_cost_figures(model, settings(), cache.CaseCache(cache_dir))
+
+
 def fsdp_cost(cache_dir: str, model: str, world_size: int) -> dict:
     """The FSDP2 cost summary (stock ``fully_shard`` and ``harden()`` on it) for ``model`` on
     ``world_size`` ranks: each figure the median of three fresh interleaved jobs

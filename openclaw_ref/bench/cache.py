@@ -81,6 +81,31 @@ def hook_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -> 
     return {part: median_summary([j[part] for j in jobs]) for part in ("arms", "pairs")}
 
 
+CANARY_ARMS = ("ddp", "hardened", "hardened+canary")
+
+
+def canary_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -> dict:
+    """As ``hook_cost_figures``, with the three arms the canary's cost needs (stock DDP,
+    ``harden()``'s defaults, and a probe every step) and a third of the steps — so that the
+    ``small`` preset fits a benchmark run too."""
+    from openclaw_ref.experiments.hook_cost import HookCostConfig, pair_name, run
+
+    if settings.max_world < 2:
+        raise NotImplementedError("the canary's cost needs 2 ranks")
+    steps = max(5, settings.hook_steps // 3)
+    cfg = HookCostConfig(model=model, world_size=2, steps=steps, arms=CANARY_ARMS,
+                         warmup=hook_warmup(settings), seed=settings.seed)
+    key = f"canarycost-{model}-{settings.digest()}"
+
+    def job_figures() -> dict:
+        result = run(cfg, threads_per_rank=settings.threads or 1)
+        return {"arms": result["summary"],
+                "pairs": {pair_name(p["arm"], p["over"]): p for p in result["pairs"]}}
+
+    jobs = [cache.get(f"{key}-{job}", job_figures) for job in range(HOOK_COST_JOBS)]
+    return {part: median_summary([j[part] for j in jobs]) for part in ("arms", "pairs")}
+
+
 def fsdp_cost_figures(model: str, world_size: int, settings: BenchSettings,
                       cache: CaseCache) -> dict:
     """As ``hook_cost_figures``, for the FSDP2 arms (stock ``fully_shard`` and ``harden()`` on

@@ -23,7 +23,10 @@ Arms:
   ``hardened-bucket-fp32``  the per-bucket guard (the forensic mode: a Python comm hook that
                           checks every bucket), fp32 wire
   ``hardened+canary``     ``hardened`` with the compute canary probing every step (what one
-                          probe step costs; the tables amortize it over ``CANARY_EVERY``)
+                          probe step costs; the tables amortize it over ``CANARY_EVERY``, the
+                          default K — ``hardened`` itself probes at step 1, inside the
+                          warm-up, and next at step 257: none in the timed window). Every
+                          hardened arm reports the most gradient bytes a probe held
 
 Models: ``mlp`` — 8 × ``Linear(512, 512)`` (2.1 M parameters) with a 1 MB bucket cap, about
 nine buckets, nothing of openclaw; or an openclaw preset (``tiny``: a 0.025 MB cap gives 15
@@ -203,6 +206,8 @@ def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
                                   cfg.warmup, cfg.steps, ctx.device)
         buckets = {arm: bucket_count(arms[arm][0]) for arm in cfg.arms}
         false_alarms = sum(len(s.events) for _, s, _ in arms.values() if s is not None)
+        held = {arm: s.canary.held_bytes for arm, (_, s, _) in arms.items()
+                if getattr(s, "canary", None) is not None}
     finally:
         for _, state, _ in arms.values():
             if state is not None:
@@ -211,7 +216,7 @@ def hook_cost_rank(ctx: RankContext, cfg: HookCostConfig) -> dict | None:
     if not ctx.is_main:
         return None
     return {"arms": list(cfg.arms), "step_ms": slowest, "buckets": buckets,
-            "events": false_alarms}
+            "events": false_alarms, "probe_held_bytes": held}
 
 
 MEMORY_ARMS = ("ddp", "fp16_compress_hook", "hardened", "hardened-fp16",
@@ -296,7 +301,8 @@ def summarize(raw: dict) -> dict:
         per_bucket = [(figures[k] - 1) * base_median * 1e3 / buckets
                       for k in ("ratio", "ratio_low", "ratio_high")]
         out[arm] = {**figures, "buckets": buckets, "per_bucket_us": per_bucket[0],
-                    "per_bucket_us_low": per_bucket[1], "per_bucket_us_high": per_bucket[2]}
+                    "per_bucket_us_low": per_bucket[1], "per_bucket_us_high": per_bucket[2],
+                    "probe_held_bytes": raw.get("probe_held_bytes", {}).get(arm)}
     return out
 
 

@@ -53,6 +53,7 @@ from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.config import MetricsConfig
 from openclaw_ref.sync.base import RankInfo
 from openclaw_ref.sync.errors import BadInput, Event
+from openclaw_ref.sync.evidence.canary import CanaryEvent
 
 P2_THRESHOLD_MS = 1.5  # the seed's threshold
 STORE_PORT_KEY = "openclaw/metrics/port/{rank}"
@@ -112,6 +113,10 @@ class PrometheusExporter(Callback):
         self.checks_fired = Counter("openclaw_checks_fired",
                                     "Consistency checks that fired, by kind",
                                     ["rank", "kind"], registry=r)
+        self.canary_transients = Counter(
+            "openclaw_canary_transients", "One-off probe results the compute canary confirmed "
+            "on one rank (CanaryTransient), by the suspect rank", ["rank", "suspect"],
+            registry=r)
         self.barriers = Counter("openclaw_skew_barriers",
                                 "Barriers inserted by the skew policy (text 000's P2)",
                                 ["rank"], registry=r)
@@ -182,6 +187,9 @@ class PrometheusExporter(Callback):
 
     def on_event(self, event: Event) -> None:
         self.checks_fired.labels(str(self.rank), event.kind).inc()
+        if event.kind == CanaryEvent.TRANSIENT:
+            for suspect in event.ranks:
+                self.canary_transients.labels(str(self.rank), str(suspect)).inc()
 
     def close(self) -> None:
         """Stop serving (idempotent); the port is free again afterwards."""

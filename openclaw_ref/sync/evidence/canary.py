@@ -118,6 +118,7 @@ class Canary:
         self.noisy: set[int] = set()  # group ranks with a one-off within the tolerance
         self.varied: set[int] = set()  # group ranks whose runs ever varied, by any amount
         self.held_bytes = 0  # the most gradient bytes a probe held
+        self.param_bytes = 0  # FSDP2: the most full-parameter bytes a probe gathered at once
         self._fingerprinted = False
         self._noted: ProbeInput | None = None  # this rank's input at the capture step
         self._noted_at = -1
@@ -184,6 +185,7 @@ class Canary:
             try:
                 self._run0, self._call = self._execute(call), call
                 self.held_bytes = max(self.held_bytes, self._run0.held_bytes)
+                self.param_bytes = max(self.param_bytes, self._run0.param_bytes)
             except Exception as exc:  # a probe must never end a healthy job
                 status = UNBUILT  # every rank turns the canary off at the compare
                 warnings.warn(f"compute canary: this rank's probe raised {type(exc).__name__}: "
@@ -434,6 +436,7 @@ class Canary:
         """What the canary did, for the run's summary (``summary()['canary']``)."""
         return {"every": self.every, "mode": self.mode.value, "why": self.why,
                 "probes": self.probes, "rtol": self.rtol, "held_bytes": self.held_bytes,
+                "param_bytes": self.param_bytes,
                 "transients": {str(g): n for g, n in zip(
                     self._named(list(self.transients)), self.transients.values())},
                 "strikes": {str(g): n for g, n in zip(

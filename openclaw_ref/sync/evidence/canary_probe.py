@@ -42,7 +42,7 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -50,6 +50,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_flatten
 
+from openclaw_ref.sync.evidence.canary_stream import GradStream
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
 
 COTANGENT_SEED = 0x5EED
@@ -67,9 +68,22 @@ class ProbeResult:
     figures: torch.Tensor
     held_bytes: int = 0
     low_precision: bool = False  # some of it ran in bf16/fp16 (``canary_tolerance``)
+    param_bytes: int = 0  # FSDP2: the most bytes of gathered parameters alive at once
 
     def digest_list(self) -> list[int]:
         return self.digests if isinstance(self.digests, list) else self.digests.tolist()
+
+
+class LazyParameters(Protocol):
+    """Parameters a probe gathers only where they are used (``run_probe``'s ``lazy``): their
+    ids, the context that gives the module their values while the probe runs (gradients put
+    into ``stream`` at the tracked indices ``where``), and the most bytes it held at once."""
+
+    ids: frozenset[int]
+    peak_bytes: int
+
+    def installed(self, stream: GradStream, where: dict[int, list[int]]
+                  ) -> AbstractContextManager: ...
 
 
 def cotangent_like(t: torch.Tensor, seed: int) -> torch.Tensor:
@@ -140,87 +154,35 @@ def unwrapped(module: nn.Module) -> nn.Module:
     return inner if isinstance(inner, nn.Module) else module
 
 
-class _Stream:
-    """Digests and figures of the gradients as autograd accumulates them, a block at a time
-    (module docstring): ``taker`` makes the stand-ins' post-accumulate-grad hooks."""
-
-    def __init__(self, tracked: int, digest: ReplicaDigest, device: torch.device,
-                 block_bytes: int) -> None:
-        self.digest, self.device, self.block_bytes = digest, device, block_bytes
-        self.on_host = device.type == "cpu"
-        self.digests: list[int] | torch.Tensor = (
-            [0] * tracked if self.on_host else torch.zeros(tracked, dtype=torch.int64,
-                                                           device=device))
-        self.seen = [False] * tracked
-        self.figures = torch.zeros(2 * tracked, dtype=torch.float64, device=device)
-        self.queue: list[tuple[Sequence[int], torch.Tensor]] = []
-        self.queued = self.held = 0
-
-    def taker(self, indices: Sequence[int]) -> Callable[[torch.Tensor], None]:
-        """The post-accumulate-grad hook of the stand-in of the parameters at ``indices``."""
-        return lambda leaf: self.take(indices, leaf)
-
-    def take(self, indices: Sequence[int], leaf: torch.Tensor) -> None:
-        g, leaf.grad = leaf.grad, None
-        if g is None:
-            return
-        g = g.to_dense() if g.is_sparse else g
-        self.queue.append((indices, g))
-        self.queued += g.numel() * g.element_size()
-        self.held = max(self.held, self.queued)
-        if self.queued >= self.block_bytes:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.queue:
-            return
-        grads = [g for _, g in self.queue]
-        got = (self.digest.digests_on_host(grads) if self.on_host
-               else self.digest.digests(grads).to(self.device))
-        figs = torch.stack([torch.stack([g.sum(dtype=torch.float64),
-                                         torch.linalg.vector_norm(g, 1, dtype=torch.float64)])
-                            .to(self.device) for g in grads])
-        for k, (indices, _) in enumerate(self.queue):
-            for i in indices:
-                self._add(i, got[k])
-                self.figures[2 * i:2 * i + 2] += figs[k]
-        self.queue.clear()
-        self.queued = 0
-
-    def _add(self, i: int, d: int | torch.Tensor) -> None:
-        """Parameter ``i``'s digest; a second accumulation (a reentrant checkpoint's) is
-        combined with the first in order — the same order on every rank."""
-        if self.seen[i]:
-            pair = [self.digests[i], d]
-            d = (ReplicaDigest.combine_on_host(pair) if self.on_host
-                 else ReplicaDigest.combine(torch.stack(pair)))
-        self.digests[i] = d
-        self.seen[i] = True
-
-
 def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], args: tuple,
               kwargs: dict, seed: int, forward: Callable[..., Any] | None = None, *,
               digest: ReplicaDigest | None = None,
               buffers: dict[str, torch.Tensor] | None = None,
               value: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.detach,
               around: Callable[[], AbstractContextManager] = nullcontext,
+              lazy: LazyParameters | None = None,
               block_bytes: int = BLOCK_BYTES) -> ProbeResult:
     """The probe of the module docstring on ``(args, kwargs)`` with ``seed``: nothing of
     training is read back or written. ``forward``: the instance's own forward to call instead
     of the class's (a client's persistent wrapper); ``value``: a parameter's stand-in values
     (its storage, detached; FSDP2: its full tensor); ``around``: what the forward and backward
     run inside (FSDP2: its own hooks hidden); ``buffers``: the values the buffers' clones take
-    (a re-run's: the buffers as they were at the first run), default the module's own."""
+    (a re-run's: the buffers as they were at the first run), default the module's own;
+    ``lazy``: parameters given their values only where they are used, a unit at a time
+    (FSDP2: ``fsdp.canary_units``) — none of them is a stand-in here."""
     module = unwrapped(module)
     device = tracked[0][1].device if tracked else torch.device("cpu")
-    stream = _Stream(len(tracked), digest or ReplicaDigest(), device, block_bytes)
+    stream = GradStream(len(tracked), digest or ReplicaDigest(), device, block_bytes)
     where = {id(p): [] for _, p in tracked}
     for i, (_, p) in enumerate(tracked):
         where[id(p)].append(i)
     stand_ins: dict[str, torch.Tensor] = {}
     by_id: dict[int, torch.Tensor] = {}
+    skip = lazy.ids if lazy is not None else frozenset()
     with torch.no_grad():
         for name, p in module.named_parameters(remove_duplicate=False):
+            if id(p) in skip:
+                continue
             if id(p) not in by_id:
                 by_id[id(p)] = leaf = value(p).requires_grad_(id(p) in where)
                 if id(p) in where:
@@ -239,7 +201,8 @@ def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], ar
         # recomputes its forward there, and must not reach the user's parameters
         precision = _Precision(device, tracked)
         watch = register_module_forward_pre_hook(precision)
-        with around(), _reparametrize_module(module, stand_ins, tie_weights=True):
+        units = lazy.installed(stream, where) if lazy is not None else nullcontext()
+        with around(), units, _reparametrize_module(module, stand_ins, tie_weights=True):
             try:
                 out = (forward(*args, **kwargs) if forward is not None
                        else type(module).forward(module, *args, **kwargs))
@@ -251,4 +214,5 @@ def run_probe(module: nn.Module, tracked: Sequence[tuple[str, nn.Parameter]], ar
                 torch.autograd.backward(outs, [cotangent_like(t, seed + i)
                                                for i, t in enumerate(outs)])
     stream.flush()
-    return ProbeResult(stream.digests, stream.figures, stream.held, precision.low)
+    return ProbeResult(stream.digests, stream.figures, stream.held, precision.low,
+                       lazy.peak_bytes if lazy is not None else 0)

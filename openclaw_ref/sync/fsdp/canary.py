@@ -43,21 +43,13 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from openclaw_ref.sync.errors import ComputeMismatch
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.canary import Canary, ProbeCall
 from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe
-
-
-def full_value(p: torch.Tensor) -> torch.Tensor:
-    """A parameter's full values as a plain tensor: a DTensor's all-gathered, else detached."""
-    if isinstance(p, DTensor):
-        return p.detach().full_tensor().clone()
-    return p.detach()
-
+from openclaw_ref.sync.fsdp.canary_units import UnitGather, full_value
 
 _HANDLES = ("_pre_forward_hook_handle", "_post_forward_hook_handle")
 
@@ -126,6 +118,7 @@ class FSDPCanary(Canary):
     def __init__(self, guard: Any, every: int) -> None:
         super().__init__(_GuardView(guard), every)
         self._seen = guard.opt_steps
+        self.units = UnitGather(guard.model)  # one unit's parameters gathered at a time
 
     def install(self) -> list[Any]:
         """The forward pre-hook, ahead of FSDP2's (and of the guard's, if installed later),
@@ -142,7 +135,8 @@ class FSDPCanary(Canary):
             module = self.guard.module
             return run_probe(module, self.guard.tracked, call.args, call.kwargs, call.seed,
                              forward=self._forward, digest=self.digest, buffers=call.buffers,
-                             value=full_value, around=lambda: hidden_fsdp_hooks(module))
+                             value=full_value, around=lambda: hidden_fsdp_hooks(module),
+                             lazy=self.units)
         finally:
             self.probing = False
 
