@@ -12,7 +12,7 @@ forward skip a parameter.
 
 What ``harden()`` catches is what it catches; the rest is reported, not hidden, and — as in
 the DDP matrix — does not fail a run (``KNOWN_GAPS``: measured and documented in
-docs/hardening.md's FSDP2 section). A case fails only where the DDP matrix fails one: an
+docs/fsdp2.md). A case fails only where the DDP matrix fails one: an
 injection that changed nothing, or a detection or crash that names the wrong rank.
 """
 
@@ -41,7 +41,7 @@ GROUP_KILLING = frozenset({"crash", "hang", "no-sync-one-rank"})
 NOT_ON_USER_MODELS = {
     "unused-param-one-rank": "needs a forward that skips a parameter on one rank; the suite "
                              "cannot make your model's forward skip one"}
-# What harden() does not catch today (docs/hardening.md, FSDP2): reported, never a failure.
+# What harden() does not catch today (docs/fsdp2.md): reported, never a failure.
 KNOWN_GAPS = {
     "scale-mismatch": "a rank scaling its gradients before the reduction is not seen (the "
                       "scale check compares what ranks do after it)",

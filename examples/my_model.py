@@ -84,5 +84,4 @@ def forgets_to_divide(ddp_model, process_group) -> None:
 
 
 def hardened(ddp_model, process_group) -> None:
-    harden(ddp_model, SyncConfig(name="hardened", replica_slices=1, nonfinite="raise",
-                                 watchdog_s=3.0))
+    harden(ddp_model, SyncConfig(replica_slices=1, nonfinite="raise", watchdog_s=3.0))

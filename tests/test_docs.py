@@ -13,7 +13,7 @@ from tests.helpers import ROOT, exception_classes_of
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PAGES = [README, *sorted(DOCS.glob("*.md"))]
+PAGES = [README, *sorted(DOCS.glob("*.md")), ROOT / "results" / "README.md"]
 COMPARE = "python3 -m venv .venv && .venv/bin/pip install tox && .venv/bin/tox -e compare"
 TESTS = "python3 -m venv .venv && .venv/bin/pip install tox && .venv/bin/tox -e tests"
 WORK_ITEM = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
@@ -62,7 +62,7 @@ def _links(page: Path) -> list[tuple[str, str]]:
             if not re.match(r"[a-z]+://", link)]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_on_a_page_resolves(page):
     for target, anchor in _links(page):
         path = (page.parent / target).resolve() if target else page
@@ -95,3 +95,40 @@ def test_the_readmes_speed_figure_is_the_published_records():
     assert figure is not None
     assert [float(v) for v in figure.groups()] == [
         round(hardened[k], 3) for k in ("ratio", "ratio_low", "ratio_high")]
+
+
+def _syncconfig_rows() -> list[tuple[str, str, str]]:
+    """(field, default, read by) of every row of reference.md's SyncConfig table."""
+    text = (DOCS / "reference.md").read_text()
+    section = text.split("## `SyncConfig`", 1)[1].split("\n## ", 1)[0]
+    return [(m.group(1), m.group(2), m.group(3).strip()) for m in re.finditer(
+        r"^\| `(\w+)` \| `([^`]*)` \|.*\| ([^|]+) \|$", section, re.MULTILINE)]
+
+
+def _doc_default(value: object) -> str:
+    """A field's default as the table writes it: strings (and string enums) quoted."""
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def test_the_reference_lists_every_syncconfig_field_with_its_default_in_order():
+    import dataclasses
+
+    from openclaw_ref.sync.base import SyncConfig
+
+    expected = [(f.name, _doc_default(f.default if f.default is not dataclasses.MISSING
+                                      else f.default_factory()))
+                for f in dataclasses.fields(SyncConfig)]
+    assert [(name, default) for name, default, _ in _syncconfig_rows()] == expected
+
+
+def test_the_fields_the_reference_marks_benchmark_only_are_the_ones_harden_never_reads():
+    """``harden()``'s code (every module of the hook library but the benchmark's
+    ``strategies/``) reads ``cfg.<field>`` for exactly the fields not marked benchmark only."""
+    sync = ROOT / "openclaw_ref" / "sync"
+    code = "\n".join(p.read_text() for p in sync.rglob("*.py") if "strategies" not in p.parts)
+    read = {name for name, _, _ in _syncconfig_rows()
+            if re.search(rf"\bcfg\.{name}\b", code)}
+    marked = {name for name, _, by in _syncconfig_rows() if by != "benchmark only"}
+    assert read == marked
+    assert {"name", "planner", "bucket_cap_mb", "replica_check_every", "ddp_options"} == \
+        {name for name, _, _ in _syncconfig_rows()} - marked

@@ -73,7 +73,7 @@ def pairs_table(jobs: Figures) -> Table | None:
     models = list(jobs)
     # row label → (what it says, cell per model), in the order the jobs stored the pairs
     cells: dict[str, tuple[str, dict[str, str]]] = {}
-    amortized = ""
+    amortized_note = ""
     for model, job in jobs.items():
         for p in job.get("pairs", []):
             label, words = f"{p['arm']} ÷ {p['over']}", PAIR_WORDS.get((p["arm"], p["over"]), "")
@@ -82,9 +82,9 @@ def pairs_table(jobs: Figures) -> Table | None:
             if "probe_every" in p:
                 k = p["amortize_over"]
                 cells.setdefault(f"{label} at K = {k}", (words, {}))[1][model] = ratio_cell(
-                    *(_amortized(p[f], p["probe_every"], k)
+                    *(amortized(p[f], p["probe_every"], k)
                       for f in ("ratio", "ratio_low", "ratio_high")))
-                amortized = (
+                amortized_note = (
                     f" The canary arm probes every {p['probe_every']} step(s), so its ratio is "
                     "what one probe step costs (a cost paid once every K steps is invisible to "
                     "a median of per-step ratios); the row 'at K' spreads it over the "
@@ -97,12 +97,12 @@ def pairs_table(jobs: Figures) -> Table | None:
     return Table(
         "Ratios between two arms of the same interleaved job (the tables above): the median of "
         "the per-step ratios of one arm's step to the other's, with a 95 % bootstrap interval; "
-        "where it contains 1 the difference is inside the noise here." + amortized,
+        "where it contains 1 the difference is inside the noise here." + amortized_note,
         ["ratio", "what it says"] + [f"{m} [95 %]" for m in models],
         rows)
 
 
-def _amortized(ratio: float, probe_every: int, k: int) -> float:
+def amortized(ratio: float, probe_every: int, k: int) -> float:
     """A per-probe-step ratio spread over a probe every ``k`` steps."""
     return 1.0 + (ratio - 1.0) * probe_every / k
 

@@ -88,15 +88,18 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
 
 def render_all(out_dir: Path) -> list[Path]:
     """Re-render every derived file of a results directory from its validated ``raw.json``;
-    the top-level ``claims.md`` is the ledger of the directory rendered last, and says so."""
+    the top-level ``claims.md`` and ``README.md`` (what harden() buys, ``summary``) are those of
+    the directory rendered last, and say so."""
     from openclaw_ref.reporting.comparison import comparison_markdown
     from openclaw_ref.reporting.plots import render_plots
+    from openclaw_ref.reporting.summary import results_readme
 
     rec = load_record(out_dir / RAW_NAME)
     ledger = claims_markdown(rec, f"{out_dir.parent.name}/{out_dir.name}")
     written = [write_text_atomic(out_dir / "comparison.md", comparison_markdown(rec)),
                write_text_atomic(out_dir / "claims.md", ledger),
-               write_text_atomic(out_dir.parent / "claims.md", ledger)]
+               write_text_atomic(out_dir.parent / "claims.md", ledger),
+               write_text_atomic(out_dir.parent / "README.md", results_readme(rec, out_dir.name))]
     written += render_plots(rec, out_dir)
     return written
 

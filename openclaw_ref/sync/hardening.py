@@ -12,18 +12,28 @@ It picks the adapter for the wrapper it is handed, each built on the same eviden
 
 Invariant: every refusal (``BadInput``) comes before anything is registered and before any
 collective, so a refused ``harden()`` leaves the user's model exactly as it was.
+
+Invariant: hardening a DDP or ``replicate()`` model imports nothing of FSDP2 — neither
+``fsdp/`` here nor torch's ``torch.distributed.fsdp`` (whose private ``_fully_shard`` modules
+``fsdp/hooks.py`` names). A model is FSDP2 only if ``fully_shard`` made it, which has imported
+``torch.distributed.fsdp`` already, so the check reads ``sys.modules`` and the FSDP2 adapter is
+imported only then: a DDP user's torch need not have FSDP2 at all
+(``tests/test_torch_floor.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.torch_version import TorchVersion
 
 from openclaw_ref.sync.base import CANARY_EVERY, Guard, RankInfo, SyncConfig, harden_defaults
 from openclaw_ref.sync.ddp.bucket_guard import harden_buckets
@@ -34,9 +44,15 @@ from openclaw_ref.sync.ddp.step_setup import Unset, refuse_unsupported, register
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
-from openclaw_ref.sync.fsdp.canary import fsdp_canary_for, hooks_found
-from openclaw_ref.sync.fsdp.guard import FSDPGuard, FSDPModule, harden_fsdp
 from openclaw_ref.sync.target import HARDENED_MARK, bucket_sizes, validate_target
+
+# the oldest torch the FSDP2 adapter (fsdp/) is tested on: tox -e torch-floor-fsdp2
+FSDP2_FLOOR = (2, 12)
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
+    from openclaw_ref.sync.fsdp.guard import FSDPGuard
 
 
 def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
@@ -54,10 +70,11 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     parameter check (tests use it to show that the in-band membership digest alone still
     catches a swapped registration). Raises ``BadInput`` before registering anything and before
     any collective when the model cannot be hardened: a comm hook already registered (Python or
-    C++ built-in), a process group with no backend for the gradients' device, a wire dtype the
-    backend cannot reduce, a wire or pre-scale the chosen guard cannot send; and from the first
-    optimizer step a ``torch.amp.GradScaler`` runs over a pre-scaled fp16 wire
-    (``precision.refuse_grad_scaler``).
+    C++ built-in), a DDP model built for compiled autograd (``optimize_ddp="python_reducer"``:
+    ``target.refuse_python_reducer``), a process group with no backend for the gradients'
+    device, a wire dtype the backend cannot reduce, a wire or pre-scale the chosen guard cannot
+    send; and from the first optimizer step a ``torch.amp.GradScaler`` runs over a pre-scaled
+    fp16 wire (``precision.refuse_grad_scaler``).
 
     ``state.close()`` removes what this added (forward hooks, gradient-presence hooks, the
     optimizer step pre-hooks, the watchdog thread) on the rank it runs on. Under ``bucket``
@@ -65,17 +82,26 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     average like PyTorch's ``allreduce_hook``, no control block, no check — so close every
     rank of the group. Under ``step`` the wire is DDP's own and stays as it was.
 
-    After an error. A ``ConsistencyError`` (or a failed collective) is raised from inside
-    DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of this DDP
-    model fails on DDP's own internal assert. The model cannot be used again. Close the state
-    and drop the model (its reducer's hooks on the parameters go with it), then either build a
-    new ``DistributedDataParallel`` around the same module (its parameters are broadcast from
-    rank 0 again) and harden that, or restore a checkpoint — on every rank.
+    After an error. Under ``bucket`` a ``ConsistencyError`` (or a failed collective) is raised
+    from inside DDP's backward, which leaves DDP's reducer mid-iteration: the next backward of
+    this DDP model fails on DDP's own internal assert. Under ``step`` the verdict is read after
+    DDP's finalize, so the DDP model stays usable — unless a rank's DDP did not reduce every
+    bucket (``MissingGradient``, ``GradientsNotAveraged``), which leaves that rank's reducer
+    mid-iteration. Either way the one recipe (``docs/errors.md``, tested by
+    ``tests/test_harden_recovery.py``): close the state and drop the model (its reducer's hooks
+    on the parameters go with it), then either build a new ``DistributedDataParallel`` around
+    the same module (its parameters are broadcast from rank 0 again) and harden that, or
+    restore a checkpoint — on every rank.
     """
     cfg = cfg or harden_defaults()
+    if is_fsdp2(ddp_model):
+        refuse_old_fsdp2(torch.__version__)
     every, canary_off = canary_interval(ddp_model, cfg)
     cfg = dataclasses.replace(cfg, canary_every=every)
-    if isinstance(ddp_model, FSDPModule):
+    if is_fsdp2(ddp_model):
+        from openclaw_ref.sync.fsdp.canary import fsdp_canary_for
+        from openclaw_ref.sync.fsdp.guard import harden_fsdp
+
         guard = harden_fsdp(ddp_model, cfg, check_construction, optimizer,
                             lambda guard: _watchdog(guard, cfg, ctx))
         guard.canary = fsdp_canary_for(guard, every)
@@ -129,7 +155,7 @@ def canary_interval(model: DDP | FSDPModule, cfg: SyncConfig) -> tuple[int, str]
     asked = cfg.canary_every
     if asked == 0:
         return 0, "off: canary_every=0"
-    if isinstance(model, FSDPModule) and not hooks_found(model):
+    if is_fsdp2(model) and not _fsdp_hooks_found(model):
         if asked is None:
             return 0, "off: FSDP2's forward hooks are not where this torch keeps them"
         raise BadInput("the compute canary (canary_every) cannot hide FSDP2's own forward hooks "
@@ -141,6 +167,35 @@ def canary_interval(model: DDP | FSDPModule, cfg: SyncConfig) -> tuple[int, str]
         raise BadInput("the compute canary (canary_every) runs under the step guard only; "
                        "pass guard='step' or canary_every=0")
     return (CANARY_EVERY if asked is None else asked), ""
+
+
+def is_fsdp2(model: object) -> bool:
+    """Is ``model`` an FSDP2 module (``fully_shard``, HSDP, ``replicate_with_fsdp``)? Read
+    without importing anything (module docstring): no ``torch.distributed.fsdp`` loaded, or
+    one without ``FSDPModule`` (torch before FSDP2 was public), means it cannot be."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    cls = getattr(fsdp, "FSDPModule", None)
+    return isinstance(cls, type) and isinstance(model, cls)
+
+
+def refuse_old_fsdp2(version: str) -> None:
+    """The FSDP2 adapter reads FSDP2's internals (its param groups, its custom comm types),
+    which moved between releases: before ``FSDP2_FLOOR`` — the oldest torch whose FSDP2 tests
+    pass (README's tested versions) — it would fail deep inside with an ``AttributeError``, so
+    ``BadInput`` says so first. DDP's floor is the package's (pyproject)."""
+    if TorchVersion(version) < ".".join(map(str, FSDP2_FLOOR)):
+        raise BadInput(f"harden() guards FSDP2 from torch {FSDP2_FLOOR[0]}.{FSDP2_FLOOR[1]} "
+                       f"(the oldest it is tested on); this is torch {version}: upgrade torch, "
+                       "or wrap the model in DistributedDataParallel, which harden() guards on "
+                       "this torch")
+
+
+def _fsdp_hooks_found(model: FSDPModule) -> bool:
+    """``fsdp/canary.py``'s check that FSDP2 keeps its forward hooks' handles where the probe
+    can hide them, imported only for an FSDP2 model."""
+    from openclaw_ref.sync.fsdp.canary import hooks_found
+
+    return hooks_found(model)
 
 
 def _watchdog(state: HardenState | StepGuard | FSDPGuard, cfg: SyncConfig, ctx: RankInfo | None

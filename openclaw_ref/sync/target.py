@@ -4,15 +4,18 @@ reader of the NCCL version (``core.environment`` formats it for the run record a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import Guard, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence.precision import WIRE_DTYPES
+
+if TYPE_CHECKING:  # FSDP2's names only where an FSDP2 module is checked (hardening.py)
+    from torch.distributed.fsdp import FSDPModule
 
 HARDENED_MARK = "_openclaw_guard"  # set on a DDP model while a harden() state guards it
 
@@ -88,6 +91,7 @@ def validate_target(ddp_model: object, cfg: SyncConfig) -> str:
     if not isinstance(ddp_model, DDP):
         raise BadInput(f"harden() needs a torch DistributedDataParallel model or an FSDP2 "
                        f"(fully_shard) module; got {type(ddp_model).__name__}")
+    refuse_python_reducer(ddp_model)
     if getattr(ddp_model, HARDENED_MARK, None) is not None:
         raise BadInput("this DDP model is already hardened (harden() called twice?): close() "
                        "the first state before hardening it again")
@@ -110,10 +114,28 @@ def validate_target(ddp_model: object, cfg: SyncConfig) -> str:
     return backend
 
 
+def refuse_python_reducer(ddp_model: DDP) -> None:
+    """Compiled autograd drives DDP only through its Python reducer (torch refuses it with the
+    C++ one), chosen when the DDP model is built under ``torch._dynamo.config.optimize_ddp =
+    "python_reducer"``. Then DDP's C++ reducer is off and it calls a comm hook once per
+    parameter, dropping its return value: the accumulator hooks, buckets and end-of-backward
+    callback every guard stands on are gone, and the step guard's callback breaks compiled
+    autograd's trace. ``BadInput`` naming it, rather than a guard that checks nothing."""
+    if getattr(ddp_model, "_use_python_reducer", False):
+        raise BadInput("this DDP model was built under torch._dynamo.config.optimize_ddp="
+                       "'python_reducer', the mode compiled autograd needs: DDP then reduces "
+                       "in Python without its C++ reducer, which harden() guards. Compiled "
+                       "autograd is not supported: build DDP under the default optimize_ddp "
+                       "('ddp_optimizer'; torch.compile the model before wrapping it) and run "
+                       "backward without compiled autograd")
+
+
 def validate_fsdp_target(model: FSDPModule, cfg: SyncConfig) -> None:
     """What ``harden()`` refuses on an FSDP2 module, before anything is registered: a second
     hardening, a guard or wire other than the step guard's native one (FSDP2's own
     ``MixedPrecisionPolicy`` chooses its wire), no sharded parameter, a mesh of over 2 dims."""
+    from torch.distributed.tensor import DTensor  # here: a DDP user's torch may lack it
+
     if getattr(model, HARDENED_MARK, None) is not None:
         raise BadInput("this FSDP2 module is already hardened (harden() called twice?): close() "
                        "the first guard before hardening it again")

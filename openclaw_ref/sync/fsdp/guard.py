@@ -2,7 +2,7 @@
 shard) mesh): FSDP2's own reduction untouched, and ONE small exchange per step, at the
 optimizer step's pre-hook, before the optimizer applies anything.
 
-Hook points, per rank (torch 2.13, measured in ``docs/hardening.md``'s FSDP2 section):
+Hook points, per rank (torch 2.13, measured in ``docs/fsdp2.md``):
   1. a post-accumulate-grad hook on every sharded (DTensor) parameter, which FSDP2 runs after
      the reduce-scatter (and HSDP's all-reduce) of its group: counts how often each parameter's
      gradient was reduced since the last optimizer step (no-sync micro-steps reduce nothing),
