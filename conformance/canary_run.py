@@ -30,7 +30,7 @@ def canary_task(ctx, factory: str, canary_every: int, steps: int, fault: str = "
     target = build_target(factory)
     model = target.module.to(ctx.device)
     ddp = _wrapped(model, target, wrapper, ctx.world_size)
-    state = harden(ddp, SyncConfig("hardened", canary_every=canary_every), ctx)
+    state = harden(ddp, SyncConfig(canary_every=canary_every), ctx)
     opt = torch.optim.SGD(model.parameters(), lr=target.lr)
     mode = FaultyMatmul(sdc_model(fault, "")) if fault and ctx.rank == ctx.world_size - 1 \
         else None

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.conformance.fault_matrix import case_task, classify
 from openclaw_ref.conformance.recorders import (
     BucketLayouts,
@@ -42,7 +43,6 @@ from openclaw_ref.conformance.tolerance import equivalence_atol
 from openclaw_ref.core.collectives import gather
 from openclaw_ref.core.faults import GROUP_KILLING, FaultSpec, parse_fault
 from openclaw_ref.core.launch import RankContext
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError, ReplicaDivergence, ShapeMismatch, SyncTimeout
 from openclaw_ref.sync.evidence.vote import majority
 
@@ -169,7 +169,7 @@ def check_overflow_rate(ctx: RankContext, s: ConformSettings,
     figures = {"elements": c["elements"], "overflow_elements": overflow,
                "nonfinite_after_sync": c["nonfinite"], "strategy_reported": c["reported"],
                "overflow_rate": rate, "skipped_steps": c["skipped"], "steps": cfg.steps,
-               "wire": s.sync.wire, "scale": s.sync.scale, "limit": limit,
+               "wire": s.sync.harden.wire, "scale": s.sync.harden.scale, "limit": limit,
                "min_dynamic_range": min(r["ratio_min"] for r in per_rank),
                "hdr_loss_scale": s.hdr_loss_scale, "hdr_spread_decades": s.hdr_spread_decades}
     if error is not None:
@@ -221,7 +221,7 @@ def check_equivalence(ctx: RankContext, s: ConformSettings) -> CheckResult:
     if ctx.is_main:
         solo_ctx = RankContext(0, 1, 0, 1, ctx.backend, ctx.device, ctx.store)
         solo = observed_run(solo_ctx, dataclasses.replace(
-            cfg, world_size=1, sync=SyncConfig(name="local")))
+            cfg, world_size=1, sync=ArmConfig(name="local")))
         diffs = [float((a.detach() - b.detach()).abs().max())
                  for a, b in zip(model.parameters(), solo.parameters())]
         reference_max_diff = max(diffs)

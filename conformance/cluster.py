@@ -35,8 +35,8 @@ def run_checks(ctx: RankContext, s: ConformSettings,
             got = [check_bucket_alignment(ctx, s)]
         elif name == "overflow-rate":
             # else the seed's 2^12 pre-scale: harden()'s per-bucket guard sends it
-            fp16 = s.sync if s.sync.wire == "fp16" or s.sync.name == "ddp-fp16" else \
-                dataclasses.replace(s.sync, wire="fp16", scale="4096", guard="bucket")
+            fp16 = s.sync if s.sync.harden.wire == "fp16" or s.sync.name == "ddp-fp16" else \
+                s.sync.replace(wire="fp16", scale="4096", guard="bucket")
             got = [check_overflow_rate(ctx, dataclasses.replace(s, sync=fp16))]
         elif name == "replica-consistency":
             got = [check_replica_consistency(ctx, s)]

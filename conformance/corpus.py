@@ -12,7 +12,6 @@ a user gets with ``harden(ddp)`` and with the every-step replica window.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import importlib
 import time
@@ -21,19 +20,20 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from openclaw_ref.arms.config import ArmConfig, harden_defaults
 from openclaw_ref.conformance.fault_matrix import CaseOutcome, case_task, classify
 from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.corpus_faults import CORPUS, Pattern, acting_rank, pattern
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.faults import FaultSpec
 from openclaw_ref.core.launch import RankContext, RankPool
-from openclaw_ref.sync.base import SyncConfig, harden_defaults
+from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 
 # The plain-model user script, shipped in the package so an installed copy runs the corpus too.
 SCRIPT_MODULE = "openclaw_ref.conformance.silent_errors_script"
 # Long enough for the default replica window to cover every parameter after a fault at step 2.
-DEFAULT_WINDOW = SyncConfig(name="hardened").replica_slices
+DEFAULT_WINDOW = SyncConfig().replica_slices
 CORPUS_STEPS = 2 + DEFAULT_WINDOW + 2
 SCRIPT_STEPS = CORPUS_STEPS
 
@@ -45,27 +45,28 @@ class Column(enum.StrEnum):
     HARDENED_K1 = "hardened-k1"
 
 
-def hardened_defaults() -> SyncConfig:
-    """``harden(ddp)`` exactly as a user calls it: every field at its default."""
+def hardened_defaults() -> ArmConfig:
+    """``harden(ddp)`` exactly as a user calls it: every field of its ``SyncConfig`` at its
+    default."""
     return harden_defaults()
 
 
-def hardened_k1() -> SyncConfig:
+def hardened_k1() -> ArmConfig:
     """``harden(ddp)`` with every parameter compared on every step (one replica slice)."""
-    return dataclasses.replace(hardened_defaults(), replica_slices=1)
+    return hardened_defaults().replace(replica_slices=1)
 
 
-def column_config(column: Column) -> SyncConfig:
+def column_config(column: Column) -> ArmConfig:
     if column is Column.HARDENED:
         return hardened_defaults()
     if column is Column.HARDENED_K1:
         return hardened_k1()
-    return SyncConfig(name=column.value)
+    return ArmConfig(name=column.value)
 
 
 def replica_window(column: Column) -> int:
     """Steps within which the column compares every parameter (1: the same or next step)."""
-    return column_config(column).replica_slices if column in HARDENED_COLUMNS else 1
+    return column_config(column).harden.replica_slices if column in HARDENED_COLUMNS else 1
 
 
 HARDENED_COLUMNS = (Column.HARDENED, Column.HARDENED_K1)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from openclaw_ref.arms.config import ArmConfig, harden_defaults
+from openclaw_ref.arms.registry import STRATEGIES
 from openclaw_ref.conformance.case_pool import play
 from openclaw_ref.core.config import ModelSection, TrainSection
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
@@ -36,8 +37,7 @@ from openclaw_ref.core.faults import (
     parse_fault,
 )
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
-from openclaw_ref.sync import STRATEGIES
-from openclaw_ref.sync.base import SyncConfig, WatchdogAction, harden_defaults
+from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import ConsistencyError, SyncTimeout
 
 OUTCOMES = ("detected", "silent-corruption", "hang-timeout", "crash", "no-effect")
@@ -72,7 +72,7 @@ class MatrixSettings:
         value = {"late-rank": self.late_rank_value, "hang": self.hang_value}.get(fault)
         return fault_text(fault, value, self.fault_step)
 
-    def sync_config(self, strategy: str) -> SyncConfig:
+    def sync_config(self, strategy: str) -> ArmConfig:
         """Stock DDP, with or without one of PyTorch's hooks, as users get it (``as_shipped``);
         ``hardened-defaults``: ``harden(model)`` as users call it (``harden_defaults()``, every
         setting at its default); ``hardened``: the step guard and the gradients' own wire;
@@ -83,18 +83,18 @@ class MatrixSettings:
         deadline (``WatchdogAction.EXIT``: the default, ``RAISE``, would leave a hang to gloo's
         timeout)."""
         if as_shipped(strategy):
-            return SyncConfig(name=strategy)
+            return ArmConfig(name=strategy)
         if strategy == DEFAULTS:
             return harden_defaults()
         knobs = dict(replica_check_every=self.replica_check_every,
                      replica_slices=self.replica_check_every, watchdog_s=self.watchdog_s,
                      watchdog_action=WatchdogAction.EXIT)
         if strategy == "hardened":
-            return SyncConfig(name=strategy, **knobs)
+            return ArmConfig.of(strategy, **knobs)
         planner = "norm-ema-agreed" if strategy == "bucketed" else "static"
         guard = {"guard": "bucket"} if strategy == PER_BUCKET else {}
-        return SyncConfig(name=strategy_name(strategy), wire="fp16", scale="4096",
-                          planner=planner, **guard, **knobs)
+        return ArmConfig.of(strategy_name(strategy), wire="fp16", scale="4096",
+                            planner=planner, **guard, **knobs)
 
     def train_config(self, strategy: str, fault: str | None):
         from openclaw_ref.core.train import TrainConfig
@@ -359,7 +359,7 @@ def kills_group(strategy: str, fault: str) -> bool:
 def as_shipped(strategy: str) -> bool:
     """Whether ``strategy`` is run with no settings of ours: no sync at all, or DDP plus at
     most one of PyTorch's comm hooks (``sync.ddp.is_stock``)."""
-    from openclaw_ref.sync.strategies.ddp import is_stock
+    from openclaw_ref.arms.ddp import is_stock
 
     return strategy == "local" or is_stock(STRATEGIES.get(strategy_name(strategy)))
 
@@ -374,13 +374,8 @@ def column_settings(settings: MatrixSettings, columns: Sequence[str]) -> dict[st
     """Per column, the settings it ran with and its strategy's defaults (``harden()``'s for
     the hardened columns), as JSON holds them: the figures a renderer marks a column from
     when the two differ."""
-    return {c: {"sync": _as_json(settings.sync_config(c)),
-                "defaults": _as_json(SyncConfig(name=strategy_name(c)))} for c in columns}
-
-
-def _as_json(cfg: SyncConfig) -> dict:
-    return {k: (v.value if isinstance(v, enum.Enum) else v)
-            for k, v in dataclasses.asdict(cfg).items()}
+    return {c: {"sync": settings.sync_config(c).to_json(),
+                "defaults": ArmConfig(name=strategy_name(c)).to_json()} for c in columns}
 
 
 def matrix_strategies() -> tuple[str, ...]:

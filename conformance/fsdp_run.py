@@ -44,11 +44,11 @@ from openclaw_ref.conformance.target import (
     load_hook,
 )
 from openclaw_ref.conformance.user_run import RUN_SEED, snapshot
+from openclaw_ref.core.digests import params_digest, tensor_digest
 from openclaw_ref.core.faults import flip_bit_
 from openclaw_ref.fsdp_corpus.patterns import FAULT_STEP, PATTERNS, acts_on
 from openclaw_ref.fsdp_corpus.silent_errors_script import clip_local_norm
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.checks import params_digest, tensor_digest
 
 PAUSE_STEP = 1  # the rank-0 pause: before this step's optimizer step (a load, orders nothing)
 LOSS_SCALE = 4.0  # scale-mismatch: the faulty rank's loss (and so its gradient) × this

@@ -13,12 +13,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.conformance.settings import ConformSettings
 from openclaw_ref.core.callbacks import Callback
+from openclaw_ref.core.digests import tensor_digest
 from openclaw_ref.core.launch import RankContext
 from openclaw_ref.core.metrics import GradientProbe
-from openclaw_ref.sync.base import RankInfo, SyncStrategy
-from openclaw_ref.sync.evidence.checks import tensor_digest
+from openclaw_ref.sync.base import RankInfo
 
 
 def observed_run(ctx: RankContext, cfg, *recorders: Callback,
@@ -139,7 +140,7 @@ class BucketLayouts(Callback):
     def wrap(self, model: nn.Module, ctx: RankInfo, strategy: SyncStrategy) -> nn.Module | None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        from openclaw_ref.sync.strategies.ddp import is_stock, wrap_ddp
+        from openclaw_ref.arms.ddp import is_stock, wrap_ddp
 
         # DDP plus at most one of PyTorch's hooks (``StockDDP.comm_hook``), nothing else: its
         # hook is run inside the recorder.

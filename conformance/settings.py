@@ -10,9 +10,9 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.config import TRAIN_PRESETS, ModelSection, TrainSection
 from openclaw_ref.core.faults import FaultSpec
-from openclaw_ref.sync.base import SyncConfig
 
 SEED_OVERFLOW_RATE = 0.00017  # the seed's F3: 0.017 % of elements
 SEED_SPARSITY_RANGE = (0.12, 0.68)
@@ -22,7 +22,7 @@ SEED_SPARSITY_RANGE = (0.12, 0.68)
 class ConformSettings:
     """What a conformance run trains: small enough to run many times on two CPU cores."""
 
-    sync: SyncConfig = field(default_factory=SyncConfig)
+    sync: ArmConfig = field(default_factory=ArmConfig)
     model: ModelSection = field(default_factory=ModelSection)  # sparsity: the seed's range
     # the global batch is rounded up to a multiple of the world size
     train: TrainSection = TRAIN_PRESETS["conformance"]
@@ -33,7 +33,7 @@ class ConformSettings:
                                "bitflip", "late-rank=250ms")
 
     def train_config(self, world_size: int, faults: tuple[FaultSpec, ...] = (),
-                     sync: SyncConfig | None = None, steps: int | None = None):
+                     sync: ArmConfig | None = None, steps: int | None = None):
         from openclaw_ref.core.train import TrainConfig
 
         batch = world_size * math.ceil(self.train.global_batch / world_size)  # divisible by W

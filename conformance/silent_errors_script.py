@@ -6,7 +6,7 @@
 The script's only hardening is ``harden(ddp)`` (column ``hardened``: its defaults;
 ``hardened-k1``: a replica comparison at every step). ``ddp`` is stock DDP; ``ddp-detail`` is
 ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` as it runs on gloo (see
-``openclaw_ref/sync/strategies/detail.py``).
+``openclaw_ref/arms/detail.py``).
 ``--pattern none`` is the clean run. Rank 0 prints one JSON line (and writes ``--out``):
 ``outcome`` "detected" (with the check, step, ranks and parameters it named) or "finished"
 (with the parameter digest and whether every rank ended with the same parameters).
@@ -89,7 +89,7 @@ def wrap(model: nn.Module, column: str) -> tuple[DDP, Any]:
     if column == "hardened":
         return ddp, harden(ddp)  # the defaults: all a user adds
     if column == "hardened-k1":
-        return ddp, harden(ddp, hardened_k1())
+        return ddp, harden(ddp, hardened_k1().harden)
     return ddp, None
 
 

@@ -24,10 +24,11 @@ at all (``local``, 2 ranks) ends 0.101 away, about three times outside.
 
 from __future__ import annotations
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.ddp import POWERSGD_START_ITER
+from openclaw_ref.arms.registry import STRATEGIES
 from openclaw_ref.core.train import SGD_MOMENTUM
-from openclaw_ref.sync import STRATEGIES
-from openclaw_ref.sync.base import SyncConfig, Wire
-from openclaw_ref.sync.strategies.ddp import POWERSGD_START_ITER
+from openclaw_ref.sync.base import Wire
 
 # fp32 differs only by the allreduce's summation order; FP16/BF16 wires round every averaged
 # gradient element.
@@ -43,15 +44,15 @@ def powersgd_atol(lr: float, steps: int, momentum: float = SGD_MOMENTUM) -> floa
     return lr * POWERSGD_RESIDUAL_BOUND * sum(momentum ** k for k in range(compressed))
 
 
-def wire_of(sync: SyncConfig) -> Wire:
+def wire_of(sync: ArmConfig) -> Wire:
     """The dtype ``sync`` puts on the wire: its ``wire`` setting, or, for a strategy that is
     one of PyTorch's hooks, the hook's own (``hook_wire``: fp16/bf16 compression)."""
-    if sync.wire is not Wire.NATIVE:
-        return sync.wire
+    if sync.harden.wire is not Wire.NATIVE:
+        return sync.harden.wire
     return getattr(STRATEGIES.get(sync.name), "hook_wire", Wire.NATIVE)
 
 
-def equivalence_atol(sync: SyncConfig, lr: float, steps: int) -> float:
+def equivalence_atol(sync: ArmConfig, lr: float, steps: int) -> float:
     """The tolerance on max |Δparam| after ``steps`` SGD steps at ``lr``; PowerSGD's adds its
     bound to the fp32 wire's (its first steps, and its vectors, are plain fp32 allreduces)."""
     if sync.name == POWERSGD:

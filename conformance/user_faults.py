@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.conformance.case_pool import play
 from openclaw_ref.conformance.corpus import fault_spec as corpus_fault_spec
 from openclaw_ref.conformance.fault_matrix import (
@@ -43,7 +44,6 @@ from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.corpus_faults import CORPUS, CorpusFault, Reach, pattern
 from openclaw_ref.core.faults import FaultSpec, fault_text, parse_fault
 from openclaw_ref.core.launch import LaunchConfig, RankContext, RankPool
-from openclaw_ref.sync.base import SyncStrategy
 from openclaw_ref.sync.errors import BadInput, ConsistencyError
 
 # The faults of ``core.faults`` any model takes (``local-buckets`` is left out: on a model
@@ -202,7 +202,7 @@ def user_case_task(ctx: RankContext, spec: TargetSpec, job: CaseJob,
     first, so a factory that draws its weights starts every case from the same ones."""
     from openclaw_ref.conformance.user_run import LoopOptions, train_target
     from openclaw_ref.core.collectives import gather
-    from openclaw_ref.sync.evidence.checks import params_digest
+    from openclaw_ref.core.digests import params_digest
 
     torch.manual_seed(settings.seed)
     observer = RunObserver()

@@ -20,14 +20,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.conformance.run_record import RunRecord
 from openclaw_ref.conformance.target import TargetSpec
 from openclaw_ref.conformance.user_run import LoopOptions, snapshot, train_reference, train_target
 from openclaw_ref.core.callbacks import Callback
+from openclaw_ref.core.digests import params_digest, tensor_digest
 from openclaw_ref.core.faults import FaultSpec
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.checks import params_digest, tensor_digest
 
 VALUE_STEPS = 2  # steps whose bucket values are kept: before and after DDP's bucket rebuild
 
@@ -44,7 +45,7 @@ class RunRecorder(Callback):
         self._handle: Any = None
         self._first_forward = False
 
-    def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
+    def setup(self, model: nn.Module, sync: ArmConfig) -> ArmConfig:
         self.record.param_names = tuple(n for n, _ in model.named_parameters())
         self._handle = model.register_forward_pre_hook(self._forward)
         return sync

@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.conformance.recorders import HookRecorder
 from openclaw_ref.conformance.target import (
     Target,
@@ -36,7 +38,7 @@ from openclaw_ref.conformance.target import (
 )
 from openclaw_ref.core.callbacks import Callback, CallbackList
 from openclaw_ref.core.faults import FaultInjector, FaultSpec
-from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import RankInfo
 from openclaw_ref.sync.target import HARDENED_MARK
 
 USER_STRATEGY = "user-hook"
@@ -72,7 +74,7 @@ class UserHook(SyncStrategy):
 
     name = USER_STRATEGY
 
-    def __init__(self, cfg: SyncConfig, spec: TargetSpec, target: Target,
+    def __init__(self, cfg: ArmConfig, spec: TargetSpec, target: Target,
                  options: LoopOptions) -> None:
         super().__init__(cfg)
         self.spec, self.target, self.options = spec, target, options
@@ -123,7 +125,7 @@ def train_target(ctx, spec: TargetSpec, options: LoopOptions,
     target = build_target(spec.factory)
     model = target.module.to(ctx.device)
     loop = CallbackList([FaultInjector(faults, ctx.rank, ctx.world_size), *callbacks])
-    sync = SyncConfig(name=USER_STRATEGY, bucket_cap_mb=options.bucket_cap_mb)
+    sync = ArmConfig(name=USER_STRATEGY, bucket_cap_mb=options.bucket_cap_mb)
     strategy = UserHook(loop.setup(model, sync), spec, target, options)
     try:
         module = loop.wrap(model, ctx, strategy)

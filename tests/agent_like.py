@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch.distributed  # noqa: F401 - imported once, before the ranks are forked
 
+import openclaw_ref.arms.registry  # noqa: F401
 import openclaw_ref.core.train  # noqa: F401 - what ``train`` imports, imported once too
 import openclaw_ref.reporting.render  # noqa: F401
-import openclaw_ref.sync.strategies.registry  # noqa: F401
 from openclaw_ref.cli import main as cli_main
 
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.bench.settings import BenchSettings
 from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync.base import SyncConfig
@@ -36,7 +37,7 @@ def train_cfg(world_size: int, sync: SyncConfig | None = None, **kw) -> TrainCon
     """A quiet 10-step run of the tiny preset on global batch 16, no evaluation until the end;
     ``kw`` overrides any field."""
     base = TrainConfig(world_size=world_size, steps=10, global_batch=16, progress=False,
-                       eval_every=0, sync=sync or SyncConfig())
+                       eval_every=0, sync=sync or ArmConfig())
     return dataclasses.replace(base, **kw)
 
 

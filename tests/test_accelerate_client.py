@@ -105,7 +105,7 @@ def train_under(acc, run: AccelerateRun, ctx=None) -> dict:
     model = SdcNet()
     model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05),
                                      _loader())
-    state = (harden(model, SyncConfig("hardened", canary_every=run.canary_every), ctx)
+    state = (harden(model, SyncConfig(canary_every=run.canary_every), ctx)
              if run.hardened else None)
     mode = FaultyMatmul(sdc_model(run.fault, run.value)) if run.fault and rank == 1 else None
     error = None

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.bench.figures import algbw_gbps, busbw_gbps, parameter_bytes
 from openclaw_ref.bench.jobs import run_seed004_case, run_sync_case
 from openclaw_ref.bench.rank_tasks import raw_allreduce_rank
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput
 from tests.helpers import TINY_BENCH
 
@@ -46,10 +46,10 @@ def detail_probe(ctx, mismatch: bool):
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from openclaw_ref.sync import make_strategy
+    from openclaw_ref.arms.registry import make_strategy
 
     before = dist.get_debug_level()
-    strategy = make_strategy(SyncConfig(name="ddp-detail"))
+    strategy = make_strategy(ArmConfig.of("ddp-detail"))
     model = torch.nn.Linear(4, 2)
     torch.manual_seed(0)
     ddp = strategy.wrap(model, ctx)

@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.registry import STRATEGIES
 from openclaw_ref.bench.cli import main
 from openclaw_ref.bench.matrix import run_matrix
 from openclaw_ref.bench.settings import (
@@ -19,8 +21,6 @@ from openclaw_ref.bench.settings import (
     sync_config_for,
 )
 from openclaw_ref.reporting.render import bench_matrix_markdown
-from openclaw_ref.sync import STRATEGIES
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput
 from tests.helpers import TINY_BENCH
 
@@ -58,7 +58,7 @@ def test_a_strategy_not_registered_is_skipped_never_faked():
 def test_every_registered_benchmark_strategy_maps_to_its_sync_config():
     for label, fields in STRATEGY_CASES.items():
         if fields["name"] in STRATEGIES:
-            assert sync_config_for(label) == SyncConfig(**fields)
+            assert sync_config_for(label) == ArmConfig.of(**fields)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() >= 8,

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
+from openclaw_ref.arms.registry import STRATEGIES
 from openclaw_ref.bench.settings import STRATEGY_CASES
-from openclaw_ref.sync import STRATEGIES
 from tests.helpers import ROOT
 
 SMOKE_ENV = {"OPENCLAW_BENCH_MAX_WORLD": "2", "OPENCLAW_BENCH_PRESET": "tiny",

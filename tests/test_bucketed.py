@@ -9,19 +9,19 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
-from openclaw_ref.core.model import build_model, preset
-from openclaw_ref.core.train import TrainConfig, train_model
-from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.errors import BucketMisalignment, ConsistencyError
-from openclaw_ref.sync.strategies.bucket_plan import (
+from openclaw_ref.arms.bucket_plan import (
     AgreedNormEmaPlanner,
     BucketPlan,
     NormEmaPlanner,
     ParamInfo,
     cut_frames,
 )
-from openclaw_ref.sync.strategies.bucketed import BucketedEngine
+from openclaw_ref.arms.bucketed import BucketedEngine
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.core.model import build_model, preset
+from openclaw_ref.core.train import TrainConfig, train_model
+from openclaw_ref.sync.errors import BucketMisalignment, ConsistencyError
 from tests.helpers import record_of, train_cfg
 
 
@@ -75,8 +75,8 @@ def error_of(ctx, cfg: TrainConfig):
 
 @pytest.mark.parametrize("planner", ["static", "norm-ema-agreed"])
 def test_bucketed_fp32_trains_like_ddp(pools, planner):
-    ddp = pools.get(2).run(record_of, train_cfg(2, SyncConfig("ddp")))[0]
-    sync = SyncConfig("bucketed", planner=planner, bucket_cap_mb=0.01)
+    ddp = pools.get(2).run(record_of, train_cfg(2, ArmConfig.of("ddp")))[0]
+    sync = ArmConfig.of("bucketed", planner=planner, bucket_cap_mb=0.01)
     rec = pools.get(2).run(record_of, train_cfg(2, sync))[0]
     final, ref = rec["summary"]["final_loss"], ddp["summary"]["final_loss"]
     assert abs(final - ref) / ref <= 1e-5
@@ -85,7 +85,7 @@ def test_bucketed_fp32_trains_like_ddp(pools, planner):
 
 
 def test_the_seeds_local_norm_planner_is_caught_misaligning_on_every_rank(pools):
-    sync = SyncConfig("bucketed", planner="norm-ema", bucket_cap_mb=0.01)
+    sync = ArmConfig.of("bucketed", planner="norm-ema", bucket_cap_mb=0.01)
     errors = pools.get(2).run(error_of, train_cfg(2, sync, steps=5))
     assert all(isinstance(e, BucketMisalignment) for e in errors), errors
     assert errors[0].step == errors[1].step and errors[0].bucket == errors[1].bucket
@@ -97,7 +97,7 @@ def agreed_plans(ctx, steps: int) -> list[tuple[int, ...]]:
     cfg = preset("tiny")
     ds = SkillDataset(cfg, DataConfig())
     model = build_model(cfg)
-    engine = BucketedEngine(model, SyncConfig("bucketed", planner="norm-ema-agreed",
+    engine = BucketedEngine(model, ArmConfig.of("bucketed", planner="norm-ema-agreed",
                                               bucket_cap_mb=0.01), ctx.rank, ctx.world_size,
                             store=ctx.store)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -126,7 +126,7 @@ def presence_semantics(ctx) -> dict:
     """One parameter without gradient on every rank, one without on rank 1 only."""
     lin = torch.nn.Linear(2, 2)
     model = torch.nn.ModuleDict({"a": lin, "b": torch.nn.Linear(2, 2)})
-    engine = BucketedEngine(model, SyncConfig("bucketed"), ctx.rank, ctx.world_size,
+    engine = BucketedEngine(model, ArmConfig.of("bucketed"), ctx.rank, ctx.world_size,
                             store=ctx.store)
     try:
         engine.begin_step(0)

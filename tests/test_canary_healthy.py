@@ -66,7 +66,7 @@ def fsdp_canary_task(ctx) -> int:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    guard = harden(model, SyncConfig(name="hardened", canary_every=1))
+    guard = harden(model, SyncConfig(canary_every=1))
     for step in range(3):
         model(torch.full((4, 4), float(step + ctx.rank))).sum().backward()
         opt.step()

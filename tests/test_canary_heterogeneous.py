@@ -69,7 +69,7 @@ def _train(ctx, run: HeteroRun) -> dict:
     torch.manual_seed(0)
     model = LayerNormNet()
     ddp = DDP(model)
-    state = harden(ddp, SyncConfig("hardened", canary_every=run.canary_every), ctx)
+    state = harden(ddp, SyncConfig(canary_every=run.canary_every), ctx)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     mode = (FaultyMatmul(sdc_model(run.fault, run.value))
             if run.fault and ctx.rank == run.fault_rank else None)

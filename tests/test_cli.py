@@ -220,13 +220,14 @@ def test_every_option_has_help_text_and_its_help_shows_the_default():
 
 
 def test_the_clis_plain_choice_lists_equal_their_torch_backed_homes():
+    from openclaw_ref.arms.config import Planner
+    from openclaw_ref.arms.registry import STRATEGIES
     from openclaw_ref.conformance.cluster import CHECKS
     from openclaw_ref.conformance.settings import ConformSettings
     from openclaw_ref.core.model import PRESETS
     from openclaw_ref.experiments.hook_cost import ARMS
     from openclaw_ref.experiments.registry import SECTIONS
-    from openclaw_ref.sync import STRATEGIES
-    from openclaw_ref.sync.base import Guard, NonFinitePolicy, Planner, WatchdogAction, Wire
+    from openclaw_ref.sync.base import Guard, NonFinitePolicy, WatchdogAction, Wire
 
     assert choices.PRESETS == tuple(PRESETS)
     assert choices.STRATEGIES == tuple(STRATEGIES)

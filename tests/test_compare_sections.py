@@ -17,6 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.registry import make_strategy
+from openclaw_ref.arms.seed_f5 import SEED_SCALE
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.jsonio import write_json_atomic
 from openclaw_ref.core.metrics import peak_memory_mb, reset_peak_memory
@@ -32,9 +35,6 @@ from openclaw_ref.experiments.sections import lightning
 from openclaw_ref.experiments.sections.overflow import OVERFLOW_WORKLOADS, scale_mismatch_rank
 from openclaw_ref.experiments.settings import CompareConfig
 from openclaw_ref.reporting.record import SCHEMA_VERSION, load_record
-from openclaw_ref.sync import make_strategy
-from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.strategies.seed_f5 import SEED_SCALE
 
 CPU = torch.device("cpu")
 TINY = preset("tiny", seed=1)
@@ -60,7 +60,7 @@ def one_rank_group(tmp_path):
 def _train_seed_f5(steps: int, set_to_none: bool):
     ds = SkillDataset(TINY, DataConfig(seed=1))
     model = build_model(TINY)
-    strategy = make_strategy(SyncConfig(name="seed-f5"))
+    strategy = make_strategy(ArmConfig.of("seed-f5"))
     module = strategy.wrap(model, Ctx())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     try:
@@ -112,7 +112,7 @@ def test_seed_f5_trains_exactly_like_stock_ddp_on_two_ranks(pools):
     digests = {}
     for name in ("ddp", "seed-f5"):
         cfg = TrainConfig(world_size=2, steps=3, global_batch=8, eval_every=0, progress=False,
-                          backend="gloo", sync=SyncConfig(name=name))
+                          backend="gloo", sync=ArmConfig.of(name))
         out = pools.get(2).run(run_and_return_params, cfg)[0]
         assert out["record"]["summary"]["replicas_equal"]
         digests[name] = out["record"]["summary"]["param_digest"]
@@ -128,7 +128,7 @@ def test_seed_f5_trains_exactly_like_stock_ddp_on_two_ranks(pools):
 def _mismatch(pools, world_size: int, steps: int) -> dict[str, dict]:
     cfg = TrainConfig(world_size=world_size, steps=steps, global_batch=8 * world_size,
                       eval_every=0, progress=False, backend="gloo",
-                      sync=SyncConfig(name="ddp", bucket_cap_mb=0.025))
+                      sync=ArmConfig.of("ddp", bucket_cap_mb=0.025))
     return pools.get(world_size).run(scale_mismatch_rank, cfg, OVERFLOW_WORKLOADS)[0]
 
 

@@ -124,7 +124,7 @@ def harden_a_clean_model(ctx) -> list[int]:
     """The gathers ``harden()`` sends at start-up on a clean 2-rank DDP model."""
     ddp = DDP(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)))
     with _Gathers() as sizes:
-        state = harden(ddp, SyncConfig("hardened"), ctx)
+        state = harden(ddp, SyncConfig(), ctx)
     state.close()
     return sizes
 

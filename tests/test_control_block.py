@@ -8,6 +8,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from openclaw_ref.arms.blocks import READY_DETAIL_MAX_RANKS, block_size, check_blocks, write_block
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ClockMismatch,
@@ -15,16 +16,14 @@ from openclaw_ref.sync.errors import (
     MissingGradient,
     ScaleMismatch,
 )
-from openclaw_ref.sync.evidence.control import READY_DETAIL_MAX_RANKS, check_blocks, verify
+from openclaw_ref.sync.evidence.control import verify
 from openclaw_ref.sync.evidence.control_layout import (
     SLOT_FIELDS,
-    block_size,
     decode_block,
     encode_slot,
     joined_slot,
     membership_digest,
     unissued_slot,
-    write_block,
 )
 
 WIRES = [torch.float32, torch.float16, torch.bfloat16]

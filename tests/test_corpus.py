@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.conformance.corpus import (
     DEFAULT_WINDOW,
     SCRIPT_MODULE,
@@ -28,7 +29,6 @@ from openclaw_ref.conformance.corpus import (
 )
 from openclaw_ref.core.corpus_faults import CORPUS, PATTERNS, pattern
 from openclaw_ref.reporting.corpus_tables import corpus_cell, corpus_tables
-from openclaw_ref.sync.base import SyncConfig
 from tests.helpers import ROOT
 
 # What catches each pattern today, and the check that fires.
@@ -57,8 +57,8 @@ def test_the_user_script_reproduces_every_corpus_pattern():
 
 
 def test_the_hardened_columns_are_harden_defaults_and_the_every_step_window():
-    assert hardened_defaults() == SyncConfig(name="hardened")
-    assert hardened_k1().replica_slices == 1
+    assert hardened_defaults() == ArmConfig(name="hardened")
+    assert hardened_k1().harden.replica_slices == 1
 
 
 @pytest.mark.parametrize("column", ["ddp", "ddp-detail", "hardened", "hardened-k1"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+from openclaw_ref.arms.config import ArmConfig, harden_defaults
 from openclaw_ref.conformance.fault_matrix import (
     DEFAULTS,
     MatrixSettings,
@@ -15,7 +16,6 @@ from openclaw_ref.conformance.fault_matrix import (
 from openclaw_ref.experiments.sections import faults
 from openclaw_ref.experiments.settings import CompareConfig
 from openclaw_ref.reporting.section_tables import NON_DEFAULT, fault_tables
-from openclaw_ref.sync.base import SyncConfig, harden_defaults
 
 SETTINGS = MatrixSettings()
 
@@ -35,7 +35,7 @@ def _headers(section: dict) -> list[str]:
 
 
 def test_the_defaults_column_runs_what_harden_runs_without_a_config():
-    assert SETTINGS.sync_config(DEFAULTS) == harden_defaults() == SyncConfig(name="hardened")
+    assert SETTINGS.sync_config(DEFAULTS) == harden_defaults() == ArmConfig(name="hardened")
     assert SETTINGS.train_config(DEFAULTS, "nan-grad").sync == harden_defaults()
 
 

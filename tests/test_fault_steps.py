@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core import faults
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.errors import RankFailed
@@ -26,7 +27,7 @@ from tests.helpers import record_of, train_cfg
 
 STEP = 3
 STEPS = 5
-PRESCALED = SyncConfig(name="bucketed", wire="fp16", scale="4096")  # a wire with a pre-scale
+PRESCALED = ArmConfig.of("bucketed", wire="fp16", scale="4096")  # a wire with a pre-scale
 
 
 class _Exited(Exception):
@@ -38,7 +39,7 @@ class _Strategy:
 
     def __init__(self, sync: SyncConfig, prescaled: bool) -> None:
         self.name = sync.name
-        self.policy = ScalePolicy.from_config(sync) if prescaled else None
+        self.policy = ScalePolicy.from_config(sync.harden) if prescaled else None
 
     def scale_policy(self) -> ScalePolicy | None:
         return self.policy
@@ -58,7 +59,7 @@ def _trace(spec: FaultSpec | None, prescaled: bool, monkeypatch) -> list[list]:
     cfg = preset("tiny")
     model, ds = build_model(cfg), SkillDataset(cfg, DataConfig())
     injector = FaultInjector((spec,) if spec else (), rank=1, world_size=2)
-    sync = injector.setup(model, PRESCALED if prescaled else SyncConfig(name="ddp"))
+    sync = injector.setup(model, PRESCALED if prescaled else ArmConfig.of("ddp"))
     strategy = _Strategy(sync, prescaled)
     injector.on_wrapped(strategy)  # type: ignore[arg-type]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -68,7 +68,7 @@ def scaled_loop(ctx, arm: str | None) -> dict:
         state = None
     else:
         scale = {} if arm is None else {"scale": arm}
-        state = harden(ddp, SyncConfig("hardened", wire="fp16", **scale), ctx)
+        state = harden(ddp, SyncConfig(wire="fp16", **scale), ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=3)
     scales, skipped = [], []
@@ -100,7 +100,7 @@ def refused_loop(ctx, scale: str, enabled: bool) -> dict:
     scaler skipped before, and whether any weight had changed by then."""
     ddp = _ddp()
     start = [p.detach().clone() for p in ddp.parameters()]
-    state = harden(ddp, SyncConfig("hardened", wire="fp16", scale=scale, guard="bucket"), ctx)
+    state = harden(ddp, SyncConfig(wire="fp16", scale=scale, guard="bucket"), ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=3,
                                   enabled=enabled)
@@ -141,7 +141,7 @@ def plain_overflow_loop(ctx, scale: str | None) -> dict:
     ``scale``: the hardened fp16 wire's (None: its default, under the default step guard; a
     pre-scale is the per-bucket guard's)."""
     ddp = _ddp()
-    state = harden(ddp, SyncConfig("hardened", wire="fp16", **({} if scale is None else
+    state = harden(ddp, SyncConfig(wire="fp16", **({} if scale is None else
                                                                  {"scale": scale,
                                                                   "guard": "bucket"})), ctx)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)

@@ -80,7 +80,7 @@ def train_task(ctx, wrapper: str, option_set: str, every: int, bf16: bool = Fals
     options = FSDP_OPTION_SETS[option_set]
     model = _sharded(wrapper, option_set, bf16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = harden(model, SyncConfig(name="hardened", canary_every=every), ctx)
+    guard = harden(model, SyncConfig(canary_every=every), ctx)
     torch.manual_seed(7 + ctx.rank)  # the dropout streams, rank-dependent as in a real job
     error = None
     try:
@@ -246,7 +246,7 @@ def sdc_task(ctx, wrapper: str, fault: str, every: int, faulty_rank: int,
     ``every`` steps (0: off) raised, and its events."""
     model = _sharded(wrapper, "default")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = harden(model, SyncConfig(name="hardened", canary_every=every), ctx)
+    guard = harden(model, SyncConfig(canary_every=every), ctx)
     mode = FaultyMatmul(sdc_model(fault, "")) if ctx.rank == faulty_rank else None
     error = None
     try:
@@ -337,7 +337,7 @@ def unhideable_task(ctx) -> tuple[str, bool]:
     handle, state._pre_forward_hook_handle = state._pre_forward_hook_handle, None
     before = (tuple(model._forward_pre_hooks), tuple(model._forward_hooks))
     try:
-        harden(model, SyncConfig(name="hardened", canary_every=1), ctx)
+        harden(model, SyncConfig(canary_every=1), ctx)
     except BadInput as exc:
         return str(exc), before == (tuple(model._forward_pre_hooks), tuple(model._forward_hooks))
     finally:

@@ -83,7 +83,7 @@ def parity_task(ctx, case: Parity) -> dict:
     torch.manual_seed(0)
     net = PlainNet().to(ctx.device)
     oracle, hard = _ddp(net, ctx, case.cap_mb), _ddp(net, ctx, case.cap_mb)
-    state = harden(hard, SyncConfig(name="hardened", wire=case.wire, watchdog_s=case.watchdog_s,
+    state = harden(hard, SyncConfig(wire=case.wire, watchdog_s=case.watchdog_s,
                                     watchdog_action=case.watchdog_action, guard=case.guard),
                    ctx)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (oracle, hard)]
@@ -112,7 +112,7 @@ def nonfinite_task(ctx) -> str:
     """A NaN in rank 0's input at step 1 under ``nonfinite="raise"``: the error's class."""
     net = PlainNet().to(ctx.device)
     hard = _ddp(net, ctx)
-    state = harden(hard, SyncConfig(name="hardened", nonfinite="raise"), ctx)
+    state = harden(hard, SyncConfig(nonfinite="raise"), ctx)
     try:
         for step in range(3):
             x, y = (t.to(ctx.device) for t in batch(step, 0, ctx.rank))
@@ -155,7 +155,7 @@ def sync_free_backward_task(ctx) -> dict:
     raised, from the optimizer step, before it applies anything."""
     net = PlainNet().to(ctx.device)
     hard = _ddp(net, ctx, SMALL_BUCKETS_MB)
-    state = harden(hard, SyncConfig(name="hardened", nonfinite="raise"), ctx)
+    state = harden(hard, SyncConfig(nonfinite="raise"), ctx)
     opt = torch.optim.SGD(hard.parameters(), lr=0.05)
     out = {"deferred": state.deferred, "error": None}
     try:
@@ -216,7 +216,7 @@ def stalled_collective_task(ctx, stall_s: float, watchdog_s: float) -> list[dict
     futures done at enqueue) but their work cannot complete. The watchdog's events."""
     net = PlainNet().to(ctx.device)
     hard = _ddp(net, ctx)
-    state = harden(hard, SyncConfig(name="hardened", watchdog_s=watchdog_s,
+    state = harden(hard, SyncConfig(watchdog_s=watchdog_s,
                                     watchdog_action="report"), ctx)
     try:
         for step in range(2):

@@ -57,7 +57,7 @@ def checkpointed_task(ctx, reentrant: bool, static_graph: bool) -> dict:
     """The oracle (no hook) and the hardened loop on the same rank; never raises."""
     oracle = _train(_build(reentrant, static_graph), ctx.rank)
     ddp = _build(reentrant, static_graph)
-    state = harden(ddp, SyncConfig(name="hardened", bucket_cap_mb=0.004), ctx)
+    state = harden(ddp, SyncConfig(), ctx)
     reply: dict = {"error": None, "oracle": oracle}
     try:
         reply["hardened"] = _train(ddp, ctx.rank)

@@ -47,7 +47,7 @@ def deferred_task(ctx, setup: str, verdict_at: str) -> dict:
     torch.manual_seed(0)
     net = Net(reentrant=setup == "checkpoint")
     ddp = DDP(net, bucket_cap_mb=0.001, static_graph=setup in ("static_graph", "checkpoint"))
-    state = harden(ddp, SyncConfig(name="hardened", verdict_at=verdict_at), ctx)
+    state = harden(ddp, SyncConfig(verdict_at=verdict_at), ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     scaler = torch.amp.GradScaler("cpu", enabled=setup == "grad_scaler")
     steps = STEPS + ctx.rank if setup == "join" else STEPS

@@ -41,13 +41,13 @@ def mesh_task(ctx) -> dict:
     group = mesh["dp"].get_group()
     oracle = _train(DDP(_net(), process_group=group), ctx.rank)
     ddp = DDP(_net(), process_group=group)
-    state = harden(ddp, SyncConfig(name="hardened"), ctx)
+    state = harden(ddp, SyncConfig(), ctx)
     try:
         hardened = _train(ddp, ctx.rank)
     finally:
         state.close()
     ddp = DDP(_net(), process_group=group)
-    state = harden(ddp, SyncConfig(name="hardened", nonfinite="raise"), ctx)
+    state = harden(ddp, SyncConfig(nonfinite="raise"), ctx)
     error = None
     try:
         _train(ddp, ctx.rank, poison_at=1 if ctx.rank == 3 else None)

@@ -82,7 +82,7 @@ def _train(fault: Fault, hardened: bool) -> tuple[dict[str, torch.Tensor], objec
     fully_shard(model, mesh=mesh)
     opt = early or torch.optim.AdamW(model.parameters(), lr=1e-2)
     policy = "skip" if fault is Fault.NAN_SKIPPED else "raise"
-    guard = harden(model, SyncConfig(name="hardened", nonfinite=policy)) if hardened else None
+    guard = harden(model, SyncConfig(nonfinite=policy)) if hardened else None
     try:
         for step in range(STEPS):
             faulty = step == FAULT_STEP
@@ -139,7 +139,7 @@ def refused_task(ctx) -> str:
     model = Net()
     fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
     try:
-        harden(model, SyncConfig(name="hardened", guard="bucket"))
+        harden(model, SyncConfig(guard="bucket"))
     except BadInput as exc:
         return str(exc)
     return "accepted"
@@ -155,7 +155,7 @@ def late_rank_task(ctx) -> dict:
     model = Net()
     fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = harden(model, SyncConfig(name="hardened", watchdog_s=1.0), ctx)
+    guard = harden(model, SyncConfig(watchdog_s=1.0), ctx)
     try:
         for step in range(STEPS):
             F.mse_loss(model(_batch(step, 0, ctx.rank)[0]), _batch(step, 0, ctx.rank)[1]) \

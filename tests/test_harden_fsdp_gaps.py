@@ -125,7 +125,7 @@ def _train(s: S, hardened: bool) -> tuple[dict[str, torch.Tensor], object]:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    cfg = SyncConfig(name="hardened", nonfinite="raise", fsdp_reduce_check=s in CHECKED)
+    cfg = SyncConfig(nonfinite="raise", fsdp_reduce_check=s in CHECKED)
     guard = harden(model, cfg) if hardened else None
     micros = 2 if s in (S.ACCUMULATE, S.ACCUMULATE_SYNCED, S.CHECKED_ACCUMULATE) else 1
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -13,7 +12,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
-from openclaw_ref.sync.base import NonFinitePolicy, Planner, SyncConfig, Wire
+from openclaw_ref.arms.config import ArmConfig, Planner
+from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.hardening import harden
 from openclaw_ref.sync.target import process_backend, reducible_dtypes, validate_target
@@ -21,9 +21,9 @@ from openclaw_ref.sync.target import process_backend, reducible_dtypes, validate
 
 def harden_twice(ctx, guard: str) -> tuple[str, int]:
     ddp = DDP(nn.Linear(4, 2))
-    state = harden(ddp, SyncConfig(name="hardened", guard=guard), ctx)
+    state = harden(ddp, SyncConfig(guard=guard), ctx)
     try:
-        harden(ddp, SyncConfig(name="hardened"), ctx)
+        harden(ddp, SyncConfig(), ctx)
     except BadInput as exc:
         return str(exc), len(ddp._comm_hooks)
     finally:
@@ -33,7 +33,7 @@ def harden_twice(ctx, guard: str) -> tuple[str, int]:
 
 def harden_a_plain_module(ctx) -> str:
     try:
-        harden(nn.Linear(4, 2), SyncConfig(name="hardened"), ctx)
+        harden(nn.Linear(4, 2), SyncConfig(), ctx)
     except BadInput as exc:
         return str(exc)
     return ""
@@ -60,7 +60,7 @@ def harden_over_a_registered_hook(ctx, kind: str) -> str:
         else:
             ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
         try:
-            harden(ddp, SyncConfig(name="hardened"), ctx).close()
+            harden(ddp, SyncConfig(), ctx).close()
         except BadInput as exc:
             message = str(exc)
     dist.barrier()
@@ -80,7 +80,7 @@ def harden_what_needs_the_bucket_guard(ctx, kwargs: dict) -> str:
     message = ""
     if ctx.rank == 0:
         try:
-            harden(ddp, SyncConfig(name="hardened", **kwargs), ctx).close()
+            harden(ddp, SyncConfig(**kwargs), ctx).close()
         except BadInput as exc:
             message = f"{exc} | hooks left: {len(ddp._forward_pre_hooks)}"
     dist.barrier()
@@ -104,7 +104,7 @@ def harden_on_a_group_without_backend(ctx) -> dict:
     gloo, which the dtype checks must judge (not skip)."""
     group = dist.new_group(backend="undefined")
     ddp = DDP(nn.Linear(4, 2), process_group=group)
-    bf16 = SyncConfig(name="hardened", wire="bf16", guard="bucket")  # judged: gloo reduces bf16
+    bf16 = SyncConfig(wire="bf16", guard="bucket")  # judged: gloo reduces bf16
     reply = {"reported": dist.get_backend(group), "judged": validate_target(ddp, bf16)}
     state = harden(ddp, bf16, ctx)
     ddp(torch.ones(3, 4)).sum().backward()
@@ -132,7 +132,7 @@ def close_and_keep_training(ctx) -> dict:
     plain = DDP(nn.Linear(4, 2))
     before = len(ddp._forward_pre_hooks)
     optimizer_hooks = len(_global_optimizer_pre_hooks)
-    state = harden(ddp, SyncConfig(name="hardened"), ctx)
+    state = harden(ddp, SyncConfig(), ctx)
     added = len(ddp._forward_pre_hooks) - before
     added_optimizer = len(_global_optimizer_pre_hooks) - optimizer_hooks
     x = torch.full((3, 4), float(ctx.rank + 1))
@@ -182,16 +182,16 @@ def test_an_unknown_nonfinite_policy_is_bad_input():
                                           (dict(scale="0"), "--scale")])
 def test_an_unknown_wire_planner_or_scale_is_bad_input_naming_its_flag(kwargs, flag):
     with pytest.raises(BadInput, match=flag):
-        SyncConfig(**kwargs)
+        ArmConfig.of(**kwargs)
 
 
 def test_the_config_holds_enums_and_the_parsed_scale_and_records_the_cli_strings():
-    cfg = SyncConfig(wire="fp16", nonfinite="raise", planner="norm-ema", scale="1024")
-    assert (cfg.wire, cfg.nonfinite, cfg.planner) == (Wire.FP16, NonFinitePolicy.RAISE,
-                                                      Planner.NORM_EMA)
-    assert cfg == SyncConfig(wire=Wire.FP16, nonfinite=NonFinitePolicy.RAISE,
-                             planner=Planner.NORM_EMA, scale="1024")
-    assert cfg.scale_exp == 10 and SyncConfig(scale="auto").scale_exp is None
-    recorded = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    cfg = ArmConfig.of(wire="fp16", nonfinite="raise", planner="norm-ema", scale="1024")
+    assert (cfg.harden.wire, cfg.harden.nonfinite, cfg.planner) == (
+        Wire.FP16, NonFinitePolicy.RAISE, Planner.NORM_EMA)
+    assert cfg == ArmConfig.of(wire=Wire.FP16, nonfinite=NonFinitePolicy.RAISE,
+                               planner=Planner.NORM_EMA, scale="1024")
+    assert cfg.harden.scale_exp == 10 and SyncConfig(scale="auto").scale_exp is None
+    recorded = json.loads(json.dumps(cfg.to_json()))
     assert (recorded["wire"], recorded["nonfinite"], recorded["planner"], recorded["scale"]) == (
         "fp16", "raise", "norm-ema", "1024")

@@ -47,7 +47,7 @@ def _rank(rank: int, tmp: Path, how: str, wire: str) -> None:
                             timeout=datetime.timedelta(seconds=30))
     torch.manual_seed(0)
     ddp = DDP(Branchy(), bucket_cap_mb=0.0002)
-    state = harden(ddp, SyncConfig(name="hardened", wire=wire, watchdog_s=25.0))
+    state = harden(ddp, SyncConfig(wire=wire, watchdog_s=25.0))
     x = torch.full((4, 8), float(rank + 1))
     step = 0
     try:

@@ -37,7 +37,7 @@ def train_without_protocol(ctx, skip_at: int | None, steps: int = 4,
                            verdict_at: str = "auto") -> dict:
     torch.manual_seed(0)
     ddp = DDP(TwoStage(), find_unused_parameters=True)
-    state = harden(ddp, SyncConfig(name="hardened", nonfinite="raise", verdict_at=verdict_at),
+    state = harden(ddp, SyncConfig(nonfinite="raise", verdict_at=verdict_at),
                    ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     seen: dict = {"error": None, "steps": 0, "raised_in": None, "deferred": state.deferred,

@@ -32,7 +32,7 @@ def _step(ddp: DDP, opt: torch.optim.Optimizer, step: int, rank: int) -> None:
 def _clock_fault(ctx, ddp: DDP, guard: str = "step") -> str:
     """Rank 1 names step 1 where rank 0 names step 0: every rank raises ClockMismatch (its
     name returned, so that nothing keeps the failed step's frames alive)."""
-    state = harden(ddp, SyncConfig(name="hardened", guard=guard), ctx)
+    state = harden(ddp, SyncConfig(guard=guard), ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     try:
         state.begin_step(ctx.rank)
@@ -65,7 +65,7 @@ def rewrap_task(ctx) -> dict:
     first = _clock_fault(ctx, ddp)
     del ddp  # its reducer's autograd hooks on the parameters go with it
     ddp = DDP(module)  # rank 0's parameters are broadcast again
-    state = harden(ddp, SyncConfig(name="hardened"), ctx)
+    state = harden(ddp, SyncConfig(), ctx)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     try:
         for step in range(STEPS_AFTER):

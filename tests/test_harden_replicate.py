@@ -49,14 +49,14 @@ def replicate_fsdp_task(ctx) -> dict:
 def replicate_task(ctx, wrap=replicate) -> dict:
     stock = _train(wrap(_net()), ctx.rank)
     model = wrap(_net())
-    guard = harden(model, SyncConfig(name="hardened"), ctx)  # before the first forward
+    guard = harden(model, SyncConfig(), ctx)  # before the first forward
     try:
         hardened = _train(model, ctx.rank)
         summary, events = guard.summary(), list(guard.events)
     finally:
         guard.close()
     model = wrap(_net())
-    guard = harden(model, SyncConfig(name="hardened", replica_slices=1), ctx)
+    guard = harden(model, SyncConfig(replica_slices=1), ctx)
     error = None
     try:
         _train(model, ctx.rank, drift_at=1 if ctx.rank == 1 else None)
@@ -106,4 +106,4 @@ def test_the_ddp_replicate_names_the_drifting_parameter_by_the_modules_own_name(
 def test_the_per_bucket_guard_on_a_replicated_module_is_refused_before_any_collective():
     model = replicate(_net())  # no process group: a collective here would raise another error
     with pytest.raises(BadInput, match="step guard only"):
-        harden(model, SyncConfig(name="hardened", guard=Guard.BUCKET))
+        harden(model, SyncConfig(guard=Guard.BUCKET))

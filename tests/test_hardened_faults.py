@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.ddp import wrap_ddp
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.errors import RankFailed
 from openclaw_ref.core.launch import LaunchConfig, RankPool
 from openclaw_ref.core.model import build_model, preset
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
     ClockMismatch,
@@ -28,7 +29,6 @@ from openclaw_ref.sync.errors import (
     SyncTimeout,
 )
 from openclaw_ref.sync.hardening import harden
-from openclaw_ref.sync.strategies.ddp import wrap_ddp
 
 WATCHED = "layer.3.attn.v_proj.weight"  # the seed's C2 parameter
 
@@ -57,11 +57,19 @@ def _swap_registration(model) -> None:
     experts._modules = type(mods)((k, mods[k]) for k in order)
 
 
-def run_with_fault(ctx, sync: SyncConfig, fault: Fault, steps: int = 3,
+def _unchecked(*args, **kwargs) -> None:
+    """A start-up check that finds nothing."""
+
+
+def run_with_fault(ctx, sync: ArmConfig, fault: Fault, steps: int = 3,
                    check_construction: bool = True) -> dict:
     """A plain DDP training loop with ``harden``; returns what each rank saw (never raises a
-    ConsistencyError, so the pool stays usable)."""
+    ConsistencyError, so the pool stays usable). ``check_construction=False``: the start-up
+    check is stubbed out, to show what the in-band checks catch alone."""
     import time
+    from unittest import mock
+
+    from openclaw_ref.sync.evidence import checks
 
     cfg = preset("tiny")
     ds = SkillDataset(cfg, DataConfig())
@@ -75,7 +83,9 @@ def run_with_fault(ctx, sync: SyncConfig, fault: Fault, steps: int = 3,
         sync = dataclasses.replace(sync, bucket_cap_mb=sync.bucket_cap_mb / 2)
     try:
         ddp = wrap_ddp(model, ctx, sync)
-        state = harden(ddp, sync, ctx, check_construction=check_construction)
+        with mock.patch.object(checks, "construction_check",
+                               checks.construction_check if check_construction else _unchecked):
+            state = harden(ddp, sync.harden, ctx)
         if fault.kind == "scale" and mine:
             state.policy.override(ctx.rank, fault.exponent)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -125,7 +135,7 @@ def _same_error_everywhere(results: list[dict], kind: type) -> ConsistencyError:
 
 
 def test_no_fault_no_alarm(pools):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", wire="fp16"), Fault())
+    results = pools.get(2).run(run_with_fault, ArmConfig.of("hardened", wire="fp16"), Fault())
     assert all(r["error"] is None and r["applied"] == [True] * 3 for r in results)
     assert results[0]["summary"]["checks_run"] == results[0]["summary"]["checks_passed"] > 3
 
@@ -136,7 +146,7 @@ TWO_SUSPECTS = [0, 1]
 
 @pytest.mark.parametrize("guard", ["step", "bucket"])
 def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools, guard):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", guard=guard),
+    results = pools.get(2).run(run_with_fault, ArmConfig.of("hardened", guard=guard),
                                Fault("clock", 1, 1))
     err = _same_error_everywhere(results, ClockMismatch)
     assert err.ranks == TWO_SUSPECTS and err.step == 1
@@ -147,28 +157,28 @@ def test_a_rank_whose_clock_runs_ahead_raises_clock_mismatch(pools, guard):
 
 
 def test_the_seeds_scale_mismatch_is_caught_naming_the_rank(pools):
-    sync = SyncConfig("hardened", wire="fp16", scale="4096", guard="bucket")
+    sync = ArmConfig.of("hardened", wire="fp16", scale="4096", guard="bucket")
     results = pools.get(4).run(run_with_fault, sync, Fault("scale", 3, exponent=10))  # 2^12 vs 2^10
     err = _same_error_everywhere(results, ScaleMismatch)
     assert err.ranks == [3] and err.step == 0
 
 
 def test_scale_mismatch_is_caught_on_the_fp32_wire_too(pools):
-    sync = SyncConfig("hardened", wire="fp32", guard="bucket")
+    sync = ArmConfig.of("hardened", wire="fp32", guard="bucket")
     results = pools.get(2).run(run_with_fault, sync, Fault("scale", 1, exponent=3))
     err = _same_error_everywhere(results, ScaleMismatch)
     assert err.ranks == TWO_SUSPECTS
 
 
 def test_swapped_same_shaped_parameters_fail_the_construction_check(pools):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("swap", 1))
+    results = pools.get(2).run(run_with_fault, ArmConfig.of("hardened"), Fault("swap", 1))
     err = _same_error_everywhere(results, ParameterMismatch)
     assert err.ranks == TWO_SUSPECTS
     assert "layer.0.ffn.experts.0.w1.weight" in err.params
 
 
 def test_swapped_parameters_that_ddp_accepts_are_caught_in_band_as_misalignment(pools):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", bucket_cap_mb=0.01),
+    results = pools.get(2).run(run_with_fault, ArmConfig.of("hardened", bucket_cap_mb=0.01),
                                Fault("swap", 1), 3, False)
     err = _same_error_everywhere(results, BucketMisalignment)
     assert err.ranks == TWO_SUSPECTS and err.step == 0
@@ -176,14 +186,14 @@ def test_swapped_parameters_that_ddp_accepts_are_caught_in_band_as_misalignment(
 
 
 def test_a_rank_with_another_bucket_cap_is_named_at_construction_not_aborted_by_gloo(pools):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", bucket_cap_mb=0.02),
+    results = pools.get(2).run(run_with_fault, ArmConfig.of("hardened", bucket_cap_mb=0.02),
                                Fault("cap", 1))
     err = _same_error_everywhere(results, BucketMisalignment)
     assert err.ranks == TWO_SUSPECTS and err.step is None
 
 
 def test_a_nan_gradient_under_the_raise_policy_raises_non_finite_naming_the_rank(pools):
-    sync = SyncConfig("hardened", wire="fp16", nonfinite="raise")
+    sync = ArmConfig.of("hardened", wire="fp16", nonfinite="raise")
     results = pools.get(2).run(run_with_fault, sync, Fault("nan", 1, 1))
     err = _same_error_everywhere(results, NonFiniteGradient)
     assert err.ranks == [1] and err.step == 1
@@ -191,7 +201,7 @@ def test_a_nan_gradient_under_the_raise_policy_raises_non_finite_naming_the_rank
 
 def test_a_nan_gradient_under_the_skip_policy_skips_the_step_everywhere_and_names_the_rank(
         pools):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", wire="fp16"),
+    results = pools.get(2).run(run_with_fault, ArmConfig.of("hardened", wire="fp16"),
                                Fault("nan", 1, 1))
     for r in results:
         assert r["error"] is None
@@ -201,7 +211,7 @@ def test_a_nan_gradient_under_the_skip_policy_skips_the_step_everywhere_and_name
 
 
 def test_a_finite_gradient_that_overflows_only_under_the_pre_scale_is_not_a_local_nan(pools):
-    sync = SyncConfig("hardened", wire="fp16", scale="4096", nonfinite="raise", guard="bucket")
+    sync = ArmConfig.of("hardened", wire="fp16", scale="4096", nonfinite="raise", guard="bucket")
     results = pools.get(2).run(run_with_fault, sync, Fault("huge", 1, 1))
     for r in results:
         assert r["error"] is None  # 1e9-scaled but finite: an overflow, skipped, not fatal
@@ -214,7 +224,7 @@ def test_an_fp16_wire_overflow_under_the_step_guard_skips_the_step_on_every_rank
     """DDP's own fp16 wire (its C++ hook) overflows on rank 1's 1e9-scaled but finite
     gradients: no rank's own gradient was non-finite, the reduced ones are, and every rank
     skips that step."""
-    sync = SyncConfig("hardened", wire="fp16", nonfinite="raise")
+    sync = ArmConfig.of("hardened", wire="fp16", nonfinite="raise")
     results = pools.get(2).run(run_with_fault, sync, Fault("huge", 1, 1))
     for r in results:
         assert r["error"] is None and r["events"] == []
@@ -224,7 +234,7 @@ def test_an_fp16_wire_overflow_under_the_step_guard_skips_the_step_on_every_rank
 
 
 def test_a_wire_overflow_skips_the_step_on_every_rank_and_backs_off_the_scale(pools):
-    sync = SyncConfig("hardened", wire="fp16", scale="auto", guard="bucket")
+    sync = ArmConfig.of("hardened", wire="fp16", scale="auto", guard="bucket")
     results = pools.get(2).run(run_with_fault, sync, Fault("huge", 1, 1))
     for r in results:
         assert r["error"] is None
@@ -236,15 +246,15 @@ def test_a_wire_overflow_skips_the_step_on_every_rank_and_backs_off_the_scale(po
 
 
 def test_a_weight_nudged_after_the_optimizer_step_is_named_at_the_next_step_with_k_1(pools):
-    sync = SyncConfig("hardened", replica_slices=1)
+    sync = ArmConfig.of("hardened", replica_slices=1)
     results = pools.get(2).run(run_with_fault, sync, Fault("perturb", 1, 1))
     err = _same_error_everywhere(results, ReplicaDivergence)
     assert err.ranks == TWO_SUSPECTS and err.step == 2 and err.params == [WATCHED]
 
 
 def test_a_weight_nudged_after_the_optimizer_step_is_named_within_k_steps_by_default(pools):
-    k = SyncConfig("hardened").replica_slices
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened"), Fault("perturb", 1, 1),
+    k = ArmConfig.of("hardened").harden.replica_slices
+    results = pools.get(2).run(run_with_fault, ArmConfig.of("hardened"), Fault("perturb", 1, 1),
                                2 + k)
     err = _same_error_everywhere(results, ReplicaDivergence)
     assert err.ranks == TWO_SUSPECTS and 2 <= err.step <= 1 + k and err.params == [WATCHED]
@@ -252,8 +262,8 @@ def test_a_weight_nudged_after_the_optimizer_step_is_named_within_k_steps_by_def
 
 @pytest.mark.parametrize("k", [1, None], ids=["K=1", "default K"])
 def test_gradient_clipping_on_one_rank_only_is_named_within_k_steps(pools, k):
-    sync = SyncConfig("hardened") if k is None else SyncConfig("hardened", replica_slices=k)
-    window = sync.replica_slices
+    sync = ArmConfig.of("hardened") if k is None else ArmConfig.of("hardened", replica_slices=k)
+    window = sync.harden.replica_slices
     results = pools.get(2).run(run_with_fault, sync, Fault("clip", 1, 1), 2 + window)
     err = _same_error_everywhere(results, ReplicaDivergence)
     assert err.ranks == TWO_SUSPECTS and 2 <= err.step <= 1 + window and err.params
@@ -261,14 +271,14 @@ def test_gradient_clipping_on_one_rank_only_is_named_within_k_steps(pools, k):
 
 
 def test_replica_digests_ride_every_step_and_stay_silent_without_a_fault(pools):
-    results = pools.get(2).run(run_with_fault, SyncConfig("hardened", replica_slices=2),
+    results = pools.get(2).run(run_with_fault, ArmConfig.of("hardened", replica_slices=2),
                                Fault(), 4)
     assert all(r["error"] is None for r in results)
     assert results[0]["summary"]["replica_checks"] == 4
 
 
 def test_a_stalled_rank_is_named_by_the_watchdog_with_exit_code_4():
-    sync = SyncConfig("hardened", watchdog_s=0.5, watchdog_action="exit")
+    sync = ArmConfig.of("hardened", watchdog_s=0.5, watchdog_action="exit")
     with RankPool(LaunchConfig(2, backend="gloo", pg_timeout_s=30.0, timeout_s=60)) as pool:
         with pytest.raises(RankFailed) as err:
             pool.run(run_with_fault, sync, Fault("sleep", 1, 1))

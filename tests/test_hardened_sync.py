@@ -7,12 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.costs import recorded_collectives, step_cost
+from openclaw_ref.arms.registry import make_strategy
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset
-from openclaw_ref.sync import make_strategy
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.evidence.control_counts import CountLayout
-from openclaw_ref.sync.strategies.costs import recorded_collectives, step_cost
 from tests.helpers import record_of, train_cfg
 
 # Tolerances of the reduced-precision wires against fp32 (final loss after 10 SGD steps,
@@ -31,9 +32,9 @@ def _rel(a: float, b: float) -> float:
 # 4 ranks oversubscribe 2 cores (7 s): the slow profile (CI budget)
 @pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_hardened_fp32_trains_exactly_like_ddp_and_one_process(pools, world_size):
-    one = pools.get(1).run(record_of, train_cfg(1, SyncConfig("local")))[0]
-    ddp = pools.get(world_size).run(record_of, train_cfg(world_size, SyncConfig("ddp")))[0]
-    hard = pools.get(world_size).run(record_of, train_cfg(world_size, SyncConfig("hardened")))[0]
+    one = pools.get(1).run(record_of, train_cfg(1, ArmConfig.of("local")))[0]
+    ddp = pools.get(world_size).run(record_of, train_cfg(world_size, ArmConfig.of("ddp")))[0]
+    hard = pools.get(world_size).run(record_of, train_cfg(world_size, ArmConfig.of("hardened")))[0]
     final = hard["summary"]["final_loss"]
     assert _rel(final, ddp["summary"]["final_loss"]) <= 1e-5
     assert _rel(final, one["summary"]["final_loss"]) <= 1e-5
@@ -43,8 +44,8 @@ def test_hardened_fp32_trains_exactly_like_ddp_and_one_process(pools, world_size
 @pytest.mark.parametrize("wire,guard", [("fp16", "step"), ("fp16", "bucket"),
                                         ("bf16", "bucket")])
 def test_reduced_precision_wires_stay_within_their_stated_tolerance(pools, wire, guard):
-    ddp = pools.get(2).run(record_of, train_cfg(2, SyncConfig("ddp"), optimizer="sgd"))[0]
-    hard = pools.get(2).run(record_of, train_cfg(2, SyncConfig("hardened", wire=wire,
+    ddp = pools.get(2).run(record_of, train_cfg(2, ArmConfig.of("ddp"), optimizer="sgd"))[0]
+    hard = pools.get(2).run(record_of, train_cfg(2, ArmConfig.of("hardened", wire=wire,
                                                                guard=guard),
                                             optimizer="sgd"))[0]
     assert _rel(hard["summary"]["final_loss"], ddp["summary"]["final_loss"]) <= WIRE_RTOL[wire]
@@ -57,7 +58,7 @@ def test_no_false_alarm_in_over_a_thousand_checked_bucket_steps(pools):
     disagreement."""
     checked = missing = 0
     for wire, sparsity in [("fp16", (0.0, 0.0)), ("bf16", (0.12, 0.68)), ("fp32", (0.9, 0.95))]:
-        sync = SyncConfig("hardened", wire=wire, scale="auto", bucket_cap_mb=0.01,
+        sync = ArmConfig.of("hardened", wire=wire, scale="auto", bucket_cap_mb=0.01,
                           guard="bucket")
         rec = pools.get(2).run(record_of, train_cfg(2, sync, steps=12, sparsity_range=sparsity))[0]
         s = rec["summary"]["sync"]
@@ -74,7 +75,7 @@ def test_no_false_alarm_under_the_step_guard_from_no_to_extreme_sparsity(pools):
     are never a missing gradient, and every step is checked."""
     missing = 0
     for wire, sparsity in [("fp16", (0.0, 0.0)), ("fp32", (0.12, 0.68)), ("fp32", (0.9, 0.95))]:
-        sync = SyncConfig("hardened", wire=wire, bucket_cap_mb=0.01)
+        sync = ArmConfig.of("hardened", wire=wire, bucket_cap_mb=0.01)
         rec = pools.get(2).run(record_of, train_cfg(2, sync, steps=12, sparsity_range=sparsity))[0]
         s = rec["summary"]["sync"]
         assert rec["events"] == [] and s["checks_run"] == s["checks_passed"]
@@ -84,7 +85,7 @@ def test_no_false_alarm_under_the_step_guard_from_no_to_extreme_sparsity(pools):
 
 
 def test_every_step_reports_sync_time_skew_late_rank_overflow_scale_and_checks(pools):
-    sync = SyncConfig("hardened", wire="fp16", scale="4096", guard="bucket")
+    sync = ArmConfig.of("hardened", wire="fp16", scale="4096", guard="bucket")
     rec = pools.get(2).run(record_of, train_cfg(2, sync, steps=3))[0]
     m = rec["steps"][-1]["sync"]
     assert {"sync_ms", "buckets", "overflow_elements", "elements", "overflowed", "scale",
@@ -125,10 +126,10 @@ def costs_and_recording(ctx, sync: SyncConfig) -> tuple[dict, list]:
 
 
 @pytest.mark.parametrize("sync", [
-    SyncConfig("ddp", bucket_cap_mb=0.05),
-    SyncConfig("hardened", bucket_cap_mb=0.05),
-    SyncConfig("hardened", bucket_cap_mb=0.05, guard="bucket"),
-    SyncConfig("bucketed", bucket_cap_mb=0.05, planner="norm-ema-agreed"),
+    ArmConfig.of("ddp", bucket_cap_mb=0.05),
+    ArmConfig.of("hardened", bucket_cap_mb=0.05),
+    ArmConfig.of("hardened", bucket_cap_mb=0.05, guard="bucket"),
+    ArmConfig.of("bucketed", bucket_cap_mb=0.05, planner="norm-ema-agreed"),
 ], ids=["ddp", "hardened", "hardened-bucket", "bucketed"])
 def test_derived_per_step_costs_equal_the_recorded_collectives(pools, sync):
     cost, recorded = pools.get(2).run(costs_and_recording, sync)[0]
@@ -138,9 +139,9 @@ def test_derived_per_step_costs_equal_the_recorded_collectives(pools, sync):
 
 def test_the_step_guard_adds_one_small_exchange_to_ddps_collectives(pools):
     ddp, ddp_recorded = pools.get(2).run(costs_and_recording,
-                                         SyncConfig("ddp", bucket_cap_mb=0.05))[0]
+                                         ArmConfig.of("ddp", bucket_cap_mb=0.05))[0]
     hard, recorded = pools.get(2).run(costs_and_recording,
-                                      SyncConfig("hardened", bucket_cap_mb=0.05, wire="fp16"))[0]
+                                      ArmConfig.of("hardened", bucket_cap_mb=0.05, wire="fp16"))[0]
     assert hard["collectives"] == ddp["collectives"] + 1
     extra = sum(n for _, n in recorded) - sum(n for _, n in ddp_recorded)
     assert extra == CountLayout(2, torch.float32).size(1)  # the step's counts, once
@@ -149,9 +150,9 @@ def test_the_step_guard_adds_one_small_exchange_to_ddps_collectives(pools):
 
 def test_the_bucket_guard_issues_exactly_as_many_collectives_per_step_as_ddp(pools):
     ddp, ddp_recorded = pools.get(2).run(costs_and_recording,
-                                         SyncConfig("ddp", bucket_cap_mb=0.05))[0]
+                                         ArmConfig.of("ddp", bucket_cap_mb=0.05))[0]
     hard, recorded = pools.get(2).run(costs_and_recording,
-                                      SyncConfig("hardened", bucket_cap_mb=0.05, wire="fp16",
+                                      ArmConfig.of("hardened", bucket_cap_mb=0.05, wire="fp16",
                                                  guard="bucket"))[0]
     assert hard["collectives"] == ddp["collectives"] > 2
     buckets = ddp["collectives"] - 1  # less DDP's used-map allreduce
@@ -181,7 +182,7 @@ def test_a_fired_check_still_writes_the_run_json_with_its_event(pools, tmp_path)
     from openclaw_ref.core.jsonio import read_json
 
     out = tmp_path / "run.json"
-    sync = SyncConfig("hardened", wire="fp16", guard="bucket")  # the guard that sees a scale
+    sync = ArmConfig.of("hardened", wire="fp16", guard="bucket")  # the guard that sees a scale
     scale_mismatch = (parse_fault("scale-mismatch=10@1:0"),)  # rank 1 pre-scales by 2^10
     with pytest.raises(RankFailed) as err:
         pools.get(2).run(record_of, train_cfg(2, sync, steps=3, out=str(out),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from openclaw_ref.arms.blocks import check_blocks
 from openclaw_ref.experiments.hook_cost import (
     ARMS,
     HARDENED_ARMS,
@@ -23,7 +24,6 @@ from openclaw_ref.experiments.verify_scale import block_bytes, block_share, synt
 from openclaw_ref.reporting.hook_cost_tables import hook_cost_table, pairs_table
 from openclaw_ref.sync.base import CANARY_EVERY
 from openclaw_ref.sync.errors import BadInput
-from openclaw_ref.sync.evidence.control import check_blocks
 from openclaw_ref.sync.evidence.control_layout import SLOT_FIELDS
 
 
@@ -172,8 +172,8 @@ def floor_beside_guard(ctx, steps: int = 3) -> dict | None:
     step, its exchange buffer, its trained parameters."""
     import copy
 
+    from openclaw_ref.arms.costs import recorded_collectives
     from openclaw_ref.experiments.hook_cost import arm_step, mlp_loss, plain_mlp, wrap_arm
-    from openclaw_ref.sync.strategies.costs import recorded_collectives
 
     net, loss = plain_mlp(0), mlp_loss(0, ctx)
     out = {}

@@ -28,7 +28,9 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (0, "the hook library (torch only), and the CLI's choice lists (plain constants, no "
         "import, read by conformance's plugin without torch)",
      ("openclaw_ref.sync", "openclaw_ref.cli.choices")),
-    (1, "the model, the loop and its callback protocol, the launcher", ("openclaw_ref.core",)),
+    (1, "the benchmark's arms beside the hook library (stock DDP, the seed's fixes); the model, "
+        "the loop and its callback protocol, the launcher",
+     ("openclaw_ref.arms", "openclaw_ref.core")),
     (2, "what reads or serves a run: the record and its renderer, the doctor and the metrics "
         "sink, the FSDP2 corpus script",
      ("openclaw_ref.reporting", "openclaw_ref.ops", "openclaw_ref.fsdp_corpus")),

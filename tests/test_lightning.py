@@ -20,6 +20,7 @@ import torch
 
 pytest.importorskip("lightning")
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.data import PAD, DataConfig, SkillDataset  # noqa: E402
 from openclaw_ref.core.model import build_model, preset  # noqa: E402
 from openclaw_ref.integrations.lightning import (  # noqa: E402
@@ -184,10 +185,9 @@ def build_through_the_strategy(ctx) -> dict:
     from torch import nn
 
     from openclaw_ref.integrations.lightning import SyncDDPStrategy
-    from openclaw_ref.sync.base import SyncConfig
     from openclaw_ref.sync.target import HARDENED_MARK
 
-    strategy = SyncDDPStrategy(SyncConfig(name="hardened"), find_unused_parameters=False,
+    strategy = SyncDDPStrategy(ArmConfig.of("hardened"), find_unused_parameters=False,
                                static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=1.0,
                                parallel_devices=[torch.device("cpu")] * ctx.world_size,
                                process_group_backend="gloo")

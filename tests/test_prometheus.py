@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from openclaw_ref.arms.config import ArmConfig  # noqa: E402
 from openclaw_ref.core.callbacks import Callback, no_metrics  # noqa: E402
 from openclaw_ref.core.config import MetricsConfig  # noqa: E402
 from openclaw_ref.core.faults import parse_fault  # noqa: E402
@@ -133,7 +134,7 @@ def test_a_harden_user_exports_from_their_own_loop(tmp_path):
     exp = PrometheusExporter(rank=dist.get_rank(), port=0)
     try:
         ddp = DDP(torch.nn.Linear(4, 2))
-        state = harden(ddp, SyncConfig(name="hardened"))
+        state = harden(ddp, SyncConfig())
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for step in range(3):
             state.begin_step(step)
@@ -253,7 +254,7 @@ def train_and_scrape(ctx: RankContext, cfg: TrainConfig, at: int) -> dict:
 
 def small_run(sync: str, steps: int = 4, **metrics) -> TrainConfig:
     return TrainConfig(world_size=2, steps=steps, global_batch=8, eval_every=0, progress=False,
-                       sync=SyncConfig(name=sync), metrics=MetricsConfig(port=0, **metrics))
+                       sync=ArmConfig.of(sync), metrics=MetricsConfig(port=0, **metrics))
 
 
 def test_every_rank_serves_its_own_endpoint_during_a_ddp_run(pools):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.cli import main
 from openclaw_ref.core.jsonio import read_json
 from openclaw_ref.experiments.checkpoint import Checkpoints, fingerprint
@@ -20,7 +21,6 @@ from openclaw_ref.reporting.claims import CLAIMS, Verdict, assess_all
 from openclaw_ref.reporting.record import load_record
 from openclaw_ref.reporting.render import render_all
 from openclaw_ref.reporting.timeline import PER_BUCKET, bucket_timeline
-from openclaw_ref.sync.base import SyncConfig
 from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,10 +29,10 @@ SEED_CLAIM_IDS = ["S1", "S2", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "M1", "M
                   "Q1", "Q2", "L1", "L2", "L3", "L4", "L5"]
 
 
-SMALL_VARIANTS = (Variant("local (no sync)", SyncConfig(name="local")),
-                  Variant("ddp", SyncConfig(name="ddp")),
-                  Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)),
-                  Variant(PER_BUCKET, SyncConfig(name="hardened", guard="bucket",
+SMALL_VARIANTS = (Variant("local (no sync)", ArmConfig.of("local")),
+                  Variant("ddp", ArmConfig.of("ddp")),
+                  Variant("hardened fp32", ArmConfig.of("hardened", bucket_cap_mb=0.025)),
+                  Variant(PER_BUCKET, ArmConfig.of("hardened", guard="bucket",
                                                  bucket_cap_mb=0.025)))
 
 
@@ -213,12 +213,12 @@ def test_back_to_back_regenerations_give_identical_verdicts(small_results, tmp_p
 def test_back_to_back_regenerations_give_identical_verdicts_with_five_repeats(tmp_path):
     """Timing rules judged from 5 interleaved repeats, the F3/M4 counts and the P2 arms:
     two regenerations in a row reach the same verdicts (noise lands inside the interval)."""
-    variants = (Variant("local (no sync)", SyncConfig(name="local")),
-                Variant("ddp", SyncConfig(name="ddp")),
-                Variant("hardened fp32", SyncConfig(name="hardened", bucket_cap_mb=0.025)),
-                Variant("bucketed static", SyncConfig(name="bucketed", bucket_cap_mb=0.025)),
+    variants = (Variant("local (no sync)", ArmConfig.of("local")),
+                Variant("ddp", ArmConfig.of("ddp")),
+                Variant("hardened fp32", ArmConfig.of("hardened", bucket_cap_mb=0.025)),
+                Variant("bucketed static", ArmConfig.of("bucketed", bucket_cap_mb=0.025)),
                 Variant("bucketed norm-ema (text 000's F2)",
-                        SyncConfig(name="bucketed", planner="norm-ema", bucket_cap_mb=0.025)))
+                        ArmConfig.of("bucketed", planner="norm-ema", bucket_cap_mb=0.025)))
     found = []
     for tag in ("first", "second"):
         cfg = CompareConfig(world_sizes=(2,), steps=8, repeats=5, curve_steps=6,

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.train import TrainConfig, train_model
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput
 from tests.helpers import record_of, train_cfg
 
@@ -73,7 +73,7 @@ def test_idle_experts_show_up_as_missing_gradients(pools):
 
 def test_ddp_fp16_trains_close_to_fp32(pools):
     fp32 = pools.get(2).run(record_of, train_cfg(2))[0]["summary"]["final_loss"]
-    fp16 = pools.get(2).run(record_of, train_cfg(2, sync=SyncConfig(name="ddp-fp16")))[0]
+    fp16 = pools.get(2).run(record_of, train_cfg(2, sync=ArmConfig.of("ddp-fp16")))[0]
     assert fp16["summary"]["final_loss"] == pytest.approx(fp32, rel=1e-2)
 
 

@@ -98,7 +98,7 @@ def hung_job(ctx, sync: SyncConfig) -> dict:
 
 
 def test_a_long_pause_on_rank_0_is_reported_as_alive_and_both_ranks_match_no_hook_ddp(pools):
-    sync = SyncConfig("hardened", watchdog_s=DEADLINE_S)  # the default action
+    sync = SyncConfig(watchdog_s=DEADLINE_S)  # the default action
     assert sync.watchdog_action is WatchdogAction.RAISE
     results = pools.get(2).run(paused_job, sync)
     assert all(r["equal"] for r in results)
@@ -110,7 +110,7 @@ def test_a_long_pause_on_rank_0_is_reported_as_alive_and_both_ranks_match_no_hoo
 
 
 def test_a_rank_that_never_reaches_the_allreduce_is_raised_naming_it_under_raise():
-    sync = SyncConfig("hardened", watchdog_s=DEADLINE_S, watchdog_action="raise")
+    sync = SyncConfig(watchdog_s=DEADLINE_S, watchdog_action="raise")
     with RankPool(LaunchConfig(2, backend="gloo", pg_timeout_s=4.0, timeout_s=90)) as pool:
         results = pool.run(hung_job, sync)
     err = results[0]["error"]
@@ -121,7 +121,7 @@ def test_a_rank_that_never_reaches_the_allreduce_is_raised_naming_it_under_raise
 
 
 def test_a_rank_that_never_reaches_the_allreduce_ends_the_job_with_exit_4_under_exit():
-    sync = SyncConfig("hardened", watchdog_s=DEADLINE_S, watchdog_action="exit")
+    sync = SyncConfig(watchdog_s=DEADLINE_S, watchdog_action="exit")
     with RankPool(LaunchConfig(2, backend="gloo", pg_timeout_s=30.0, timeout_s=90)) as pool:
         with pytest.raises(RankFailed) as err:
             pool.run(hung_job, sync)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from openclaw_ref.arms.blocks import check_blocks
 from openclaw_ref.experiments.hook_cost import pair_name
 from openclaw_ref.experiments.verify_scale import (
     BUCKETS,
@@ -30,7 +31,6 @@ from openclaw_ref.experiments.verify_scale import (
     synthesized_counts,
 )
 from openclaw_ref.sync.base import CANARY_EVERY
-from openclaw_ref.sync.evidence.control import check_blocks
 from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.control_counts_host import check_counts
 

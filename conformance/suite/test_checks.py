@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.conformance.checks import (
     check_bucket_alignment,
     check_equivalence,
@@ -17,7 +18,6 @@ from openclaw_ref.conformance.checks import (
 from openclaw_ref.conformance.settings import SEED_OVERFLOW_RATE, ConformSettings
 from openclaw_ref.core.config import TRAIN_PRESETS, TrainSection
 from openclaw_ref.core.faults import parse_fault
-from openclaw_ref.sync.base import SyncConfig
 
 pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 
@@ -28,7 +28,7 @@ FP16_HOOK = pytest.param("ddp-fp16", marks=pytest.mark.slow)
 
 
 def settings(name: str, steps: int = 6, **sync) -> ConformSettings:
-    return ConformSettings(sync=SyncConfig(name=name, **sync), train=conformance_run(steps))
+    return ConformSettings(sync=ArmConfig.of(name, **sync), train=conformance_run(steps))
 
 
 def conformance_run(steps: int) -> TrainSection:
@@ -83,11 +83,10 @@ def test_stock_ddp_bucket_layout_is_recorded_with_parameter_names(pools):
 
 
 # the pre-scaled fp16 wire (text 000's F3, and our auto scale) is the per-bucket guard's
-FP16_PATHS = {"ddp-fp16": SyncConfig(name="ddp-fp16"),
-              "hardened": SyncConfig(name="hardened", wire="fp16", scale="4096",
-                                     guard="bucket"),
-              "hardened-auto": SyncConfig(name="hardened", wire="fp16", scale="auto",
-                                          guard="bucket")}
+FP16_PATHS = {"ddp-fp16": ArmConfig.of("ddp-fp16"),
+              "hardened": ArmConfig.of("hardened", wire="fp16", scale="4096", guard="bucket"),
+              "hardened-auto": ArmConfig.of("hardened", wire="fp16", scale="auto",
+                                            guard="bucket")}
 
 
 @pytest.fixture(scope="module")

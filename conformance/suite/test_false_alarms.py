@@ -63,7 +63,7 @@ def test_the_pause_row_runs_the_default_policy_with_only_the_deadline_shortened(
     """What a user gets by default, in seconds: the default action (it never kills, and raises
     only for a silent rank or a failed collective), a pause longer than the deadline."""
     config = hardened_config(SPECS[Pattern.RANK0_PAUSE])
-    default = SyncConfig(name="hardened", bucket_cap_mb=config.bucket_cap_mb)
+    default = SyncConfig()
     assert config.watchdog_action is default.watchdog_action
     assert config.watchdog_s == PAUSE_DEADLINE_S < PAUSE_S < default.watchdog_s
     assert dataclasses.replace(config, watchdog_s=default.watchdog_s) == default

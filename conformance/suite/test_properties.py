@@ -13,20 +13,20 @@ import torch.nn.functional as F
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from openclaw_ref.arms.bucket_plan import ParamInfo, cut_frames, make_planner
+from openclaw_ref.arms.bucketed import has_nonfinite
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.conformance.checks import check_equivalence
 from openclaw_ref.conformance.settings import ConformSettings
 from openclaw_ref.core.config import TRAIN_PRESETS, ModelSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
 from openclaw_ref.core.model import build_model, preset, sparsity_at, validate_sparsity_range
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.evidence.precision import (
     count_nonfinite,
     finite_sum,
     from_wire,
-    has_nonfinite,
     to_wire,
 )
-from openclaw_ref.sync.strategies.bucket_plan import ParamInfo, cut_frames, make_planner
 
 pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
 
@@ -175,7 +175,7 @@ def test_ranks_equal_one_process_for_drawn_seeds_ratios_and_bucket_caps(pools, w
     """Examples drawn first, then each runs on the pooled group (no spawn per example)."""
     pool = pools.get(world_size)
     for seed, ratio, cap in examples:
-        s = ConformSettings(sync=SyncConfig(name="ddp", bucket_cap_mb=cap),
+        s = ConformSettings(sync=ArmConfig(name="ddp", bucket_cap_mb=cap),
                             model=ModelSection(seed=seed, sparsity_range=(ratio, ratio)),
                             train=dataclasses.replace(TRAIN_PRESETS["conformance"], steps=3))
         result = pool.run(check_equivalence, s, timeout_s=120)[0]

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.conformance.checks import check_equivalence
 from openclaw_ref.conformance.recorders import observed_run
 from openclaw_ref.conformance.settings import ConformSettings
 from openclaw_ref.conformance.tolerance import POWERSGD, POWERSGD_RESIDUAL_BOUND, powersgd_atol
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.config import TRAIN_PRESETS
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.target import registered_hook
 
 pytestmark = [pytest.mark.conformance, pytest.mark.openclaw_model]
@@ -24,7 +24,7 @@ HOOKS = {"ddp-allreduce": "allreduce_hook", "ddp-fp16": "fp16_compress_hook",
 
 
 def settings(name: str) -> ConformSettings:
-    return ConformSettings(sync=SyncConfig(name=name))
+    return ConformSettings(sync=ArmConfig(name=name))
 
 
 class HookSeen(Callback):

@@ -72,14 +72,14 @@ def bf16_cast(ddp_model, process_group) -> None:
 def hardened(ddp_model, process_group) -> None:
     from openclaw_ref.sync import SyncConfig, harden
 
-    harden(ddp_model, SyncConfig(name="hardened"))
+    harden(ddp_model, SyncConfig())
 
 
 def hardened_per_bucket(ddp_model, process_group) -> None:
     """``harden()``'s forensic guard: a Python comm hook that checks every bucket."""
     from openclaw_ref.sync import SyncConfig, harden
 
-    harden(ddp_model, SyncConfig(name="hardened", guard="bucket"))
+    harden(ddp_model, SyncConfig(guard="bucket"))
 
 
 # --- broken ----------------------------------------------------------------------------------

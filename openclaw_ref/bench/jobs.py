@@ -8,7 +8,7 @@ One sync job is one fresh ``RankPool`` that runs, in this order:
    strategy's median step minus this one's, both from the same job;
    (1 and 2 alternate ``rounds`` times, so drifting machine load hits both alike);
 3. one step of the strategy again, to read its exact per-step costs (collectives, bytes on the
-   wire, host syncs) off the live layout with ``openclaw_ref.sync.strategies.costs.step_cost``;
+   wire, host syncs) off the live layout with ``openclaw_ref.arms.costs.step_cost``;
 4. a raw flat allreduce of those bytes in the wire dtype: time, algbw = bytes / time and
    busbw = algbw × 2(n−1)/n (nccl-tests' allreduce definition).
 
@@ -23,6 +23,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.bench.figures import (
     WARMUP_STEPS,
     algbw_gbps,
@@ -40,7 +41,6 @@ from openclaw_ref.bench.settings import (
     sync_config_for,
 )
 from openclaw_ref.core.launch import LaunchConfig, RankPool
-from openclaw_ref.sync.base import SyncConfig
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Case:
         return f"{self.kind}-{self.label}-w{self.world_size}-{self.backend}"
 
 
-def _train_config(settings: BenchSettings, world_size: int, backend: str, sync: SyncConfig,
+def _train_config(settings: BenchSettings, world_size: int, backend: str, sync: ArmConfig,
                   amp: str | None = None):
     """The training run of a benchmark. Validation is cut to one sample: the loop always ends
     with a validation forward, and on the full split that forward would cost more than the
@@ -86,7 +86,7 @@ def run_sync_case(label: str, world_size: int, backend: str, settings: BenchSett
 
     sync = sync_config_for(label)
     backend = backend_for(world_size, backend, settings)
-    wire = "fp16" if sync.name == "ddp-fp16" else sync.wire
+    wire = "fp16" if sync.name == "ddp-fp16" else sync.harden.wire
     train_cfg = _train_config(settings, world_size, backend, sync)
     own = pool is None
     pool = pool or _pool(world_size, backend, settings)
@@ -96,7 +96,7 @@ def run_sync_case(label: str, world_size: int, backend: str, settings: BenchSett
         for _ in range(settings.rounds):  # alternate, so drift in machine load hits both alike
             records.append(pool.run(train_rank, train_cfg)[0])
             floors.append(pool.run(train_rank, _train_config(settings, world_size, backend,
-                                                             SyncConfig(name="local")))[0])
+                                                             ArmConfig(name="local")))[0])
         costs = costs_from_probe(pool.run(cost_probe_rank, train_cfg)[0], settings.preset,
                                  wire, settings.seed)
         # the same bytes as one flat buffer, in the wire dtype
@@ -155,7 +155,7 @@ def run_seed004_case(precision: str, world_size: int, backend: str, settings: Be
         raise NotImplementedError(f"no precision {precision!r}; choose one of {PRECISIONS}")
     backend = backend_for(world_size, backend, settings)
     amp = None if precision == "fp32" else ("fp16" if backend == "nccl" else "bf16")
-    sync = SyncConfig(name="local" if world_size == 1 else "ddp")
+    sync = ArmConfig(name="local" if world_size == 1 else "ddp")
     own = pool is None
     pool = pool or _pool(world_size, backend, settings)
     train_cfg = _train_config(settings, world_size, backend, sync, amp)

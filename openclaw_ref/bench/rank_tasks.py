@@ -39,20 +39,20 @@ def raw_allreduce_rank(ctx: RankContext, numel: int, wire: str, iters: int,
 
 
 def cost_probe_rank(ctx: RankContext, cfg) -> dict | None:
-    """Exact per-step costs of ``cfg.sync`` from ``openclaw_ref.sync.strategies.costs.step_cost``,
+    """Exact per-step costs of ``cfg.sync`` from ``openclaw_ref.arms.costs.step_cost``,
     read off a live strategy after one training step (the layout DDP or the engine really uses).
     Returns rank 0's ``StepCost`` JSON; ``{"unavailable": why}`` when there is no cost model
     (checked on every rank alike, so no rank is left waiting in a collective)."""
     import torch.nn.functional as F
 
+    from openclaw_ref.arms.registry import make_strategy
     from openclaw_ref.core.data import SkillDataset, rank_batch
     from openclaw_ref.core.model import build_model
-    from openclaw_ref.sync import make_strategy
 
     try:
-        from openclaw_ref.sync.strategies.costs import step_cost
+        from openclaw_ref.arms.costs import step_cost
     except ImportError:
-        return {"unavailable": "openclaw_ref.sync.strategies.costs is not installed"}
+        return {"unavailable": "openclaw_ref.arms.costs is not installed"}
     model_cfg = cfg.model_config()
     ds = SkillDataset(model_cfg, dataclasses.replace(cfg.data, seed=cfg.seed))
     strategy = make_strategy(cfg.sync)

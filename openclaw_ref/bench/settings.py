@@ -2,7 +2,7 @@
 chosen.
 
 Unsupported cases raise ``NotImplementedError`` (asv's skip), never a faked number: a strategy
-not registered in ``openclaw_ref.sync``, NCCL without one GPU per rank, or a backend that
+not registered in ``openclaw_ref.arms``, NCCL without one GPU per rank, or a backend that
 ``auto`` would not pick on this machine.
 """
 
@@ -15,15 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.launch import resolve_backend
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput
 
 WORLD_SIZES: tuple[int, ...] = (1, 2, 4, 8)
 REPLICA_CHECK_EVERY = 10  # "all checks on" for bucketed: a replica check every 10 steps
 # (hardened compares replicas by default: SyncConfig.replica_slices, in its step block)
 
-# Benchmark label -> the SyncConfig fields of that strategy. Labels are asv parameter values.
+# Benchmark label -> the ArmConfig fields of that strategy (``ArmConfig.of``). Labels are asv
+# parameter values.
 STRATEGY_CASES: dict[str, dict] = {
     "ddp": {"name": "ddp"},
     "ddp-fp16": {"name": "ddp-fp16"},
@@ -150,18 +151,18 @@ def backend_for(world_size: int, backend: str, settings: BenchSettings) -> str:
     return backend
 
 
-def sync_config_for(label: str) -> SyncConfig:
-    """The SyncConfig of a benchmark label; NotImplementedError when its strategy is not
-    registered (yet) in ``openclaw_ref.sync.STRATEGIES`` — skipped, never faked."""
-    from openclaw_ref.sync import STRATEGIES
+def sync_config_for(label: str) -> ArmConfig:
+    """The ArmConfig of a benchmark label; NotImplementedError when its strategy is not
+    registered (yet) in ``openclaw_ref.arms.registry.STRATEGIES`` — skipped, never faked."""
+    from openclaw_ref.arms.registry import STRATEGIES
 
     if label not in STRATEGY_CASES:
         raise NotImplementedError(f"no benchmark case named {label!r}")
     fields = STRATEGY_CASES[label]
     require_registered(fields["name"], STRATEGIES)
-    return SyncConfig(**fields)
+    return ArmConfig.of(**fields)
 
 
 def require_registered(name: str, registry: Mapping[str, object]) -> None:
     if name not in registry:
-        raise NotImplementedError(f"strategy {name!r} is not registered in openclaw_ref.sync")
+        raise NotImplementedError(f"strategy {name!r} is not registered in openclaw_ref.arms")

@@ -1,4 +1,4 @@
-"""The sync-strategy flags, declared once for every subcommand that builds a ``SyncConfig``
+"""The sync-strategy flags, declared once for every subcommand that builds an ``ArmConfig``
 (``train``, ``conform``): the same names, choices and help, and one translation back."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from openclaw_ref.cli.choices import (
 
 def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_every: int,
                        replica_slices: int | None = None) -> None:
-    """The flags of ``SyncConfig``; ``sync``, ``replica_check_every`` and ``replica_slices``
+    """The flags of ``ArmConfig``; ``sync``, ``replica_check_every`` and ``replica_slices``
     are the subcommand's own defaults (conformance compares replicas within 2 steps, so that
     its short runs judge the faults they inject; None: ``SyncConfig``'s)."""
     p.add_argument("--sync", default=sync, choices=STRATEGIES,
@@ -58,12 +58,12 @@ def add_sync_arguments(p: argparse.ArgumentParser, *, sync: str, replica_check_e
 
 
 def sync_config_from_args(args: argparse.Namespace):
-    """The ``SyncConfig`` the flags of ``add_sync_arguments`` describe (raises BadInput)."""
-    from openclaw_ref.sync.base import SyncConfig
+    """The ``ArmConfig`` the flags of ``add_sync_arguments`` describe (raises BadInput)."""
+    from openclaw_ref.arms.config import ArmConfig
 
     slices = {} if args.replica_slices is None else {"replica_slices": args.replica_slices}
-    return SyncConfig(name=args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
-                      nonfinite=args.nonfinite, bucket_cap_mb=args.bucket_cap_mb,
-                      replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s,
-                      watchdog_action=args.watchdog_action, guard=args.guard,
-                      canary_every=args.canary_every, **slices)
+    return ArmConfig.of(args.sync, wire=args.wire, scale=args.scale, planner=args.planner,
+                        nonfinite=args.nonfinite, bucket_cap_mb=args.bucket_cap_mb,
+                        replica_check_every=args.replica_check_every, watchdog_s=args.watchdog_s,
+                        watchdog_action=args.watchdog_action, guard=args.guard,
+                        canary_every=args.canary_every, **slices)

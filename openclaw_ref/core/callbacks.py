@@ -4,7 +4,7 @@ exporter and P2 barrier, and the conformance recorders all see a run through the
 Hook points, in the order the loop (``core/train.py``) and the Lightning strategy call them:
 
   ``setup(model, sync)``            the model is built, the strategy not yet; may reorder the
-                                    model's registration or change this rank's ``SyncConfig``
+                                    model's registration or change this rank's ``ArmConfig``
   ``wrap(model, ctx, strategy)``    may return the module to run forward on instead of
                                     ``strategy.wrap`` (the first callback that returns one wins)
   ``on_wrapped(strategy)``          the strategy has wrapped the model (its hooks exist)
@@ -32,8 +32,10 @@ from typing import Protocol
 
 from torch import nn
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.core.config import MetricsConfig
-from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import RankInfo
 from openclaw_ref.sync.errors import BadInput, Event
 
 
@@ -42,7 +44,7 @@ class Callback:
 
     observes_metrics: bool = False  # True: ``on_step_metrics`` is called every step
 
-    def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
+    def setup(self, model: nn.Module, sync: ArmConfig) -> ArmConfig:
         return sync
 
     def wrap(self, model: nn.Module, ctx: RankInfo, strategy: SyncStrategy) -> nn.Module | None:
@@ -84,7 +86,7 @@ class CallbackList:
     def __init__(self, callbacks: Sequence[Callback] = ()) -> None:
         self.callbacks = list(callbacks)
 
-    def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
+    def setup(self, model: nn.Module, sync: ArmConfig) -> ArmConfig:
         for c in self.callbacks:
             sync = c.setup(model, sync)
         return sync

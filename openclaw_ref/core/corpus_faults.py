@@ -18,9 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.faults import swap_submodules
-from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import RankInfo
 from openclaw_ref.sync.errors import BadInput
 
 CORPUS_STEP = 2  # the first step a per-step pattern acts on
@@ -130,7 +132,7 @@ class CorpusFault(Callback):
         return (self.mine and self.pattern.name == name
                 and (step is None or step >= self.pattern.first_step))
 
-    def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
+    def setup(self, model: nn.Module, sync: ArmConfig) -> ArmConfig:
         if self._on("layer-order"):
             swap_submodules(model, *self.swapped)
         return sync

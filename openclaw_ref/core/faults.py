@@ -8,7 +8,7 @@ silently ignored.
 
 The injector is a loop callback (``core/callbacks.py``); the hook points it uses:
   ``setup(model, sync)``      reorders the model's registration and may change this rank's
-                              SyncConfig (before the strategy is built)
+                              ArmConfig (before the strategy is built)
   ``on_wrapped``              overrides this rank's pre-scale on the strategy's scale policy
   ``before_forward``, ``before_backward``
   ``after_sync``              after the strategy's ``finish_step``, before the optimizer step
@@ -67,9 +67,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.strategy import PreScale, SyncStrategy
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.sdc_faults import SDC_DEFAULTS, SDC_FAULTS, FaultyMatmul, sdc_model
-from openclaw_ref.sync.base import PreScale, ScaleMode, SyncConfig, SyncStrategy
+from openclaw_ref.sync.base import ScaleMode
 from openclaw_ref.sync.errors import BadInput
 
 FAULTS: tuple[str, ...] = ("late-rank", "local-buckets", "scale-mismatch", "missing-grad",
@@ -260,7 +262,7 @@ class FaultInjector(Callback):
     def _active(self, name: str, step: int | None = None) -> list[FaultSpec]:
         return [s for s in self.mine if s.name == name and (step is None or s.step == step)]
 
-    def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
+    def setup(self, model: nn.Module, sync: ArmConfig) -> ArmConfig:
         for s in self.mine:  # this rank's faulty hardware, on from the fault's STEP, to close()
             if s.name in SDC_FAULTS:
                 self._sdc.append((s, FaultyMatmul(sdc_model(s.name, s.resolved_value))))
@@ -270,11 +272,12 @@ class FaultInjector(Callback):
             swap_submodules(model, first.strip(), second.strip())
         return self._sync_config(sync)
 
-    def _sync_config(self, cfg: SyncConfig) -> SyncConfig:
+    def _sync_config(self, cfg: ArmConfig) -> ArmConfig:
         self.strategy = cfg.name
         # the others' pre-scale the fault departs from: a fixed one as configured, else the
         # seed's 2^12
-        self._base_exponent = (cfg.scale_exp if cfg.scale_mode is ScaleMode.FIXED
+        harden = cfg.harden
+        self._base_exponent = (harden.scale_exp if harden.scale_mode is ScaleMode.FIXED
                                else DEFAULT_SCALE_EXPONENT)
         for s in self._active("local-buckets"):
             if cfg.name == "bucketed":

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.callbacks import Callback
-from openclaw_ref.sync.base import SyncConfig
 
 # The seed's C2 names `layer.3.attn.v_proj.weight`; we watch every layer's v_proj and ffn.w1.
 DEFAULT_NORM_SUFFIXES = ("attn.v_proj.weight", "ffn.w1.weight")
@@ -37,7 +37,7 @@ class GradientProbe(Callback):
         self._norms: dict[str, torch.Tensor] = {}
         self._handles: list = []
 
-    def setup(self, model: nn.Module, sync: SyncConfig) -> SyncConfig:
+    def setup(self, model: nn.Module, sync: ArmConfig) -> ArmConfig:
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self.watched = [n for n in self.names if n.endswith(self.norm_suffixes)]
         for name, p in model.named_parameters():

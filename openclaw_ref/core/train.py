@@ -27,9 +27,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.registry import make_strategy
+from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.core.callbacks import Callback, CallbackList, RankCallbacks, no_metrics
 from openclaw_ref.core.config import MetricsConfig, ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig, SkillDataset, rank_batch
+from openclaw_ref.core.digests import params_digest
 from openclaw_ref.core.environment import environment
 from openclaw_ref.core.faults import FaultInjector, FaultSpec, validate_faults
 from openclaw_ref.core.jsonio import check_output_file, write_json_atomic
@@ -38,10 +42,7 @@ from openclaw_ref.core.metrics import GradientProbe, StepTimer, peak_memory_mb, 
 from openclaw_ref.core.model import EVAL_STEP, OpenClawConfig, build_model
 from openclaw_ref.core.progress import progress_bar
 from openclaw_ref.core.stop_record import StopRecord
-from openclaw_ref.sync import make_strategy
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput, ConsistencyError, SyncTimeout
-from openclaw_ref.sync.evidence.checks import params_digest
 
 OPTIMIZERS = ("adamw", "sgd")
 # Seed 004's AMP (claim L3): bf16 autocast on CPU, fp16 on GPU. Forward and loss only; no
@@ -64,7 +65,7 @@ class TrainConfig:
     optimizer: str = "adamw"
     sparsity_range: tuple[float, float] | None = None  # None: the preset's (the seed's range)
     eval_every: int = 10  # 0 = only at the end
-    sync: SyncConfig = field(default_factory=SyncConfig)
+    sync: ArmConfig = field(default_factory=ArmConfig)
     data: DataConfig = field(default_factory=DataConfig)
     faults: tuple[FaultSpec, ...] = ()
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # exporter, P2 barrier
@@ -114,10 +115,11 @@ class TrainConfig:
 
     def launch_config(self) -> LaunchConfig:
         return LaunchConfig(self.world_size, backend=self.backend, timeout_s=self.timeout_s,
-                            pg_timeout_s=max(30.0, self.sync.watchdog_s * 2))
+                            pg_timeout_s=max(30.0, self.sync.harden.watchdog_s * 2))
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
+        d["sync"] = self.sync.to_json()
         d["faults"] = [dataclasses.asdict(f) for f in self.faults]
         return d
 

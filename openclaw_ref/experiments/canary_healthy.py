@@ -93,7 +93,7 @@ def healthy_task(ctx, job: HealthyJob, canary_every: int, steps: int = 4) -> dic
     torch.manual_seed(0)
     model = HealthyNet(job)
     ddp = DDP(model)
-    state = harden(ddp, SyncConfig("hardened", canary_every=canary_every), ctx)
+    state = harden(ddp, SyncConfig(canary_every=canary_every), ctx)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16) \
         if job is HealthyJob.AMP_FP16 else None
@@ -134,8 +134,7 @@ def option_task(ctx, case: matrix.DDPCase, canary_every: int) -> dict:
     """One case of the DDP option matrix hardened (replica slices 1, as the matrix runs it)
     with the canary every ``canary_every`` steps: its final state, error and events."""
     group = matrix._group_for(case, ctx.rank)
-    sync = SyncConfig(name="hardened", wire=case.wire, nonfinite="skip" if case.scaler
-                      else "raise", bucket_cap_mb=case.ddp.get("bucket_cap_mb", 25.0),
+    sync = SyncConfig(wire=case.wire, nonfinite="skip" if case.scaler else "raise",
                       replica_slices=1, canary_every=canary_every)
     ddp = matrix._build(case, group)
     state = harden(ddp, sync, ctx)

@@ -198,8 +198,7 @@ def ddp_case_task(ctx, case: DDPCase) -> dict:
     oracle = _train(_build(case, group), case, rank)
     # replica_slices=1: every parameter compared at every step, so a false alarm that any K
     # could raise (K only picks which parameters a step compares) shows here
-    sync = SyncConfig(name="hardened", wire=case.wire, nonfinite="skip" if case.scaler
-                      else "raise", bucket_cap_mb=case.ddp.get("bucket_cap_mb", 25.0),
+    sync = SyncConfig(wire=case.wire, nonfinite="skip" if case.scaler else "raise",
                       replica_slices=1, guard=_guard(case))
     ddp = _build(case, group)
     state = harden(ddp, sync, ctx)
@@ -235,8 +234,7 @@ def _fault_run(ctx, case: DDPCase, group) -> ConsistencyError | None:
     with: not run."""
     if group is not None and dist.get_world_size(group) < 2:
         return None
-    sync = SyncConfig(name="hardened", nonfinite="raise", guard=_guard(case),
-                      bucket_cap_mb=case.ddp.get("bucket_cap_mb", 25.0))
+    sync = SyncConfig(nonfinite="raise", guard=_guard(case))
     ddp = _build(dataclasses.replace(case, scaler=False), group)
     state = harden(ddp, sync, ctx)
     seen = {"backwards": 0}
@@ -303,7 +301,7 @@ def hook_parity_task(ctx, on_new_group: bool, iterations: int = 20) -> list[tupl
     torch_hook = DDP(copy.deepcopy(m), process_group=group)
     torch_hook.register_comm_hook(group, default_hooks.allreduce_hook)
     hardened = DDP(copy.deepcopy(m), process_group=group)
-    state = harden(hardened, SyncConfig(name="hardened", nonfinite="raise"), ctx)
+    state = harden(hardened, SyncConfig(nonfinite="raise"), ctx)
     expected = sum(range(ctx.world_size)) / ctx.world_size
     rows = []
     try:

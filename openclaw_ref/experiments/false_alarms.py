@@ -173,7 +173,7 @@ def hardened_config(spec: Spec) -> SyncConfig:
         extra["guard"] = "bucket"
     if spec.pause:
         extra["watchdog_s"] = PAUSE_DEADLINE_S  # the default action: raise, never kill
-    return SyncConfig(name="hardened", bucket_cap_mb=BUCKET_MB, **extra)
+    return SyncConfig(**extra)
 
 
 def _loop(ddp: DDP, spec: Spec, arm: Arm, rank: int, state, at: dict) -> dict:

@@ -150,8 +150,7 @@ def wrap_arm(arm: str, model: nn.Module, ctx: RankContext, cap_mb: float, find_u
     elif arm in ("floor", "floor+nancheck"):
         return ddp, ExchangeFloor(ddp, nancheck=arm == "floor+nancheck")
     elif arm in HARDENED_ARMS:
-        cfg = SyncConfig(name="hardened", bucket_cap_mb=cap_mb, **HARDENED_ARMS[arm])
-        return ddp, harden(ddp, cfg, ctx)
+        return ddp, harden(ddp, SyncConfig(**HARDENED_ARMS[arm]), ctx)
     return ddp, None
 
 

@@ -24,13 +24,13 @@ from collections.abc import Callable
 
 from torch import nn
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.config import MetricsConfig
 from openclaw_ref.core.launch import RankContext, RankPool
 from openclaw_ref.core.train import TrainConfig, train_rank
 from openclaw_ref.experiments.runs import rotated
 from openclaw_ref.ops.prometheus import metrics_callbacks
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput
 
 SEED_JITTER_MS = (0.3, 5.7)  # the seed's M1 range
@@ -119,7 +119,7 @@ def measure_skew_barrier(world_size: int = 2, steps: int = 40, repeats: int = 3,
 
     check_p2_input(world_size, steps, repeats, threshold_ms, jitter_ms)
     base = TrainConfig(preset=preset, world_size=world_size, steps=steps, global_batch=8 *
-                       world_size, eval_every=0, progress=False, sync=SyncConfig(name="hardened"),
+                       world_size, eval_every=0, progress=False, sync=ArmConfig(name="hardened"),
                        backend=backend)
     arms = [("off", base),
             ("on", dataclasses.replace(base, metrics=MetricsConfig(skew_barrier_ms=threshold_ms)))]

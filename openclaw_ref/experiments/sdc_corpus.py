@@ -118,7 +118,7 @@ class SdcRun:
 def _config(column: Column, case: SdcCase) -> SyncConfig | None:
     if column is Column.STOCK:
         return None
-    return SyncConfig("hardened", canary_every=case.canary_every if column is Column.ON else 0,
+    return SyncConfig(canary_every=case.canary_every if column is Column.ON else 0,
                       verdict_at=case.verdict_at)
 
 

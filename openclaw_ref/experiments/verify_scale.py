@@ -26,7 +26,8 @@ import time
 
 import torch
 
-from openclaw_ref.sync.evidence.control import check_blocks, verify
+from openclaw_ref.arms.blocks import block_size, check_blocks
+from openclaw_ref.sync.evidence.control import verify
 from openclaw_ref.sync.evidence.control_counts import (
     COUNT_FIELDS,
     DIGEST_BITS,
@@ -40,12 +41,7 @@ from openclaw_ref.sync.evidence.control_counts_write import (
     count_rows,
     write_counts,
 )
-from openclaw_ref.sync.evidence.control_layout import (
-    SLOT_FIELDS,
-    block_size,
-    decode_block,
-    encode_slot,
-)
+from openclaw_ref.sync.evidence.control_layout import SLOT_FIELDS, decode_block, encode_slot
 
 WORLD_SIZES = (8, 64, 1024, 8192)
 BUCKETS = 16

@@ -1,7 +1,7 @@
-"""The hook library: ``harden()`` for anyone's DDP model, the errors it raises (every exception
-class of ``errors``: ``ConsistencyError`` and its checks, ``CollectiveFailed``, ``SyncTimeout``,
-``JobFailed``, ``BadInput``), and the gradient-synchronization strategies by the name the CLI uses
-(``STRATEGIES``, ``make_strategy``).
+"""The hook library: ``harden()`` for anyone's DDP or FSDP2 model, its config (``SyncConfig``) and
+the errors it raises (every exception class of ``errors``: ``ConsistencyError`` and its checks,
+``CollectiveFailed``, ``SyncTimeout``, ``JobFailed``, ``BadInput``) — only what ``harden()`` runs.
+The benchmark's arms (stock DDP, the seed's fixes) live beside it, in ``openclaw_ref.arms``.
 
 Invariant: ``openclaw_ref.sync`` imports only torch and its own modules (never the launcher,
 the training loop or anything else of ``openclaw_ref``), so it can be lifted out whole;
@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from openclaw_ref.sync.base import SyncConfig, SyncStrategy
+    from openclaw_ref.sync.base import SyncConfig
     from openclaw_ref.sync.ddp.harden_state import HardenState
     from openclaw_ref.sync.errors import (
         BadInput,
@@ -38,15 +38,11 @@ if TYPE_CHECKING:
         SyncTimeout,
     )
     from openclaw_ref.sync.hardening import harden
-    from openclaw_ref.sync.strategies.registry import STRATEGIES, make_strategy
 
 _HOME = {
-    "STRATEGIES": "strategies.registry",
     "HardenState": "ddp.harden_state",
     "SyncConfig": "base",
-    "SyncStrategy": "base",
     "harden": "hardening",
-    "make_strategy": "strategies.registry",
     # errors.py imports only the standard library: catching one of these loads no torch
     **dict.fromkeys(("BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch",
                      "CollectiveFailed", "ComputeMismatch", "ConsistencyError",
@@ -66,7 +62,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "STRATEGIES", "HardenState", "SyncConfig", "SyncStrategy", "harden", "make_strategy",
+    "HardenState", "SyncConfig", "harden",
     "BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch", "CollectiveFailed",
     "ComputeMismatch", "ConsistencyError",
     "GradientsNotAveraged", "JobFailed", "MissingGradient", "NonFiniteGradient", "OpenClawError",

@@ -1,23 +1,18 @@
-"""The one small interface every gradient-synchronization strategy implements.
-
-A strategy turns a built model into the module the training loop calls, and owns everything
-between ``loss.backward()`` and ``optimizer.step()``. The training loop knows nothing else about
-it, so stock DDP, the hardened hook and the bucketed engine are compared on identical loops.
-"""
+"""What ``harden()`` is configured with: ``SyncConfig`` (its knobs, and only its knobs), the enums
+its fields take, and ``RankInfo`` (what it may be told about the rank it runs on). The benchmark's
+own strategies and their config live beside the library, in ``openclaw_ref.arms``."""
 
 from __future__ import annotations
 
-import abc
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from openclaw_ref.sync.errors import BadInput, Event
+from openclaw_ref.sync.errors import BadInput
 
 
 class Wire(enum.StrEnum):
@@ -113,18 +108,10 @@ class ScaleMode(enum.StrEnum):
     LOSS_SCALER = "loss-scaler"
 
 
-class Planner(enum.StrEnum):
-    """The bucketed engine's plan (see ``bucket_plan``)."""
-
-    STATIC = "static"
-    NORM_EMA = "norm-ema"  # the seed's F2, on each rank's local norms
-    NORM_EMA_AGREED = "norm-ema-agreed"
-
-
 _Choice = TypeVar("_Choice", bound=enum.StrEnum)
 
 
-def _choice(kind: type[_Choice], value: str, flag: str) -> _Choice:
+def as_choice(kind: type[_Choice], value: str, flag: str) -> _Choice:
     """``value`` (a member, or the string the CLI and users pass) as a member of ``kind``;
     ``BadInput`` naming ``--flag`` and the choices otherwise."""
     try:
@@ -150,8 +137,9 @@ def parse_scale(scale: str) -> tuple[ScaleMode, int | None]:
 
 
 class RankInfo(Protocol):
-    """What a strategy needs to know about the rank it runs on. The launcher's ``RankContext``
-    implements it; so can any user's object (the hook library never imports the launcher)."""
+    """What ``harden()`` may be told about the rank it runs on (its ``ctx``; the benchmark's
+    strategies are told the same). The launcher's ``RankContext`` implements it; so can any
+    user's object (the hook library never imports the launcher)."""
 
     rank: int
     world_size: int
@@ -163,68 +151,42 @@ class RankInfo(Protocol):
         """Report ``exc`` as this rank's failure from any thread and end the process."""
 
 
-class PreScale(Protocol):
-    """A strategy's FP16 pre-scale as the fault injector drives it. ``evidence.precision``'s
-    ``ScalePolicy`` is the one implementation; this module names only what is called on it,
-    because ``precision`` builds on the ``SyncConfig`` and enums here (tests/test_layers.py)."""
-
-    def override(self, rank: int, exponent: int) -> None:
-        """``rank`` pre-scales by 2^``exponent`` instead of the shared exponent."""
-
-
 @dataclass(frozen=True)
 class SyncConfig:
-    """Every knob of every strategy; each strategy validates the ones it reads.
+    """The knobs of ``harden()``, every one read by it (``docs/reference.md``: one row each).
 
-    ``wire``, ``nonfinite``, ``planner``, ``watchdog_action``, ``verdict_at`` and ``guard``
-    accept their enum or its string (as the CLI passes it) and always hold the enum; ``scale``
-    keeps the text it was given (the run JSON records it), ``scale_mode`` and ``scale_exp`` are
-    its parsed value."""
+    ``wire``, ``nonfinite``, ``watchdog_action``, ``verdict_at`` and ``guard`` accept their enum
+    or its string (as the CLI passes it) and always hold the enum; ``scale`` keeps the text it
+    was given (the run JSON records it), ``scale_mode`` and ``scale_exp`` are its parsed value."""
 
-    name: str = "ddp"
     wire: Wire = Wire.NATIVE
     # "loss-scaler" (no pre-scale, the default), a power of two or "auto" (see ScaleMode)
     scale: str = ScaleMode.LOSS_SCALER.value
-    planner: Planner = Planner.STATIC
-    bucket_cap_mb: float = 25.0  # torch DDP's default
-    replica_check_every: int = 0  # bucketed engine: steps between replica checks; 0 = off
-    # hardened: the synchronized parameters are cut into K slices, one digested per step in the
-    # step's control block, so every parameter is compared every K steps, and all of them once
-    # more at close(): a divergence is caught within K (16) steps, or at close() for the rest;
-    # 0 = off
+    # the synchronized parameters are cut into K slices, one digested per step in the step's
+    # control block, so every parameter is compared every K steps, and all of them once more at
+    # close(): a divergence is caught within K (16) steps, or at close() for the rest; 0 = off
     replica_slices: int = 16
     watchdog_s: float = 60.0  # a bucket's allreduce older than this names the late ranks
     watchdog_action: WatchdogAction = WatchdogAction.RAISE
     nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
-    verdict_at: VerdictAt = VerdictAt.AUTO  # hardened: where the step's verdict is read
-    guard: Guard = Guard.STEP  # hardened: one exchange per step, or the per-bucket hook
-    # hardened FSDP2, opt-in: the step's exchange also before each reduce-scatter (one more
-    # small collective per FSDP group per synced backward): names a rank that skips gradient
-    # sync or lacks a gradient before FSDP2's own collective hangs or aborts
-    fsdp_reduce_check: bool = False
+    verdict_at: VerdictAt = VerdictAt.AUTO  # where the step's verdict is read
+    guard: Guard = Guard.STEP  # one exchange per step, or the per-bucket hook
     # the compute canary (``evidence.canary``, docs/canary.md): every K steps each rank runs the
     # same small probe and the ranks' results are compared; names a rank whose hardware
     # computes wrong gradients. None (the default): ``CANARY_EVERY`` wherever the canary can
     # run (the step guard on DDP, replicate(), FSDP2/HSDP), off elsewhere (the per-bucket
     # guard), said in ``summary()``; K > 0: every K steps, refused where it cannot run; 0: off
     canary_every: int | None = None
-    # Keyword arguments for DistributedDataParallel (find_unused_parameters, static_graph,
-    # gradient_as_bucket_view, ...) over the suite's defaults; bucket_cap_mb is the field above.
-    ddp_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "wire", _choice(Wire, self.wire, "wire"))
-        object.__setattr__(self, "nonfinite", _choice(NonFinitePolicy, self.nonfinite, "nonfinite"))
-        object.__setattr__(self, "planner", _choice(Planner, self.planner, "planner"))
+        object.__setattr__(self, "wire", as_choice(Wire, self.wire, "wire"))
+        object.__setattr__(self, "nonfinite",
+                           as_choice(NonFinitePolicy, self.nonfinite, "nonfinite"))
         object.__setattr__(self, "watchdog_action",
-                           _choice(WatchdogAction, self.watchdog_action, "watchdog-action"))
-        object.__setattr__(self, "verdict_at", _choice(VerdictAt, self.verdict_at, "verdict-at"))
-        object.__setattr__(self, "guard", _choice(Guard, self.guard, "guard"))
+                           as_choice(WatchdogAction, self.watchdog_action, "watchdog-action"))
+        object.__setattr__(self, "verdict_at", as_choice(VerdictAt, self.verdict_at, "verdict-at"))
+        object.__setattr__(self, "guard", as_choice(Guard, self.guard, "guard"))
         _ = self.scale_exp  # parsed here, so a bad --scale fails at construction
-        if self.bucket_cap_mb <= 0:
-            raise BadInput(f"bucket cap must be positive; got {self.bucket_cap_mb}")
-        if self.replica_check_every < 0:
-            raise BadInput("replica check interval must be >= 0 (0 = off)")
         if self.replica_slices < 0:
             raise BadInput("replica slices must be >= 0 (0 = off)")
         if self.canary_every is not None and self.canary_every < 0:
@@ -247,64 +209,3 @@ class SyncConfig:
 # docs/canary.md), so every 256 steps keeps the canary's amortized cost under 1 % of a step on
 # the benchmark models (asv's HookCost canary ratio)
 CANARY_EVERY = 256
-
-
-def harden_defaults() -> SyncConfig:
-    """What ``harden(ddp_model)`` runs with when given no config: every field at its default.
-    One definition, so the columns that claim to be ``harden()`` as users call it (the fault
-    matrix's, the corpus's) run exactly what ``harden()`` runs."""
-    return SyncConfig(name="hardened")
-
-
-class SyncStrategy(abc.ABC):
-    """Lifecycle per run: ``wrap`` once, then per step ``begin_step`` → forward/backward →
-    ``finish_step`` (→ optimizer step only if it returned True); ``close`` at the end.
-
-    Invariant every implementation keeps: after ``finish_step`` returns, every rank holds the
-    same averaged gradients, or every rank got False (skip the step together), or it raised.
-    """
-
-    name: str = "?"
-
-    def __init__(self, cfg: SyncConfig) -> None:
-        self.cfg = cfg
-        self.events: list[Event] = []
-
-    @abc.abstractmethod
-    def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
-        """Return the module to run forward on (DDP wrapper, or the model itself)."""
-
-    def begin_step(self, step: int) -> None:
-        """Called before the forward of ``step``."""
-
-    def finish_step(self, step: int) -> bool:
-        """Complete synchronization; False means every rank skips this optimizer step."""
-        return True
-
-    def step_metrics(self) -> dict:
-        """Figures of the last step for the run JSON (sync ms, skew, overflow, checks …)."""
-        return {}
-
-    def summary(self) -> dict:
-        return {}
-
-    def scale_policy(self) -> PreScale | None:
-        """The wire's pre-scale policy once wrapped, for strategies that pre-scale their
-        gradients (the fault injector overrides one rank's exponent through it); else None."""
-        return None
-
-    def declare_failed(self, exc: BaseException, leaving: bool = False) -> None:
-        """This rank stops with ``exc``: tell the peers, so that none outlives the failed job
-        (``hardened``: the watchdog's failure note, ``evidence/job_end.py``); ``leaving``: the
-        process ends next, so wait (bounded) until they read it. Never raises."""
-
-    def known_failure(self) -> BaseException | None:
-        """The failure this rank knows ended the job (``hardened``: its own, once declared,
-        else the failure note its watchdog read), or None: what this rank says if it is ended
-        from outside before it ends itself. Never raises."""
-        return None
-
-    def close(self, verify: bool = True) -> None:
-        """Release hooks and threads. ``verify``: the run ended cleanly on every rank, so a
-        strategy may run a last collective check (``hardened``: every replica slice); with
-        ``verify=False`` (a failed run) it must not block on other ranks."""

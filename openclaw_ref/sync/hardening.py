@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.torch_version import TorchVersion
 
-from openclaw_ref.sync.base import CANARY_EVERY, Guard, RankInfo, SyncConfig, harden_defaults
+from openclaw_ref.sync.base import CANARY_EVERY, Guard, RankInfo, SyncConfig
 from openclaw_ref.sync.ddp.bucket_guard import harden_buckets
 from openclaw_ref.sync.ddp.harden_state import HardenState
 from openclaw_ref.sync.ddp.replicate import replicate_state, replicated
@@ -93,7 +93,7 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     the same module (its parameters are broadcast from rank 0 again) and harden that, or
     restore a checkpoint — on every rank.
     """
-    cfg = cfg or harden_defaults()
+    cfg = cfg or SyncConfig()
     if is_fsdp2(ddp_model):
         refuse_old_fsdp2(torch.__version__)
     every, canary_off = canary_interval(ddp_model, cfg)

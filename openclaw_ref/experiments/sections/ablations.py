@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.launch import RankPool, resolve_backend
 from openclaw_ref.core.metrics import percentile
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.train import TrainConfig
 from openclaw_ref.experiments.runs import bucket_skews, rotated, run_and_return_params
-from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
     from openclaw_ref.experiments.settings import CompareConfig, Progress
@@ -50,8 +50,8 @@ def _sparsity(cfg: CompareConfig, w: int, pools: PoolCache, progress: Progress) 
             tcfg = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.steps,
                                global_batch=cfg.global_batch, seed=cfg.seed, eval_every=0,
                                progress=False, backend=cfg.backend, sparsity_range=rng,
-                               sync=SyncConfig(name="hardened", bucket_cap_mb=cfg.bucket_cap_mb,
-                                               guard="bucket"))
+                               sync=ArmConfig.of("hardened", bucket_cap_mb=cfg.bucket_cap_mb,
+                                                 guard="bucket"))
             record = pools.get(w).run(run_and_return_params, tcfg)[0]["record"]
             skews[label] += bucket_skews(record)
         progress.tick(f"ablation sparse/masking-off r{repeat}")

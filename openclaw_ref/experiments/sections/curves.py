@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.registry import STRATEGIES
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.train import TrainConfig
 from openclaw_ref.experiments.runs import run_and_return_params, slim_run
-from openclaw_ref.sync import STRATEGIES
-from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
     from openclaw_ref.experiments.settings import CompareConfig, Progress
@@ -24,9 +24,9 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     """One curve per strategy at ``curve_world_size`` (else the largest size)."""
     w = cfg.curve_world_size if cfg.curve_world_size in cfg.world_sizes else max(cfg.world_sizes)
     out = {}
-    for label, sync in (("ddp", SyncConfig(name="ddp")),
-                        ("hardened fp32", SyncConfig(name="hardened",
-                                                     bucket_cap_mb=cfg.bucket_cap_mb))):
+    for label, sync in (("ddp", ArmConfig(name="ddp")),
+                        ("hardened fp32", ArmConfig(name="hardened",
+                                                    bucket_cap_mb=cfg.bucket_cap_mb))):
         if sync.name not in STRATEGIES:
             progress.tick(f"curve {label} (not available)")
             continue

@@ -78,6 +78,6 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     return {"rows": rows,
             "settings": {"pause_s": PAUSE_S, "pause_deadline_s": PAUSE_DEADLINE_S,
                          "pause_action": pause.watchdog_action.value,
-                         "default_deadline_s": SyncConfig(name="hardened").watchdog_s,
+                         "default_deadline_s": SyncConfig().watchdog_s,
                          "overflow_at": OVERFLOW_AT, "relative_limit": RELATIVE_LIMIT,
                          "fp16_relative_limit": FP16_RELATIVE_LIMIT}}

@@ -13,6 +13,8 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
+from openclaw_ref.arms.ddp import POWERSGD_EPSILON, POWERSGD_RANK, POWERSGD_START_ITER
+from openclaw_ref.arms.registry import STRATEGIES
 from openclaw_ref.conformance.fault_matrix import (
     FAULTS,
     CaseOutcome,
@@ -24,9 +26,7 @@ from openclaw_ref.conformance.fault_matrix import (
 )
 from openclaw_ref.core.errors import LaunchTimeout, RankFailed
 from openclaw_ref.core.pools import PoolCache
-from openclaw_ref.sync import STRATEGIES
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.strategies.ddp import POWERSGD_EPSILON, POWERSGD_RANK, POWERSGD_START_ITER
 
 if TYPE_CHECKING:
     from openclaw_ref.experiments.settings import CompareConfig, Progress
@@ -95,7 +95,7 @@ def _clean_outcome(runner: MatrixRunner, pools: PoolCache) -> CaseOutcome:
 
 def seed_f5_cases(runner: MatrixRunner, pools: PoolCache, progress: Progress,
                   faults: tuple[str, ...] = FAULTS) -> list[dict]:
-    """The seed's F5 hook as written (``sync/strategies/seed_f5.py``) through the same fault
+    """The seed's F5 hook as written (``arms/seed_f5.py``) through the same fault
     matrix, plus a fault-free case (fault ``none``): no-effect when it trains exactly like stock
     ``ddp`` (same parameter digest), detected when its assertion fires (a false alarm), crash /
     hang-timeout when a rank dies or stalls, silent-corruption when it changes the result."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.conformance.checks import check_overflow_rate
 from openclaw_ref.conformance.settings import ConformSettings
 from openclaw_ref.core.callbacks import Callback
@@ -17,7 +18,6 @@ from openclaw_ref.core.launch import RankContext
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.experiments.probes import ScaleMismatchProbe, mismatch_counts
-from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
     from openclaw_ref.experiments.settings import CompareConfig, Progress
@@ -42,7 +42,7 @@ def scale_mismatch_rank(ctx: RankContext, tcfg: TrainConfig,
     rank pre-scaling by 2^10 and the others by 2^12 (the seed's pair). Every rank returns the
     same counts per workload (per-rank flags are gathered; an allreduce is corrupted if any
     rank's average is off)."""
-    from openclaw_ref.sync.strategies.ddp import wrap_ddp
+    from openclaw_ref.arms.ddp import wrap_ddp
 
     w = ctx.world_size
     exponents = [12] * (w - 1) + [10]
@@ -68,11 +68,11 @@ def _steps(cfg: CompareConfig):
 def _rates(cfg: CompareConfig, sizes: list[int], pools: PoolCache,
            progress: Progress) -> list[dict]:
     # text 000's F3 (one 2^12 on every rank) and our auto scale: the per-bucket guard's wire
-    variants = {"ddp-fp16": SyncConfig(name="ddp-fp16"),
-                "hardened-fp16": SyncConfig(name="hardened", wire="fp16", scale="4096",
-                                            guard="bucket"),
-                "hardened-fp16-auto": SyncConfig(name="hardened", wire="fp16", scale="auto",
-                                                 guard="bucket")}
+    variants = {"ddp-fp16": ArmConfig(name="ddp-fp16"),
+                "hardened-fp16": ArmConfig.of("hardened", wire="fp16", scale="4096",
+                                              guard="bucket"),
+                "hardened-fp16-auto": ArmConfig.of("hardened", wire="fp16", scale="auto",
+                                                   guard="bucket")}
     rates = []
     for w in sizes:
         for workload, spread in OVERFLOW_WORKLOADS.items():
@@ -87,8 +87,8 @@ def _rates(cfg: CompareConfig, sizes: list[int], pools: PoolCache,
 def _vs_scale(cfg: CompareConfig, w0: int, pools: PoolCache, progress: Progress) -> list[dict]:
     vs_scale = []
     for exp in SCALE_EXPONENTS:
-        s = ConformSettings(sync=SyncConfig(name="hardened", wire="fp16", scale=str(2 ** exp),
-                                            guard="bucket"),
+        s = ConformSettings(sync=ArmConfig.of("hardened", wire="fp16", scale=str(2 ** exp),
+                                              guard="bucket"),
                             hdr_spread_decades=OVERFLOW_WORKLOADS["harsh"],
                             train=_steps(cfg))
         fig = pools.get(w0).run(check_overflow_rate, s, None)[0].figures
@@ -105,7 +105,7 @@ def _mismatch(cfg: CompareConfig, sizes: list[int], pools: PoolCache,
         tcfg = TrainConfig(preset=cfg.preset, world_size=w, steps=cfg.mismatch_steps,
                            global_batch=w * -(-cfg.global_batch // w), seed=cfg.seed,
                            eval_every=0, progress=False, backend=cfg.backend,
-                           sync=SyncConfig(name="ddp", bucket_cap_mb=cfg.bucket_cap_mb))
+                           sync=ArmConfig(name="ddp", bucket_cap_mb=cfg.bucket_cap_mb))
         rows = pools.get(w).run(scale_mismatch_rank, tcfg, OVERFLOW_WORKLOADS)[0]
         mismatch += [{"world_size": w, "workload": k, **v} for k, v in rows.items()]
         progress.tick(f"scale mismatch ×{w}")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.errors import RankFailed
 from openclaw_ref.core.launch import RankContext
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.train import TrainConfig, train_model
-from openclaw_ref.sync.base import SyncConfig
 
 if TYPE_CHECKING:
     from openclaw_ref.experiments.settings import CompareConfig, Progress
@@ -46,7 +46,7 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
     """``curve_steps`` of training, then ``quantize.measure`` (or the error that stopped it)."""
     tcfg = TrainConfig(preset=cfg.preset, world_size=1, steps=cfg.curve_steps,
                        global_batch=cfg.global_batch, seed=cfg.seed, eval_every=0,
-                       progress=False, backend=cfg.backend, sync=SyncConfig(name="local"))
+                       progress=False, backend=cfg.backend, sync=ArmConfig(name="local"))
     try:
         repeats = QUICK_LATENCY_REPEATS if cfg.quick else 20
         sec = pools.get(1).run(quantize_rank, tcfg, repeats)[0]

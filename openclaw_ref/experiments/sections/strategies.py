@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.registry import STRATEGIES
 from openclaw_ref.core.errors import RankFailed
 from openclaw_ref.core.pools import PoolCache
 from openclaw_ref.core.train import TrainConfig
 from openclaw_ref.experiments.runs import rotated, run_and_return_params, slim_run
-from openclaw_ref.sync import STRATEGIES
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class Variant:
     """One row label of the comparison: a strategy with its knobs."""
 
     label: str
-    sync: SyncConfig
+    sync: ArmConfig
 
     @property
     def available(self) -> bool:
@@ -39,7 +39,7 @@ class Variant:
 
 def default_variants(bucket_cap_mb: float) -> tuple[Variant, ...]:
     def v(label: str, **kw: Any) -> Variant:
-        return Variant(label, SyncConfig(bucket_cap_mb=bucket_cap_mb, **kw))
+        return Variant(label, ArmConfig.of(bucket_cap_mb=bucket_cap_mb, **kw))
 
     return (
         v("local (no sync)", name="local"),
@@ -108,7 +108,7 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress,
                        seed=cfg.seed, eval_every=0, progress=False, backend=cfg.backend)
     reference = pools.get(1).run(run_and_return_params,
                                  dataclasses.replace(base, world_size=1,
-                                                     sync=SyncConfig(name="local")))[0]["params"]
+                                                     sync=ArmConfig(name="local")))[0]["params"]
     progress.tick("reference: 1 process")
     runs: list[dict] = []
     for repeat in range(cfg.repeats):
@@ -118,7 +118,7 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress,
                     progress.tick(f"{variant.label} (not available)")
                     continue
                 tcfg = dataclasses.replace(base, world_size=w, sync=variant.sync)
-                row = {"variant": variant.label, "sync": dataclasses.asdict(variant.sync),
+                row = {"variant": variant.label, "sync": variant.sync.to_json(),
                        "world_size": w, "repeat": repeat}
                 runs.append(_run_one(pools, tcfg, reference, row))
                 progress.tick(f"{variant.label} ×{w} r{repeat}")

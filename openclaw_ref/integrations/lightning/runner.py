@@ -21,13 +21,13 @@ from typing import Any
 import lightning as L
 import torch
 
+from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.core.config import TRAIN_PRESETS, MetricsConfig, ModelSection, TrainSection
 from openclaw_ref.core.data import DataConfig
 from openclaw_ref.core.faults import FaultSpec, parse_fault
 from openclaw_ref.integrations.lightning.data import SkillDataModule
 from openclaw_ref.integrations.lightning.module import OpenClawModule
 from openclaw_ref.integrations.lightning.strategy import SyncDDPStrategy
-from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import BadInput, ConsistencyError, OpenClawError, SyncTimeout
 
 
@@ -57,7 +57,7 @@ class LightningRunConfig:
     precision: str = "bf16-mixed"
     balance: bool = False
     data: DataConfig = field(default_factory=DataConfig)
-    sync: SyncConfig = field(default_factory=lambda: SyncConfig(name="hardened"))
+    sync: ArmConfig = field(default_factory=lambda: ArmConfig(name="hardened"))
     faults: tuple[FaultSpec, ...] = ()
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     out: str | None = None
@@ -150,8 +150,8 @@ def _parse(argv: Sequence[str] | None) -> tuple[LightningRunConfig, str | None]:
     cfg = LightningRunConfig(
         model=ModelSection(a.preset, a.seed), train=train, devices=a.devices,
         precision=a.precision, balance=a.balance,
-        data=DataConfig(imbalance=a.imbalance), sync=SyncConfig(name=a.sync, wire=a.wire,
-                                                         canary_every=a.canary_every),
+        data=DataConfig(imbalance=a.imbalance), sync=ArmConfig.of(a.sync, wire=a.wire,
+                                                           canary_every=a.canary_every),
         faults=tuple(parse_fault(f) for f in a.inject), out=a.out,
         metrics=MetricsConfig(port=a.metrics_port, skew_barrier_ms=a.skew_barrier_ms))
     return cfg, a.out

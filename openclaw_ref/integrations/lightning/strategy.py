@@ -32,22 +32,23 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from torch import nn
 
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.registry import make_strategy
+from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.core.callbacks import CallbackList
 from openclaw_ref.core.config import MetricsConfig
 from openclaw_ref.core.faults import FaultInjector, FaultSpec
 from openclaw_ref.core.launch import RankContext
 from openclaw_ref.integrations.lightning.module import OpenClawModule
 from openclaw_ref.ops.prometheus import PrometheusExporter, metrics_callbacks
-from openclaw_ref.sync import make_strategy
-from openclaw_ref.sync.base import SyncConfig, SyncStrategy
 from openclaw_ref.sync.errors import BadInput
 
-HARDENED = SyncConfig(name="hardened")
+HARDENED = ArmConfig(name="hardened")
 NO_METRICS = MetricsConfig()
 
 
 class SyncDDPStrategy(DDPStrategy):
-    """Lightning DDP whose wrapper and comm hook come from ``openclaw_ref.sync`` (see module
+    """Lightning DDP whose wrapper and comm hook come from ``openclaw_ref.arms`` (see module
     docstring). ``sync.name`` must be a DDP-based strategy (``hardened``, ``ddp``, ``ddp-fp16``);
     ``faults`` and ``metrics`` become the loop callbacks of every rank.
 
@@ -56,11 +57,12 @@ class SyncDDPStrategy(DDPStrategy):
 
     strategy_name = "openclaw_sync_ddp"
 
-    def __init__(self, sync: SyncConfig = HARDENED, faults: tuple[FaultSpec, ...] = (),
+    def __init__(self, sync: ArmConfig = HARDENED, faults: tuple[FaultSpec, ...] = (),
                  metrics: MetricsConfig = NO_METRICS,
                  **kwargs: Any) -> None:
         kwargs.setdefault("process_group_backend", None)
-        kwargs.setdefault("timeout", datetime.timedelta(seconds=max(30.0, sync.watchdog_s * 2)))
+        deadline = max(30.0, sync.harden.watchdog_s * 2)
+        kwargs.setdefault("timeout", datetime.timedelta(seconds=deadline))
         super().__init__(**kwargs)
         self.sync_cfg, self.fault_specs, self.metrics = sync, faults, metrics
         self.sync: SyncStrategy | None = None

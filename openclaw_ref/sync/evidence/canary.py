@@ -217,7 +217,7 @@ class Canary:
             self._compare_within_tolerance(step)  # also on a rank whose probe just failed
         if not self.on or step % self.every or _joining(self.guard.ddp):
             return
-        device = checks._collective_device(self.guard.group, self.device)
+        device = checks.collective_device(self.guard.group, self.device)
         if not self._fingerprinted:
             self._fingerprint(step, device)
         owner = (step // self.every) % self.guard.world_size
@@ -429,8 +429,8 @@ class Canary:
         return [self.guard.global_ranks[r] for r in ranks]
 
     def _gather(self, local: torch.Tensor) -> list[list]:
-        device = checks._collective_device(self.guard.group, self.device)
-        return checks._gather_rows(local.to(device), self.guard.group).tolist()
+        device = checks.collective_device(self.guard.group, self.device)
+        return checks.gather_rows(local.to(device), self.guard.group).tolist()
 
     def summary(self) -> dict:
         """What the canary did, for the run's summary (``summary()['canary']``)."""

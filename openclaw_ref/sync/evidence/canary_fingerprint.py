@@ -94,8 +94,8 @@ def decode_fields(row: list[int]) -> list[str]:
 
 def exchange(fields: list[str], group, device: torch.device) -> list[list[str]]:
     """Every rank's fields, in rank order (one tensor all-gather of bytes)."""
-    local = encode_fields(fields).to(checks._collective_device(group, device))
-    return [decode_fields(row) for row in checks._gather_rows(local, group).tolist()]
+    local = encode_fields(fields).to(checks.collective_device(group, device))
+    return [decode_fields(row) for row in checks.gather_rows(local, group).tolist()]
 
 
 def unequal(table: list[list[str]], on_cuda: bool) -> tuple[list[int], str] | None:

@@ -1,13 +1,13 @@
 """Rank-consistency checks that compare what every rank holds.
 
 Each check returns or raises a ``ConsistencyError`` subclass naming the step, the parameters
-and the ranks that disagree. "Equal" always means bitwise equal: ``tensor_digest`` and
-``params_digest`` are SHA-256 over the exact bytes (host-side, for records and the conformance
-suite); the per-step replica check uses a 64-bit checksum computed on the parameters' own
-device by ``replica_digest.ReplicaDigest`` and compared with tensor collectives (see its
-collision argument). The start-up check compares a 16-byte BLAKE2b digest of each rank's
-parameter manifest and bucket layout first (one tensor gather of 16 bytes per rank) and
-exchanges the manifests themselves only when the digests differ.
+and the ranks that disagree. "Equal" always means bitwise equal: the replica check uses a
+64-bit checksum computed on the parameters' own device by ``replica_digest.ReplicaDigest`` and
+compared with tensor collectives (see its collision argument). The start-up check compares a
+16-byte BLAKE2b digest of each rank's parameter manifest and bucket layout first (one tensor
+gather of 16 bytes per rank) and exchanges the manifests themselves only when the digests
+differ. ``gather_rows`` and ``collective_device`` are the one tensor gather every check of the
+library uses (nothing is pickled or unpickled).
 """
 
 from __future__ import annotations
@@ -25,33 +25,15 @@ from openclaw_ref.sync.errors import (
     ConsistencyError,
     ParameterMismatch,
     ReplicaDivergence,
-    ShapeMismatch,
 )
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
 from openclaw_ref.sync.evidence.vote import majority, split_view, tie_caveat
-
-
-def tensor_digest(t: torch.Tensor) -> str:
-    """SHA-256 of a tensor's dtype, shape and bytes (moved to CPU, made contiguous)."""
-    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def params_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """One digest over every named tensor in order: names, dtypes, shapes and bytes."""
-    h = hashlib.sha256()
-    for name, t in named:
-        h.update(name.encode())
-        h.update(tensor_digest(t).encode())
-    return h.hexdigest()
-
 
 # ---------------------------------------------------------------------------------------------
 # Tensor collectives shared by the cross-rank checks: nothing is pickled or unpickled.
 
 
-def _collective_device(group, device: torch.device) -> torch.device:
+def collective_device(group, device: torch.device) -> torch.device:
     """Where this group's collectives take tensors: gloo → CPU, NCCL → the current GPU."""
     import torch.distributed as dist
 
@@ -70,7 +52,7 @@ GATHER = ("all_gather_single" if hasattr(torch.distributed, "all_gather_single")
           else "all_gather_into_tensor")
 
 
-def _gather_rows(local: torch.Tensor, group) -> torch.Tensor:
+def gather_rows(local: torch.Tensor, group) -> torch.Tensor:
     """Every rank's copy of ``local`` (1-D, the same size on every rank) as rows, in rank
     order; one ``GATHER``."""
     import torch.distributed as dist
@@ -84,7 +66,7 @@ def _gather_rows(local: torch.Tensor, group) -> torch.Tensor:
 
 def _all_gather(local: torch.Tensor, group) -> list[list[int]]:
     """Every rank's copy of ``local`` (1-D), in rank order; one host read."""
-    return _gather_rows(local, group).tolist()
+    return gather_rows(local, group).tolist()
 
 
 def _all_gather_bytes(raw: bytes, group, device: torch.device) -> list[bytes]:
@@ -94,7 +76,7 @@ def _all_gather_bytes(raw: bytes, group, device: torch.device) -> list[bytes]:
     lengths = [n for (n,) in _all_gather(length, group)]
     local = torch.zeros(max(lengths), dtype=torch.uint8)
     local[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    rows = _gather_rows(local.to(device), group).cpu()
+    rows = gather_rows(local.to(device), group).cpu()
     return [rows[r, :n].numpy().tobytes() for r, n in enumerate(lengths)]
 
 
@@ -183,7 +165,7 @@ def construction_check(named: Iterable[tuple[str, torch.Tensor]], group=None,
     manifests, zlib-compressed and padded) bring every rank's manifest and layout to be compared
     and named."""
     mine = parameter_manifest(named)
-    device = _collective_device(group, torch.device("cpu"))
+    device = collective_device(group, torch.device("cpu"))
     digest = torch.frombuffer(bytearray(manifest_digest(mine, layout)), dtype=torch.uint8)
     if len({tuple(row) for row in _all_gather(digest.to(device), group)}) == 1:
         return
@@ -200,46 +182,6 @@ def construction_check(named: Iterable[tuple[str, torch.Tensor]], group=None,
         raise BucketMisalignment(
             f"bucket layouts differ at construction (bucket sizes in bytes): {split}",
             ranks=off)
-
-
-def gradient_manifest(named: Iterable[tuple[str, torch.Tensor]]) -> Manifest:
-    """(name, gradient shape, dtype) per parameter; shape () and dtype 'none' when no gradient
-    (an absent gradient is recorded, never skipped, so entries stay aligned by index)."""
-    out: Manifest = []
-    for name, p in named:
-        g = p.grad
-        out.append((name, tuple(g.shape), str(g.dtype)) if g is not None else (name, (), "none"))
-    return out
-
-
-def gradient_manifest_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int,
-                            include_presence: bool = False, group=None) -> None:
-    """The seed's F5 assertion done right: every rank's gradient manifest compared across ranks,
-    ``ShapeMismatch`` naming the first differing parameter and the ranks. By default a missing
-    gradient is *not* a mismatch (an expert with no sample on a rank legitimately has none; DDP
-    zero-fills it): only the shapes and dtypes of gradients present on both sides are compared.
-    One ``all_gather_object`` per call — a debugging check, not a per-step one."""
-    import torch.distributed as dist
-
-    mine = gradient_manifest(named)
-    gathered: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, mine, group=group)
-    if not include_presence:
-        gathered = [_fill_absent(m, gathered) for m in gathered]
-    compare_manifests(gathered, step=step, error=ShapeMismatch)
-
-
-def _fill_absent(m: Manifest, all_manifests: list[Manifest]) -> Manifest:
-    """Replace an absent gradient by the first present one of the same entry on any rank."""
-    out = []
-    for i, (name, shape, dtype) in enumerate(m):
-        if dtype == "none":
-            for other in all_manifests:
-                if i < len(other) and other[i][0] == name and other[i][2] != "none":
-                    name, shape, dtype = other[i]
-                    break
-        out.append((name, shape, dtype))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +210,7 @@ def replica_check(named: Iterable[tuple[str, torch.Tensor]], *, step: int, group
     names = [n for n, _ in named]
     digest = digest if digest is not None else ReplicaDigest()
     digests = digest.digests([p for _, p in named])
-    local = digests.to(_collective_device(group, digests.device))
+    local = digests.to(collective_device(group, digests.device))
     count = torch.tensor([len(names)], dtype=torch.int64, device=local.device)
     heads = _all_gather(torch.cat([ReplicaDigest.combine(local).reshape(1), count]), group)
     counts = [c for _, c in heads]

@@ -11,17 +11,14 @@ Checks run in cause order: missing slot → a bucket some rank's DDP never issue
 the slots of the ranks that did not reduce, ``not_reduced``) → clock → bucket index/membership →
 scale → absent required gradient; a local non-finite gradient is reported
 with its ranks (what to do about it is the ledger's policy). ``verify`` states the rule and
-names the ranks; ``check_blocks`` passes the clean buckets of a whole step with a few tensor
-operations whatever the world size, and only a bucket it cannot pass is decoded on the host for
-``verify`` to judge and name.
+names the ranks; the counts (``control_counts``) pass the clean buckets of a whole step, and
+only a step they cannot pass has its per-rank slots gathered for ``verify`` to judge and name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
 
 from openclaw_ref.sync.errors import (
     BucketMisalignment,
@@ -32,18 +29,7 @@ from openclaw_ref.sync.errors import (
     ScaleMismatch,
 )
 from openclaw_ref.sync.evidence.averaged import Cause
-from openclaw_ref.sync.evidence.control_layout import (
-    ABSENT,
-    CHUNK,
-    MAGIC,
-    MAGIC_AT,
-    NONFINITE,
-    READY,
-    SLOT_FIELDS,
-    NotIssued,
-    Slot,
-    units_to_ms,
-)
+from openclaw_ref.sync.evidence.control_layout import NotIssued, Slot
 from openclaw_ref.sync.evidence.vote import majority, split_view
 
 
@@ -51,8 +37,7 @@ from openclaw_ref.sync.evidence.vote import majority, split_view
 class BucketVerdict:
     """What one verified bucket tells (all ranks compute the same figures). ``ready_ms`` and
     the skew cover the ranks that took part (joined ranks abstain); ``ready_ms`` is None where
-    ``check_blocks`` did not bring the per-rank times to the host (more than
-    ``READY_DETAIL_MAX_RANKS`` ranks)."""
+    the check did not bring the per-rank times to the host (too many ranks)."""
 
     index: int | None  # None: the step guard's one slot for the whole step
     ready_ms: list[float] | None
@@ -172,82 +157,3 @@ def _passed(index: int | None, mine: list[Slot], active: list[int], joined: bool
     late_rank = active[max(range(len(ready)), key=lambda i: (ready[i], -i))]
     return BucketVerdict(index, ready, max(ready) - min(ready), late_rank, joined,
                          tuple(r for r, s in zip(active, mine) if s.nonfinite))
-
-
-FOLD_COLUMNS = 1 + -(-(NONFINITE - 1) // 3) + 2  # magic, packed agreed chunks, ready, flag
-
-
-def _fold_matrix(device: torch.device) -> torch.Tensor:
-    """(SLOT_FIELDS, FOLD_COLUMNS): column 0 is the magic chunk alone; then the other agreed
-    chunks three to a column (256² · a + 256 · b + c, an exact integer < 2^24 in fp32 and
-    injective for chunks in 0..255); then the ready time as one integer; then the flag."""
-    m = torch.zeros(SLOT_FIELDS, FOLD_COLUMNS, device=device)
-    m[0, 0] = 1.0
-    for c in range(1, NONFINITE):
-        m[c, 1 + (c - 1) // 3] = float(CHUNK ** (2 - (c - 1) % 3))
-    m[READY, FOLD_COLUMNS - 2] = torch.tensor([CHUNK * CHUNK, CHUNK, 1.0])
-    m[NONFINITE, FOLD_COLUMNS - 1] = 1.0
-    return m
-
-
-READY_DETAIL_MAX_RANKS = 64  # per-rank ready times reach the host (metrics, plots) up to here
-
-
-@dataclass(frozen=True)
-class BlockCheck:
-    """``check_blocks``' answer for the buckets of one step, already on the host."""
-
-    ok: list[bool]  # False: decode the bucket and let ``verify`` judge and name
-    verdicts: list[BucketVerdict | None]  # None where not ok
-
-
-def check_blocks(blocks: torch.Tensor, indices: Sequence[int], rank: int,
-                 extra: torch.Tensor | None = None) -> tuple[BlockCheck, list[float]]:
-    """A fast, exact pass test of a step's reduced blocks ``(B, W * SLOT_FIELDS)`` on their
-    own device, with one transfer to the host (``extra``, any 1-D tensor the caller needs on the
-    host too, rides along; its values are returned).
-
-    A bucket passes when every slot equals this rank's own slot ``rank`` in the agreed chunks,
-    this rank's slot is an active one (magic ``MAGIC``) with no absent gradient, and no slot
-    flags a non-finite gradient. That is exactly ``verify`` raising nothing and naming no
-    non-finite rank, when no rank has joined: a missing slot, two ranks in one slot (magic
-    2·0xA5), any clock/bucket/digest/scale difference or an absent gradient makes some slot
-    differ from ours, and a slot that equals ours was written by one active rank, so its other
-    chunks are valid too. A joined rank's slot differs as well: such buckets, like non-finite
-    ones, are left to ``verify`` (neither is the hot path). Passing buckets get the skew (max −
-    min ready time) and the late rank (the first at the max, as in ``verify``). Cost: about a
-    dozen tensor operations per step over B·W·SLOT_FIELDS values, whatever W is; nothing per
-    rank in Python."""
-    B = blocks.shape[0]
-    W = blocks.shape[1] // SLOT_FIELDS
-    x = blocks.reshape(B, W, SLOT_FIELDS).to(torch.float32)  # chunks ≤ 255: exact
-    # One product folds each slot into a few exact integers. A slot written by one rank has
-    # chunks in 0..255, where the packing is injective, so it agrees with ours iff its folded
-    # agreed columns do; a slot written by none or by several has a magic of 0 or k·0xA5,
-    # which column 0 (the magic alone) tells apart whatever its other chunks hold.
-    K = FOLD_COLUMNS  # folded column-major: every later operation reads contiguous rows
-    folded = torch.mm(_fold_matrix(x.device).t(), x.reshape(B * W, SLOT_FIELDS).t())
-    folded = folded.view(K, B, W)
-    agreed = folded[:K - 2]
-    units = folded[K - 2]  # (B, W)
-    ok = ((agreed == agreed[:, :, rank:rank + 1]).all(0).all(1)
-          & (folded[K - 1].amax(1) == 0)
-          & (x[:, rank, MAGIC_AT] == MAGIC) & (x[:, rank, ABSENT] == 0).all(-1))
-    parts = [ok.to(torch.float32), units.amax(1) - units.amin(1), units.argmax(1).float()]
-    detail = W <= READY_DETAIL_MAX_RANKS
-    if detail:
-        parts.append(units.reshape(-1))
-    flat = torch.cat(parts).double()
-    if extra is not None:
-        flat = torch.cat([flat, extra.to(torch.float64).reshape(-1)])
-    host = flat.tolist()  # the one host synchronization
-    oks = [v == 1.0 for v in host[:B]]
-    verdicts: list[BucketVerdict | None] = []
-    for b in range(B):
-        ready = None
-        if detail:
-            ready = [units_to_ms(u) for u in host[3 * B + b * W:3 * B + (b + 1) * W]]
-        verdicts.append(BucketVerdict(int(indices[b]), ready, units_to_ms(host[B + b]),
-                                      int(host[2 * B + b])) if oks[b] else None)
-    tail = 3 * B + (B * W if detail else 0)
-    return BlockCheck(oks, verdicts), host[tail:]

@@ -4,14 +4,12 @@ that one SUM allreduce delivers every rank's words intact; ``control`` judges th
 Layout. For every bucket the block has one *slot* of ``SLOT_FIELDS`` elements per rank. Rank
 ``r`` writes its fields into slot ``r`` and zeros everywhere else, so after the SUM every slot
 holds exactly one rank's values: ``x + 0 + … + 0 == x`` is exact. Each field is split into 8-bit
-chunks (integers 0..255), exact in fp32 — and in fp16/bf16, so the bucketed engine can append a
-bucket's block to its gradients on any wire dtype. The hardened hook sends the blocks of every
-bucket of a step at the tail of the step's last bucket (``StepBlock``), in the order the
-buckets were issued, so position k describes every rank's k-th bucket collective — what each
-rank believed it reduced there — with no collective beyond stock DDP's. The hardened hook sends
-these slots as counts (``control_counts``: O(B) elements whatever W) and gathers the slots
-themselves only on a step whose counts fail, for ``control.verify`` to judge and name; the
-bucketed engine still sends one slot per rank per bucket.
+chunks (integers 0..255), exact in fp32 — and in fp16/bf16, the wires a bucket's own allreduce
+may carry. The guards keep the slots of every bucket of a step (``StepBlock``), in the order
+the buckets were issued, so position k describes every rank's k-th bucket collective — what
+each rank believed it reduced there; they send them as counts (``control_counts``: O(B)
+elements whatever W) and gather the slots themselves only on a step whose counts fail, for
+``control.verify`` to judge and name.
 
 Fields of a slot (chunks, most significant first):
   ``magic``      1  0xA5: the slot was written (a zero slot = that rank sent no block); 0x5A: the
@@ -38,10 +36,8 @@ Fields of a slot (chunks, most significant first):
 Every chunk before ``nonfinite`` must be the same on every active rank; the last two legitimately
 differ, which is why they come last.
 
-Size of a per-rank block: ``SLOT_FIELDS`` × W elements per bucket (88 B per rank in fp32):
-0.72 MB per bucket at 8,192 ranks. The counted block of the hardened hook: 752 B per bucket in
-fp32 from 65 ranks up (``control_counts``); the failure gather: ``SLOT_FIELDS`` × B int64 per
-rank.
+Sizes: the counted block, 752 B per bucket in fp32 from 65 ranks up (``control_counts``); the
+failure gather, ``SLOT_FIELDS`` × B int64 per rank.
 """
 
 from __future__ import annotations
@@ -86,11 +82,6 @@ MAGIC_AT = _OFFSET["magic"]
 READY = slice(_OFFSET["ready"], _OFFSET["ready"] + 3)
 ABSENT = slice(_OFFSET["absent"], _OFFSET["absent"] + 2)
 NONFINITE = _OFFSET["nonfinite"]
-
-
-def block_size(world_size: int) -> int:
-    """Elements of one bucket's control block (one slot per rank)."""
-    return SLOT_FIELDS * world_size
 
 
 def _chunks(value: int, n: int) -> list[int]:
@@ -162,13 +153,6 @@ def joined_slot() -> list[int]:
 def unissued_slot(slot: list[int], why: NotIssued = NotIssued.STOPPED) -> list[int]:
     """``slot`` marked as sent for a bucket this rank's DDP never issued, for ``why``."""
     return [why.value] + slot[1:]
-
-
-def write_block(block: torch.Tensor, rank: int, slot: Sequence[int]) -> None:
-    """Fill ``block`` (``block_size(W)`` elements of the wire dtype): zeros, then our slot."""
-    block.zero_()
-    block[rank * SLOT_FIELDS:(rank + 1) * SLOT_FIELDS].copy_(
-        torch.tensor(slot, dtype=block.dtype), non_blocking=True)
 
 
 class StepBlock:

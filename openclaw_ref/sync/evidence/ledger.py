@@ -1,16 +1,14 @@
-"""A step's verdict from its reduced buckets, and the run's statistics (shared by the hardened
-hook and the bucketed engine).
+"""A step's verdict from its reduced buckets, and the run's statistics (one ledger per DDP guard).
 
 ``Ledger.settle`` is the only place a step is judged. In order:
-  1. wait for the step's buckets and blocks; the clean check — ``control_counts_host.check_counts``
-     on the hardened hook's counted block (``CountedStep``), ``control.check_blocks`` on the
-     bucketed engine's per-rank blocks — passes the clean buckets on the device and brings the
-     verdicts — and each bucket's wire-overflow flag, where the wire can overflow — to the host
-     in ONE synchronization; a bucket it cannot pass is decoded (a counted step first gathers
-     every rank's slots: one extra collective, entered by every rank since every rank sees the
-     same counts) and ``control.verify`` raises the named error (the same on every rank) or
-     names the ranks whose own gradients held NaN/inf; a replica row that fails raises
-     ``ReplicaDivergence`` after the buckets pass;
+  1. wait for the step's buckets and blocks; the clean check (``control_counts_host.
+     check_counts`` on the step's counted block, ``CountedStep``) passes the clean buckets on
+     the device and brings the verdicts — and each bucket's wire-overflow flag, where the wire
+     can overflow — to the host in ONE synchronization; a bucket it cannot pass is decoded
+     (every rank first gathers every rank's slots: one extra collective, entered by every rank
+     since every rank sees the same counts) and ``control.verify`` raises the named error (the
+     same on every rank) or names the ranks whose own gradients held NaN/inf; a replica row
+     that fails raises ``ReplicaDivergence`` after the buckets pass;
   2. a local non-finite gradient: under ``nonfinite="raise"`` ``NonFiniteGradient`` naming the
      ranks; otherwise an event names them and the step is skipped on every rank together;
   3. overflow: every bucket with a local non-finite gradient or a fired wire flag (the sum of
@@ -30,7 +28,11 @@ hook and the bucketed engine).
      the optimizer step runs is the only sound sign of a scaler the hook can read. A caller of
      the step protocol (``begin_step``/``finish_step``) learns the verdict from
      ``finish_step`` and skips the step itself, so nothing is marked for it
-     (``drop_overflowed`` is switched off by ``begin_step``).
+     (``protocol_used``, from ``begin_step``).
+
+What the guards tell the ledger besides a step goes through its methods (``count_check``,
+``count_replica_slice``, ``protocol_used``, ``new_step``, ``note_device_ready``), so that its
+statistics have one writer.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from openclaw_ref.sync.errors import (
     ScaleMismatch,
 )
 from openclaw_ref.sync.evidence import checks
-from openclaw_ref.sync.evidence.control import BucketVerdict, check_blocks, verify
+from openclaw_ref.sync.evidence.control import BucketVerdict, verify
 from openclaw_ref.sync.evidence.control_counts import CountCheck, CountLayout, first_failing_field
 from openclaw_ref.sync.evidence.control_counts_host import check_counts
 from openclaw_ref.sync.evidence.control_layout import (
@@ -105,9 +107,9 @@ def gather_step_rows(group, slots: list[list[int]], flags, replicas) -> list[lis
         slots = [s[:NONFINITE] + [int(f)] + s[NONFINITE + 1:]
                  for s, f in zip(slots, nonfinite)]
     row = [v for s in slots for v in s] + replicas.gather_row()
-    device = checks._collective_device(group, torch.device("cpu"))
+    device = checks.collective_device(group, torch.device("cpu"))
     local = torch.tensor(row, dtype=torch.int64, device=device)
-    return checks._gather_rows(local, group).tolist()
+    return checks.gather_rows(local, group).tolist()
 
 
 _UNNAMED = {"missing": BucketMisalignment, "clock": ClockMismatch, "bucket": BucketMisalignment,
@@ -115,11 +117,12 @@ _UNNAMED = {"missing": BucketMisalignment, "clock": ClockMismatch, "bucket": Buc
 
 
 class Ledger:
-    """Verifies a step's buckets (module docstring) and keeps the run's statistics."""
+    """Verifies a step's buckets (module docstring) and keeps the run's statistics. ``events``:
+    the guard's list, which the ledger appends its findings to."""
 
     def __init__(self, world_size: int, policy: ScalePolicy, *, rank: int = 0,
                  global_ranks: Sequence[int] | None = None, raise_nonfinite: bool = True,
-                 params: Sequence[torch.Tensor] = ()) -> None:
+                 params: Sequence[torch.Tensor] = (), events: list[Event] | None = None) -> None:
         self.world_size = world_size
         self.params = list(params)  # whose gradients a wire-only overflow drops (step 5)
         self.drop_overflowed = True  # False once the caller uses the step protocol (step 5)
@@ -128,7 +131,8 @@ class Ledger:
         self.policy = policy
         self.global_ranks = list(global_ranks if global_ranks is not None else range(world_size))
         self.raise_nonfinite = raise_nonfinite
-        self.events: list[Event] = []  # non-fatal findings (skipped non-finite steps)
+        # non-fatal findings (skipped non-finite steps)
+        self.events: list[Event] = events if events is not None else []
         self.overflow = OverflowStats()
         self.checks_run = 0
         self.checks_passed = 0
@@ -137,7 +141,6 @@ class Ledger:
         self.max_skew_ms = 0.0
         self.max_skew_at: dict = {}
         self.last: dict = {}
-        self.extra: list[float] = []
         self._pending_checks = [0, 0]  # checks run/passed since the last settled step
 
     def count_check(self, passed: bool) -> None:
@@ -147,11 +150,27 @@ class Ledger:
         self.checks_run += 1
         self.checks_passed += passed
 
-    def _verdicts(self, step: int, records: Sequence[BucketRecord], extra: torch.Tensor | None,
-                  blocks: torch.Tensor | None, counted: CountedStep | None = None
-                  ) -> tuple[list[BucketVerdict], list[float | None], list[float]]:
-        """Every bucket's verdict (raising the first disagreement), the host values of the
-        wire flags (None where a bucket has none) and of ``extra``."""
+    def count_replica_slice(self) -> None:
+        """A replica digest went into this step's exchange (compared by the step's verdict)."""
+        self.replica_checks += 1
+
+    def protocol_used(self) -> None:
+        """The caller names its steps (``begin_step``) and reads each verdict from
+        ``finish_step``: a wire overflow's gradients are no longer dropped for it (step 5)."""
+        self.drop_overflowed = False
+
+    def new_step(self) -> None:
+        """A new step began: the last one's gradients are gone or used (step 5)."""
+        self.pending = False
+
+    def note_device_ready(self, ready_ms: dict) -> None:
+        """The last step's ready times as the device measured them (CUDA events)."""
+        self.last["device_ready_ms"] = ready_ms
+
+    def _riders(self, records: Sequence[BucketRecord], extra: torch.Tensor | None = None
+                ) -> tuple[list[int], torch.Tensor | None]:
+        """Wait for the step's buckets; the indices of those with a wire flag, and the flags
+        (then ``extra``) as one float64 tensor that rides along the check's host read."""
         for r in records:
             if r.done is not None:
                 r.done.wait()
@@ -159,36 +178,45 @@ class Ledger:
         riders = [records[i].flag.to(torch.float64).reshape(1) for i in flagged]
         if extra is not None:
             riders.append(extra.to(torch.float64).reshape(-1))
-        if counted is not None:
-            checked, host = check_counts(counted.block, counted.layout, len(records),
-                                         torch.cat(riders) if riders else None)
-            verdicts = self._counted_verdicts(step, records, checked, counted)
-            flags: list[float | None] = [None] * len(records)
-            for k, i in enumerate(flagged):
-                flags[i] = host[k]
-            return verdicts, flags, host[len(flagged):]
-        if blocks is None:
-            blocks = torch.stack([r.block for r in records])
-        checked, host = check_blocks(blocks, [r.index for r in records], self.rank,
-                                     torch.cat(riders) if riders else None)
-        flags = [None] * len(records)
+        return flagged, torch.cat(riders) if riders else None
+
+    @staticmethod
+    def _flags(buckets: int, flagged: Sequence[int], host: Sequence[float]
+               ) -> list[float | None]:
+        """Each bucket's wire flag as read on the host (None where it has none)."""
+        flags: list[float | None] = [None] * buckets
         for k, i in enumerate(flagged):
             flags[i] = host[k]
-        verdicts = []
-        for rec, ok, verdict in zip(records, checked.ok, checked.verdicts):
-            self.checks_run += 1
-            self._pending_checks[0] += 1
-            if not ok:
-                try:
-                    verdict = verify(decode_block(rec.block.tolist(), self.world_size),
-                                     bucket=rec.index, params=rec.params)
-                except ConsistencyError as exc:
-                    raise exc.renumbered(self.global_ranks) from None
-            verdicts.append(verdict)
-            self.checks_passed += 1
-            self.bucket_checks += 1
-            self._pending_checks[1] += 1
-        return verdicts, flags, host[len(flagged):]
+        return flags
+
+    def _bucket_judged(self) -> None:
+        """A bucket's check ran (counted before its verdict, which may raise)."""
+        self.checks_run += 1
+        self._pending_checks[0] += 1
+
+    def _bucket_passed(self) -> None:
+        """A bucket's check passed: its verdict was reached without an error."""
+        self.checks_passed += 1
+        self.bucket_checks += 1
+        self._pending_checks[1] += 1
+
+    def _verify(self, values: Sequence[float], record: BucketRecord) -> BucketVerdict:
+        """``control.verify`` on one bucket's per-rank slots, its error naming global ranks."""
+        try:
+            return verify(decode_block(values, self.world_size), bucket=record.index,
+                          params=record.params)
+        except ConsistencyError as exc:
+            raise exc.renumbered(self.global_ranks) from None
+
+    def _verdicts(self, step: int, records: Sequence[BucketRecord], counted: CountedStep | None
+                  ) -> tuple[list[BucketVerdict], list[float | None]]:
+        """Every bucket's verdict (raising the first disagreement) and the host values of the
+        wire flags (None where a bucket has none)."""
+        assert counted is not None, "a step with buckets always sent its counts"
+        flagged, riders = self._riders(records)
+        checked, host = check_counts(counted.block, counted.layout, len(records), riders)
+        verdicts = self._counted_verdicts(step, records, checked, counted)
+        return verdicts, self._flags(len(records), flagged, host)
 
     def _counted_verdicts(self, step: int, records: Sequence[BucketRecord], checked: CountCheck,
                           counted: CountedStep) -> list[BucketVerdict]:
@@ -204,24 +232,17 @@ class Ledger:
                 rows = counted.gather()
         verdicts = []
         for b, (rec, ok, fig) in enumerate(zip(records, checked.ok, checked.figures)):
-            self.checks_run += 1
-            self._pending_checks[0] += 1
+            self._bucket_judged()
             if ok:
                 verdict = BucketVerdict(rec.index, fig.ready_ms, fig.skew_ms, fig.late_rank,
                                         fig.joined)
             elif rows is not None:
                 values = [v for row in rows for v in row[b * SLOT_FIELDS:(b + 1) * SLOT_FIELDS]]
-                try:
-                    verdict = verify(decode_block(values, self.world_size), bucket=rec.index,
-                                     params=rec.params)
-                except ConsistencyError as exc:
-                    raise exc.renumbered(self.global_ranks) from None
+                verdict = self._verify(values, rec)
             else:  # joined, only NaN counts: the step is judged, the ranks unnamed
                 verdict = BucketVerdict(rec.index, None, 0.0, None, True, nonfinite_seen=True)
             verdicts.append(verdict)
-            self.checks_passed += 1
-            self.bucket_checks += 1
-            self._pending_checks[1] += 1
+            self._bucket_passed()
         if not checked.replica_ok and rows is not None:
             tail = len(records) * SLOT_FIELDS
             active = [r for r, row in enumerate(rows) if row[0] == 0xA5]
@@ -259,16 +280,12 @@ class Ledger:
             self.events.append(err.event())
 
     def settle(self, step: int, records: Sequence[BucketRecord], *, sync_ms: float,
-               verify_started: float, extra: torch.Tensor | None = None,
-               blocks: torch.Tensor | None = None, counted: CountedStep | None = None) -> bool:
-        """Judge the step (module docstring); True when the optimizer step may run. ``extra``:
-        a reduced tensor the caller needs on the host too (read in the same sync; its values
-        land in ``self.extra``). ``blocks``: the records' blocks as one ``(B, ·)`` tensor, when
-        the caller already holds them so; ``counted``: the hardened hook's counted step block
-        (``control_counts``), checked instead of per-rank blocks."""
+               verify_started: float, counted: CountedStep | None = None) -> bool:
+        """Judge the step (module docstring); True when the optimizer step may run.
+        ``counted``: the step's counted block (``control_counts``), None only for a step that
+        reduced no bucket."""
         exponent = self.policy.exponent
-        verdicts, flags, self.extra = (self._verdicts(step, records, extra, blocks, counted)
-                                       if records else ([], [], []))
+        verdicts, flags = (self._verdicts(step, records, counted) if records else ([], []))
         self._nonfinite(step, records, verdicts)
         suspect = [i for i, (v, f) in enumerate(zip(verdicts, flags))
                    if v.nonfinite_ranks or v.nonfinite_seen or (f is not None and not _finite(f))]

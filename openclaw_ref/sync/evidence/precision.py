@@ -211,16 +211,6 @@ def finite_sum(t: torch.Tensor) -> torch.Tensor:
     return t.sum()
 
 
-def has_nonfinite(t: torch.Tensor) -> torch.Tensor:
-    """0-dim bool: does ``t`` hold a NaN or ±inf? Exact (no overflow of a sum): one fused
-    min/max pass with no temporaries (NaN propagates through both, +inf reaches the max, −inf
-    the min). Used for the local attribution, on non-finite steps only."""
-    if t.numel() == 0:
-        return torch.zeros((), dtype=torch.bool, device=t.device)
-    lo, hi = torch.aminmax(t)
-    return ~(torch.isfinite(lo) & torch.isfinite(hi))
-
-
 def count_nonfinite(t: torch.Tensor | Sequence[torch.Tensor]) -> int:
     """Number of NaN/inf elements of a tensor or of several (a host sync: called only for
     buckets or steps already flagged)."""

@@ -152,8 +152,8 @@ class FSDPCanary(Canary):
             if step == self._compare_at and not self._compare_tolerant:  # bitwise: this row
                 self.fold(None)  # the probe's row is sent once
                 row = torch.tensor(self.gather_row(), dtype=torch.int64, device=(
-                    checks._collective_device(self.guard.group, self.device)))
-                rows = checks._gather_rows(row, self.guard.group).tolist()
+                    checks.collective_device(self.guard.group, self.device)))
+                rows = checks.gather_rows(row, self.guard.group).tolist()
                 error = self.divergence(rows, list(range(self.guard.world_size)), step=step)
                 if error is not None:
                     raise error.renumbered(self.guard.global_ranks)

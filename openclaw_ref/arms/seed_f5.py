@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.sync.base import SyncStrategy
-from openclaw_ref.sync.strategies.ddp import wrap_ddp
+from openclaw_ref.arms.ddp import wrap_ddp
+from openclaw_ref.arms.strategy import SyncStrategy
 
 SEED_SCALE = 2 ** 12  # the seed's "FP16 normalization prefix"
 SEED_NAME_KEYS = ("sparse", "gating")  # the seed's module filter

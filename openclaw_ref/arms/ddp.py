@@ -18,7 +18,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.sync.base import RankInfo, SyncConfig, SyncStrategy, Wire
+from openclaw_ref.arms.config import ArmConfig
+from openclaw_ref.arms.strategy import SyncStrategy
+from openclaw_ref.sync.base import RankInfo, Wire
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
@@ -36,7 +38,7 @@ POWERSGD_SEED = 0  # every replica draws the same initial Q
 POWERSGD_EPSILON = 1e-8
 
 
-def wrap_ddp(model: nn.Module, ctx: RankInfo, cfg: SyncConfig) -> DDP:
+def wrap_ddp(model: nn.Module, ctx: RankInfo, cfg: ArmConfig) -> DDP:
     """DDP as the openclaw model needs it: unused parameters (idle experts) are expected. The
     model has no buffers (its routing statistics are plain per-rank attributes), so DDP issues
     no buffer broadcast. ``cfg.ddp_options`` override these defaults (Lightning passes the

@@ -1,14 +1,15 @@
-"""``hardened``: the suite's strategy for ``--sync hardened``: stock DDP (same buckets, same
-collectives) with ``harden()``'s guard, as a user gets it."""
+"""``hardened``: the arm for ``--sync hardened``: stock DDP (same buckets, same collectives) with
+``harden()``'s guard, as a user gets it: ``harden(ddp, cfg.harden, ctx)``."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from openclaw_ref.sync.base import Guard, RankInfo, SyncStrategy
+from openclaw_ref.arms.ddp import wrap_ddp
+from openclaw_ref.arms.strategy import SyncStrategy
+from openclaw_ref.sync.base import Guard, RankInfo
 from openclaw_ref.sync.evidence.precision import ScalePolicy
 from openclaw_ref.sync.hardening import harden
-from openclaw_ref.sync.strategies.ddp import wrap_ddp
 
 
 class Hardened(SyncStrategy):
@@ -18,7 +19,7 @@ class Hardened(SyncStrategy):
 
     def wrap(self, model: nn.Module, ctx: RankInfo) -> nn.Module:
         self.ddp = wrap_ddp(model, ctx, self.cfg)
-        self.state = harden(self.ddp, self.cfg, ctx)
+        self.state = harden(self.ddp, self.cfg.harden, ctx)
         self.events = self.state.events
         return self.ddp
 
@@ -41,7 +42,7 @@ class Hardened(SyncStrategy):
     def scale_policy(self) -> ScalePolicy | None:
         """The pre-scale policy of the per-bucket guard (the fault injector's handle on one
         rank's exponent); None under the step guard, which never pre-scales."""
-        if not hasattr(self, "state") or self.cfg.guard is Guard.STEP:
+        if not hasattr(self, "state") or self.cfg.harden.guard is Guard.STEP:
             return None
         return self.state.policy
 

@@ -7,7 +7,7 @@ sync time is fully exposed, which the benchmark reports honestly):
   1. the planner (``bucket_plan.py``) orders the parameters; the stream is cut into frames of
      at most ``bucket_cap_mb`` (frame sizes never depend on the plan, see ``bucket_plan``);
   2. each frame is packed (missing local gradients zero-filled, ``g · 2^e / W`` in the wire
-     dtype), gets the control block of ``control_layout`` — and the *last* frame also carries one
+     dtype), gets its per-rank control block (``blocks``) — and the *last* frame also carries one
      presence count per parameter — and is issued as ONE async allreduce, in plan order;
   3. after the waits, the step is verified with one host sync (raising on any disagreement,
      identically on every rank), overflow decided, and the averages written to ``p.grad``.
@@ -26,20 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.sync.base import Planner, RankInfo, SyncConfig, SyncStrategy
-from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence import checks
-from openclaw_ref.sync.evidence.control_layout import block_size, encode_slot, write_block
-from openclaw_ref.sync.evidence.ledger import BucketRecord, Ledger
-from openclaw_ref.sync.evidence.precision import (
-    ScalePolicy,
-    finite_sum,
-    from_wire,
-    has_nonfinite,
-    to_wire,
-)
-from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
-from openclaw_ref.sync.strategies.bucket_plan import (
+from openclaw_ref.arms.blocks import BlockLedger, block_size, write_block
+from openclaw_ref.arms.bucket_plan import (
     BucketPlan,
     BucketPlanner,
     Frame,
@@ -47,9 +35,29 @@ from openclaw_ref.sync.strategies.bucket_plan import (
     cut_frames,
     make_planner,
 )
+from openclaw_ref.arms.config import ArmConfig, Planner
+from openclaw_ref.arms.strategy import SyncStrategy
+from openclaw_ref.sync.base import RankInfo
+from openclaw_ref.sync.errors import ConsistencyError
+from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.control_layout import encode_slot
+from openclaw_ref.sync.evidence.ledger import BucketRecord
+from openclaw_ref.sync.evidence.precision import ScalePolicy, finite_sum, from_wire, to_wire
+from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
+from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
 
 
-def cap_elements(cfg: SyncConfig, dtype: torch.dtype = torch.float32) -> int:
+def has_nonfinite(t: torch.Tensor) -> torch.Tensor:
+    """0-dim bool: does ``t`` hold a NaN or ±inf? Exact (no overflow of a sum): one fused
+    min/max pass with no temporaries (NaN propagates through both, +inf reaches the max, −inf
+    the min). Used for the local attribution, on non-finite steps only."""
+    if t.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=t.device)
+    lo, hi = torch.aminmax(t)
+    return ~(torch.isfinite(lo) & torch.isfinite(hi))
+
+
+def cap_elements(cfg: ArmConfig, dtype: torch.dtype = torch.float32) -> int:
     """Frame capacity in gradient elements: the cap counts gradient bytes, as DDP's does."""
     return max(1, int(cfg.bucket_cap_mb * 2**20) // torch.empty((), dtype=dtype).element_size())
 
@@ -57,9 +65,8 @@ def cap_elements(cfg: SyncConfig, dtype: torch.dtype = torch.float32) -> int:
 class BucketedEngine:
     """The engine on one rank (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, cfg: SyncConfig, rank: int, world_size: int, *,
-                 store: dist.Store | None = None, report=exit_fatal, group=None,
-                 check_construction: bool = True) -> None:
+    def __init__(self, model: nn.Module, cfg: ArmConfig, rank: int, world_size: int, *,
+                 store: dist.Store | None = None, report=exit_fatal, group=None) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -71,23 +78,22 @@ class BucketedEngine:
                          if required is not None and n in required}
         self.info = [ParamInfo(n, tuple(p.shape), str(p.dtype), p.numel()) for n, p in self.named]
         self.planner: BucketPlanner = make_planner(cfg.planner, self.info)
-        self.policy = ScalePolicy.from_config(cfg)
-        self.ledger = Ledger(world_size, self.policy, rank=rank)
+        self.policy = ScalePolicy.from_config(cfg.harden)
+        self.ledger = BlockLedger(world_size, self.policy, rank=rank)
         self.cap = cap_elements(cfg)
         self.clock = 0
         self.step_t0 = time.perf_counter()
         self._frames: dict[tuple[int, ...], list[Frame]] = {}
         self._wires: dict[int, torch.Tensor] = {}
         self.last_plan = None
-        self.replica_digest = checks.ReplicaDigest()  # its tables and scratch reused per check
-        if check_construction:
-            checks.construction_check(self.named, group=group)
-            self.ledger.count_check(True)
+        self.replica_digest = ReplicaDigest()  # its tables and scratch reused per check
+        checks.construction_check(self.named, group=group)
+        self.ledger.count_check(True)
         self._broadcast_parameters()
         store = store if store is not None else dist.distributed_c10d._get_default_store()
-        self.watchdog = Watchdog(store, rank, world_size, cfg.watchdog_s,
+        self.watchdog = Watchdog(store, rank, world_size, cfg.harden.watchdog_s,
                                  namespace_for(store, rank), on_timeout=report,
-                                 action=cfg.watchdog_action, events=self.ledger.events)
+                                 action=cfg.harden.watchdog_action, events=self.ledger.events)
 
     def _broadcast_parameters(self) -> None:
         """Rank 0's weights everywhere, as DDP does at construction (one flat broadcast)."""
@@ -132,7 +138,7 @@ class BucketedEngine:
         self.clock = step
         k = self.cfg.replica_check_every
         if k and step % k == 0:
-            self.ledger.replica_checks += 1
+            self.ledger.count_replica_slice()
             try:
                 checks.replica_check(self.named, step=step, group=self.group,
                                      digest=self.replica_digest)
@@ -192,7 +198,7 @@ class BucketedEngine:
         last = frames[-1]
         presence = self._wires[last.index][last.elements:last.elements + len(self.params)]
         applied = self.ledger.settle(step, records, sync_ms=(comm_done - t_start) * 1e3,
-                                     verify_started=comm_done, extra=presence)
+                                     verify_started=comm_done, presence=presence)
         if applied:
             self._unpack(frames, exponent)
             if self.planner.needs_synced_norms:
@@ -241,7 +247,7 @@ class Bucketed(SyncStrategy):
         return dict(self.engine.ledger.last)
 
     def summary(self) -> dict:
-        return {**self.engine.ledger.summary(), "wire": self.cfg.wire.value,
+        return {**self.engine.ledger.summary(), "wire": self.cfg.harden.wire.value,
                 "planner": self.cfg.planner.value,
                 "frames_per_step": len(self.engine.wire_sizes())}
 

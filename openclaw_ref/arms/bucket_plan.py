@@ -32,7 +32,7 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from openclaw_ref.sync.base import Planner
+from openclaw_ref.arms.config import Planner
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence.control_layout import membership_digest
 

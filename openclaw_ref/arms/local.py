@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from openclaw_ref.sync.base import RankInfo, SyncStrategy
+from openclaw_ref.arms.strategy import SyncStrategy
+from openclaw_ref.sync.base import RankInfo
 
 
 class LocalOnly(SyncStrategy):

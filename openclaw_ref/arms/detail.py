@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from openclaw_ref.arms.ddp import StockDDP
 from openclaw_ref.sync.base import RankInfo
-from openclaw_ref.sync.strategies.ddp import StockDDP
 
 
 class DetailDDP(StockDDP):

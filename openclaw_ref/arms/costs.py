@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from openclaw_ref.sync.base import Guard, SyncStrategy, Wire
+from openclaw_ref.arms.strategy import SyncStrategy
+from openclaw_ref.sync.base import Guard, Wire
 from openclaw_ref.sync.ddp.step_setup import exchange_layout
 from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.precision import WIRE_DTYPES
@@ -75,8 +76,8 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
         sizes, n_params, unused = _ddp_layout(strategy.ddp)
         used_map = (1, n_params * USED_MAP_BYTES) if unused else (0, 0)
         grad_elem = 4  # fp32 gradients
-        if name == "hardened" and strategy.cfg.guard is Guard.STEP:
-            wire = 2 if strategy.cfg.wire is Wire.FP16 else grad_elem
+        if name == "hardened" and strategy.cfg.harden.guard is Guard.STEP:
+            wire = 2 if strategy.cfg.harden.wire is Wire.FP16 else grad_elem
             block = exchange_layout(world_size).size(1)
             payload = sum(s // grad_elem * wire for s in sizes) + block * 4
             return StepCost(name, world_size, len(sizes) + used_map[0] + 1,
@@ -85,7 +86,7 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
                                   f"allreduce + the step's exchange ({block} fp32 elements); "
                                   "1 host sync (the step check)")
         if name == "hardened":
-            dtype = WIRE_DTYPES.get(strategy.cfg.wire, torch.float32)  # native: fp32
+            dtype = WIRE_DTYPES.get(strategy.cfg.harden.wire, torch.float32)  # native: fp32
             block = CountLayout(world_size, dtype).size(len(sizes))
             payload = (sum(s // grad_elem for s in sizes) + block) * _element_size(dtype)
             return StepCost(name, world_size, len(sizes) + used_map[0], payload + used_map[1],
@@ -100,7 +101,8 @@ def step_cost(strategy: SyncStrategy, world_size: int) -> StepCost:
                               "waits not counted")
     if name == "bucketed":
         engine = strategy.engine
-        wire = _element_size(WIRE_DTYPES.get(strategy.cfg.wire, torch.float32))  # native: fp32
+        # native: fp32
+        wire = _element_size(WIRE_DTYPES.get(strategy.cfg.harden.wire, torch.float32))
         sizes = engine.wire_sizes()
         planner = engine.planner
         planner_syncs = int(planner.needs_local_norms) + int(planner.needs_synced_norms)
