@@ -1,11 +1,10 @@
 """The FSDP2 guard's later checks, each with its fault (named, with its rank, on every rank) and
 its healthy variants (silent): a state dict loaded on some ranks only (``CheckpointMismatch``),
-gradients scaled by each rank's own factor (``ScaleMismatch``: clipping by the local norm), the
-opt-in reduce check (``SyncConfig(fsdp_reduce_check=True)``: gradient sync off on one rank, a
-parameter without a gradient on one rank), a parameter without a gradient on every rank (legal:
-silent, bitwise equal to stock, its short reduce-scatters noted), and HSDP's replica check at
-``close()``. Under the defaults the two one-rank faults break the process group (a rank aborted
-or timed out), so they run as torchrun jobs in ``tests/test_fsdp_last_words.py``.
+gradients scaled by each rank's own factor (``ScaleMismatch``: clipping by the local norm), a
+parameter without a gradient on every rank (legal: silent, bitwise equal to stock, its short
+reduce-scatters noted), and HSDP's replica check at ``close()``. Gradient sync off on one rank
+and a parameter without a gradient on one rank break the process group (a rank aborted or
+timed out), so they run as torchrun jobs in ``tests/test_fsdp_last_words.py``.
 
 Each pool run plays several scenarios in order in one process group, each on a fresh model: a
 guard error is raised on every rank before any rank issues a collective its peers do not, so
@@ -32,7 +31,6 @@ from openclaw_ref.sync.hardening import harden
 
 STEPS = 3
 FAULT_STEP = 1
-FAULT_RANK = 1
 MAX_NORM = 0.05  # below every step's norm here: clip_grad_norm_ clips
 UNSCALE = 2.0 ** -10  # a GradScaler's unscale: every rank multiplies by the same power of two
 
@@ -50,20 +48,14 @@ class S(enum.StrEnum):
     ACCUMULATE = "accumulate"  # no-sync micro-steps, activation checkpointing
     ACCUMULATE_SYNCED = "accumulate-synced"  # every micro-step reduced
     CLIP_LOCAL_NORM = "clip-local-norm"  # every rank clips by its own shards' norm
-    CHECKED_HEALTHY = "checked-healthy"  # the reduce check on; also run stock: bitwise equal
-    CHECKED_ACCUMULATE = "checked-accumulate"
-    NO_SYNC_ONE_RANK = "no-sync-one-rank"  # reduce check on
-    UNUSED_PARAM_ONE_RANK = "unused-param-one-rank"  # reduce check on
     UNUSED_PARAM_EVERY_RANK = "unused-param-every-rank"  # legal: short notes, no error
     HSDP_HEALTHY = "hsdp-healthy"
     HSDP_DRIFT_AFTER_LAST_STEP = "hsdp-drift-after-last-step"  # named by close()
 
 
-CHECKED = (S.CHECKED_HEALTHY, S.CHECKED_ACCUMULATE, S.NO_SYNC_ONE_RANK,
-           S.UNUSED_PARAM_ONE_RANK)
 HSDP = (S.HSDP_HEALTHY, S.HSDP_DRIFT_AFTER_LAST_STEP)
-NO_SYNC_MICRO_STEPS = (S.ACCUMULATE, S.CHECKED_ACCUMULATE)
-BITWISE = (S.HEALTHY, S.CHECKED_HEALTHY, S.HSDP_HEALTHY, S.UNUSED_PARAM_EVERY_RANK)
+NO_SYNC_MICRO_STEPS = (S.ACCUMULATE,)
+BITWISE = (S.HEALTHY, S.HSDP_HEALTHY, S.UNUSED_PARAM_EVERY_RANK)
 
 
 class Net(nn.Module):
@@ -116,31 +108,26 @@ def _train(s: S, hardened: bool) -> tuple[dict[str, torch.Tensor], object]:
     """The user's script; the full parameters it ends with and the guard's summary, or the
     error every rank stopped on."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = rank == FAULT_RANK
     torch.manual_seed(0)
-    model = Net(checkpointed=s in (S.ACCUMULATE, S.CHECKED_ACCUMULATE))
+    model = Net(checkpointed=s is S.ACCUMULATE)
     mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard")) \
         if s in HSDP else init_device_mesh("cpu", (world,))
     for layer in (model.inp, model.h1):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    cfg = SyncConfig(nonfinite="raise", fsdp_reduce_check=s in CHECKED)
+    cfg = SyncConfig(nonfinite="raise")
     guard = harden(model, cfg) if hardened else None
-    micros = 2 if s in (S.ACCUMULATE, S.ACCUMULATE_SYNCED, S.CHECKED_ACCUMULATE) else 1
+    micros = 2 if s in (S.ACCUMULATE, S.ACCUMULATE_SYNCED) else 1
     try:
         if s in (S.LOAD_EVERY_RANK, S.LOAD_DCP_EVERY_RANK) or (s is S.LOAD_ONE_RANK
                                                                and rank == 0):
             _load(model, s is S.LOAD_DCP_EVERY_RANK)
         for step in range(STEPS):
-            faulty = step == FAULT_STEP and mine
             for micro in range(micros):
                 model.set_requires_gradient_sync(
                     s is S.ACCUMULATE_SYNCED or micro == micros - 1)
-                if faulty and s is S.NO_SYNC_ONE_RANK:
-                    model.set_requires_gradient_sync(False)
-                model.use_aux = not (faulty and s is S.UNUSED_PARAM_ONE_RANK
-                                     or step == FAULT_STEP and s is S.UNUSED_PARAM_EVERY_RANK)
+                model.use_aux = not (step == FAULT_STEP and s is S.UNUSED_PARAM_EVERY_RANK)
                 x, y = _batch(step, micro, rank)
                 F.mse_loss(model(x), y).backward()
             _clip(model, s)
@@ -181,18 +168,13 @@ def scenarios_task(ctx, names: list[str]) -> dict:
 
 
 SILENT_1D = (S.HEALTHY, S.LOAD_EVERY_RANK, S.LOAD_DCP_EVERY_RANK, S.CLIP_GLOBAL, S.CLIP_VALUE,
-             S.UNSCALE, S.ACCUMULATE, S.ACCUMULATE_SYNCED, S.CHECKED_HEALTHY,
-             S.CHECKED_ACCUMULATE, S.UNUSED_PARAM_EVERY_RANK)
+             S.UNSCALE, S.ACCUMULATE, S.ACCUMULATE_SYNCED, S.UNUSED_PARAM_EVERY_RANK)
 
 
 def _faults(world: int) -> dict[S, tuple]:
     """Each fault's (error, step, ranks) at ``world`` ranks on a 1-D mesh."""
     return {S.LOAD_ONE_RANK: ("CheckpointMismatch", 0, [0]),
-            S.CLIP_LOCAL_NORM: ("ScaleMismatch", 0, list(range(world))),
-            S.NO_SYNC_ONE_RANK: ("GradientsNotAveraged", FAULT_STEP, [FAULT_RANK]),
-            # a reduce-scatter of another size: with two ranks no majority, both suspects
-            S.UNUSED_PARAM_ONE_RANK: ("MissingGradient", FAULT_STEP,
-                                      [0, 1] if world == 2 else [FAULT_RANK])}
+            S.CLIP_LOCAL_NORM: ("ScaleMismatch", 0, list(range(world)))}
 
 
 def _check(replies: list[dict], silent, faults: dict) -> None:

@@ -56,8 +56,8 @@ if TYPE_CHECKING:
 
 
 def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
-           ctx: RankInfo | None = None, *, check_construction: bool = True,
-           optimizer: torch.optim.Optimizer | None = None) -> HardenState | StepGuard | FSDPGuard:
+           ctx: RankInfo | None = None, *, optimizer: torch.optim.Optimizer | None = None
+           ) -> HardenState | StepGuard | FSDPGuard:
     """Make a DDP model's gradient sync verifiable; returns the state (see module docstring).
     An FSDP2 (``fully_shard``) root module gets ``fsdp.guard``'s guard (``optimizer``: its own).
 
@@ -66,15 +66,13 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     forensic mode, and the only one that pre-scales an fp16 wire or sends bf16). Everything
     runs on ``ddp_model.process_group``. ``ctx`` (any ``RankInfo``, e.g. our launcher's) gives
     the store for the watchdog and the way to report a hang from its thread; without it the
-    default store and ``os._exit`` are used. ``check_construction=False`` skips the cross-rank
-    parameter check (tests use it to show that the in-band membership digest alone still
-    catches a swapped registration). Raises ``BadInput`` before registering anything and before
-    any collective when the model cannot be hardened: a comm hook already registered (Python or
-    C++ built-in), a DDP model built for compiled autograd (``optimize_ddp="python_reducer"``:
-    ``target.refuse_python_reducer``), a process group with no backend for the gradients'
-    device, a wire dtype the backend cannot reduce, a wire or pre-scale the chosen guard cannot
-    send; and from the first optimizer step a ``torch.amp.GradScaler`` runs over a pre-scaled
-    fp16 wire (``precision.refuse_grad_scaler``).
+    default store and ``os._exit`` are used. Raises ``BadInput`` before registering anything and
+    before any collective when the model cannot be hardened: a comm hook already registered
+    (Python or C++ built-in), a DDP model built for compiled autograd
+    (``optimize_ddp="python_reducer"``: ``target.refuse_python_reducer``), a process group with
+    no backend for the gradients' device, a wire dtype the backend cannot reduce, a wire or
+    pre-scale the chosen guard cannot send; and from the first optimizer step a
+    ``torch.amp.GradScaler`` runs over a pre-scaled fp16 wire (``precision.refuse_grad_scaler``).
 
     ``state.close()`` removes what this added (forward hooks, gradient-presence hooks, the
     optimizer step pre-hooks, the watchdog thread) on the rank it runs on. Under ``bucket``
@@ -102,7 +100,7 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
         from openclaw_ref.sync.fsdp.canary import fsdp_canary_for
         from openclaw_ref.sync.fsdp.guard import harden_fsdp
 
-        guard = harden_fsdp(ddp_model, cfg, check_construction, optimizer,
+        guard = harden_fsdp(ddp_model, cfg, optimizer,
                             lambda guard: _watchdog(guard, cfg, ctx))
         guard.canary = fsdp_canary_for(guard, every)
         guard.canary_off = canary_off
@@ -119,8 +117,7 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     group = ddp_model.process_group
     module = inner.module if inner is not None else ddp_model.module
     named = inner.named if inner is not None else list(module.named_parameters())
-    if check_construction:
-        checks.construction_check(named, group=group, layout=bucket_sizes(ddp_model))
+    checks.construction_check(named, group=group, layout=bucket_sizes(ddp_model))
     synchronized = named if inner is not None else checks.synchronized_parameters(ddp_model)
     if cfg.guard is Guard.STEP:
         state = StepGuard(ddp_model, cfg, named, synchronized,
@@ -131,8 +128,7 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     else:
         state = harden_buckets(ddp_model, cfg, lambda s: _watchdog(s, cfg, ctx), named,
                                synchronized)
-    if check_construction:
-        state.ledger.count_check(True)
+    state.ledger.count_check(True)
     state.canary_off = canary_off
     setattr(ddp_model, HARDENED_MARK, state)
     state.handles.append(Unset(ddp_model, HARDENED_MARK))

@@ -50,9 +50,6 @@ class Field(enum.IntEnum):
     REPLICA = 9  # HSDP: digest of slice (OPT_STEPS mod K) of its local shards, before the step
     LOADS = 10  # load_state_dict calls into the model since harden()
     SCALE = 11  # float64 bits: the uniform factor applied to the reduced shards (NaN: none)
-    RS_SEQ = 12  # reduce check (opt-in): 1 + this reduce-scatter's index in the backward
-    RS_NUMEL = 13  # reduce check: this reduce-scatter's input elements (gradients present)
-    SYNCING = 14  # reduce check, at a backward's start: FSDP groups that will reduce
 
 
 class Exchange(enum.IntEnum):
@@ -62,8 +59,6 @@ class Exchange(enum.IntEnum):
 
     OPTIMIZER_STEP = 1  # the step's exchange: the optimizer step pre-hook
     EXTRA_FORWARD = 2  # a forward after a reduced backward, with no optimizer step between
-    REDUCE_SCATTER = 3  # opt-in (SyncConfig.fsdp_reduce_check): before each reduce-scatter
-    BACKWARD = 4  # opt-in, the same: at each backward's start
 
 
 def digest(parts: Iterable[str]) -> int:
@@ -102,17 +97,16 @@ def hyper_digest(optimizer: torch.optim.Optimizer) -> int:
 def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: bool,
           slices: int = 1, scale_tol: float = FACTOR
           ) -> tuple[ConsistencyError | None, list[Event]]:
-    """The verdict of one exchange: the first error (clock, loads, the reduce-scatter's input,
-    what was reduced, replicas, non-finite, scale, optimizer), with the ranks that differ from
-    the majority named by their global rank (every rank on a tie), and the non-fatal findings
+    """The verdict of one exchange: the first error (clock, loads, what was reduced, replicas,
+    non-finite, scale, optimizer), with the ranks that differ from the majority named by their
+    global rank (every rank on a tie), and the non-fatal findings
     (a non-finite gradient under ``nonfinite="skip"``). ``slices``: K, the replica digest's
     slice count (for the message); ``scale_tol``: the scale check's relative tolerance
     (``scale.tolerance``)."""
     def ranks(group_ranks: Iterable[int]) -> list[int]:
         return [global_ranks[r] for r in group_ranks]
 
-    clock = majority([(r[Field.KIND], r[Field.OPT_STEPS], r[Field.BACKWARDS], r[Field.RS_SEQ])
-                       for r in rows])
+    clock = majority([(r[Field.KIND], r[Field.OPT_STEPS], r[Field.BACKWARDS]) for r in rows])
     step = clock.reference[1]
     if clock.differing:
         told = "; ".join(f"rank {global_ranks[r]}: {_clock_text(rows[r])}"
@@ -132,28 +126,6 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
                                   "more often than the others)", step=step,
                                   ranks=ranks(loaded)), []
     kind = Exchange(rows[0][Field.KIND])
-    if kind is Exchange.REDUCE_SCATTER:
-        numel = majority([r[Field.RS_NUMEL] for r in rows])
-        if numel.differing:
-            sizes = ", ".join(f"rank {global_ranks[r]}: {row[Field.RS_NUMEL]}"
-                              for r, row in enumerate(rows))
-            return MissingGradient(f"reduce-scatter {rows[0][Field.RS_SEQ]} of this backward "
-                                   f"has another input size on these ranks ({sizes} "
-                                   "elements): a parameter without a gradient (unused in the "
-                                   f"forward?){tie_caveat(numel)}", step=step,
-                                   ranks=ranks(numel.differing)), []
-        return None, []
-    if kind is Exchange.BACKWARD:
-        skipping = _fewer([r[Field.SYNCING] for r in rows])
-        if skipping:
-            told = ", ".join(f"rank {global_ranks[r]}: {row[Field.SYNCING]}"
-                             for r, row in enumerate(rows))
-            return GradientsNotAveraged("ranks will reduce the gradients of different numbers "
-                                        f"of FSDP groups in this backward ({told}): "
-                                        "set_requires_gradient_sync differs between ranks (the "
-                                        "reduce-scatter would hang)", step=step,
-                                        ranks=ranks(skipping)), []
-        return None, []
     reduced = majority([r[Field.REDUCED] for r in rows])
     if reduced.differing:
         return MissingGradient("these ranks reduced other sharded parameters, or as often, "
@@ -209,15 +181,6 @@ def _loaders(counts: Sequence[int]) -> list[int]:
     return [r for r, c in enumerate(counts) if c > min(counts)]
 
 
-def _fewer(counts: Sequence[int]) -> list[int]:
-    """The ranks whose count differs from the majority's; without a majority those with
-    fewer than the most (the ranks that skip what the others do: a per-rank fact)."""
-    vote = majority(list(counts))
-    if not vote.tie:
-        return list(vote.differing)
-    return [r for r, c in enumerate(counts) if c < max(counts)]
-
-
 def replica_divergence(rows: list[list[int]]) -> list[int]:
     """The ranks whose replica digest differs from the majority of the ranks holding the same
     shards (same ``REPLICA_OF``); 1-D FSDP has no replicas, and nothing is compared."""
@@ -255,8 +218,6 @@ def _first_agreeing(vote, world: int) -> int:
 def _clock_text(row: list[int]) -> str:
     where = {Exchange.OPTIMIZER_STEP: "at the optimizer step",
              Exchange.EXTRA_FORWARD: "at a forward after a reduced backward",
-             Exchange.REDUCE_SCATTER: f"at reduce-scatter {row[Field.RS_SEQ]} of a backward",
-             Exchange.BACKWARD: "at the start of a backward",
              }.get(row[Field.KIND], f"at exchange kind {row[Field.KIND]}")
     return (f"{where} after {row[Field.OPT_STEPS]} optimizer steps and "
             f"{row[Field.BACKWARDS]} backwards")

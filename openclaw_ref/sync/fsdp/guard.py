@@ -16,23 +16,16 @@ Hook points, per rank (torch 2.13, measured in ``docs/fsdp2.md``):
      backward that reduces fewer than all groups (3); the all-gather is wrapped too, and
      when either collective fails, or waits the watchdog's deadline (its ``Work`` watched),
      the notes say why: a rank without a gradient, or with gradient sync off, named by the
-     ranks whose collective failed or hung (else gloo's error stands, or the wait goes on).
-     With ``fsdp_reduce_check`` (opt-in) it first
-     sends this rank's row (kind ``REDUCE_SCATTER``: its index in the backward and its
-     input's size), so a rank that brings another size is named on every rank;
-  3. the root's output: a pre-hook on its ``grad_fn`` counts backwards (one per graph task);
-     with ``fsdp_reduce_check`` each backward first sends this rank's row (kind ``BACKWARD``:
-     how many FSDP groups will reduce), so a rank whose ``set_requires_gradient_sync``
-     differs is named before the first reduce-scatter — there, not at the reduce-scatter: a
-     rank that skips its reduce-scatters runs ahead through FSDP2's backward all-gathers,
-     which its peers issue only after their reduce-scatters;
+     ranks whose collective failed or hung (else gloo's error stands, or the wait goes on);
+  3. the root's output: a pre-hook on its ``grad_fn`` counts backwards (one per graph task),
+     and leaves the backward's note (how many FSDP groups will reduce) for ``last_words``;
   4. the optimizer step pre-hook (``torch.optim``'s global one, or only ``optimizer``'s when
      ``harden(model, optimizer=…)`` names it): the step's exchange (``facts.Field``) —
      clock (optimizer steps, backwards), ``load_state_dict`` calls, what was reduced, the
      non-finite flag, the uniform factor applied to the reduced gradients since
      (``scale``), whether the optimizer holds the model's parameters, its
      hyperparameters' digest, on HSDP a replica slice's digest — one int64 allreduce of
-     ``world × len(Field)`` (15) elements; every rank judges the same rows
+     ``world × len(Field)`` (12) elements; every rank judges the same rows
      (``facts.judge``);
   5. the root's forward pre-hook (ahead of FSDP2's own): a forward that follows a reduced
      backward with no optimizer step between (an extra micro-batch) sends its row first, so a
@@ -84,16 +77,14 @@ from openclaw_ref.sync.fsdp.scale import ScaleRecord, to_bits, tolerance, unit_r
 from openclaw_ref.sync.target import HARDENED_MARK, validate_fsdp_target
 
 
-def harden_fsdp(model: FSDPModule, cfg: SyncConfig, check_construction: bool,
-                optimizer: torch.optim.Optimizer | None,
+def harden_fsdp(model: FSDPModule, cfg: SyncConfig, optimizer: torch.optim.Optimizer | None,
                 make_watchdog: Callable[[FSDPGuard], Watchdog]) -> FSDPGuard:
     """``harden()`` for an FSDP2 root module: refuse what cannot be guarded (before anything is
     registered or any collective), compare the parameter manifests (names, global shapes,
     dtypes, order: one all-gather of a digest), then register the hooks."""
     validate_fsdp_target(model, cfg)
     guard = FSDPGuard(model, cfg, optimizer)
-    if check_construction:
-        checks.construction_check(guard.manifest(), group=guard.group)
+    checks.construction_check(guard.manifest(), group=guard.group)
     guard.watchdog = make_watchdog(guard)
     guard.install()
     setattr(model, HARDENED_MARK, guard)
@@ -135,9 +126,8 @@ class FSDPGuard:
         self.canary_off = ""  # why there is none (``hardening.canary_interval``)
         self._fsdp_groups: list = []  # every FSDP param group (``reduce_grads``: syncing)
         self.closed = self.failed = False
-        self.exchanges = self.passed = self.extra_forward_exchanges = self.reduce_exchanges = 0
-        self.rs_seq = 0  # reduce-scatters in the current backward (the reduce check's clock)
-        self._rs_backward, self._task = -1, -2
+        self.exchanges = self.passed = self.extra_forward_exchanges = 0
+        self._task = -2
 
     # -- registration ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -177,19 +167,9 @@ class FSDPGuard:
         self.handles.append(Restore(module, reduce_scatter, all_gather))
 
     def _before_reduce_scatter(self, index: int, numel: int) -> None:
-        """Before FSDP2's own collective: the short note (``last_words``) and, with the opt-in
-        reduce check (module docstring, 2), this reduce-scatter's row."""
-        if self.closed:
-            return
-        if self.last_words is not None:
+        """Before FSDP2's own collective: the short note (``last_words``)."""
+        if not self.closed and self.last_words is not None:
             self.last_words.before_reduce_scatter(index, numel, self.clock)
-        if not self.cfg.fsdp_reduce_check:
-            return
-        if self._rs_backward != self.backwards:
-            self._rs_backward, self.rs_seq = self.backwards, 0
-        self.rs_seq += 1
-        self.reduce_exchanges += 1
-        self._exchange(Exchange.REDUCE_SCATTER, None, True, numel)
 
     def _watch(self, index: int | None):
         """A wrapper's collective for the watchdog: overdue, explained as a failed one."""
@@ -254,12 +234,8 @@ class FSDPGuard:
             self.backwards += 1
             if self.closed:
                 return
-            clock = self.clock()
             if self.last_words is not None:
-                self.last_words.backward_started(clock)
-            if self.cfg.fsdp_reduce_check:
-                self.reduce_exchanges += 1
-                self._exchange(Exchange.BACKWARD, None, True, clock.syncing)
+                self.last_words.backward_started(self.clock())
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         """The step's exchange, for the model's optimizer: the one passed to ``harden``, or
@@ -282,7 +258,7 @@ class FSDPGuard:
         shapes = Counter(tuple(p.shape) for p in held if not isinstance(p, DTensor))
         return bool(shapes) and shapes == self._full_shapes
 
-    def _row(self, kind: Exchange, optimizer, owns: bool, numel: int) -> list[int]:
+    def _row(self, kind: Exchange, optimizer, owns: bool) -> list[int]:
         row = [0] * len(Field)
         row[Field.KIND] = kind
         row[Field.OPT_STEPS] = self.opt_steps
@@ -294,10 +270,6 @@ class FSDPGuard:
         row[Field.OPT_OWNS] = int(owns)
         row[Field.HYPER] = hyper_digest(optimizer) if optimizer is not None else 0
         row[Field.LOADS] = self.loads.count if self.loads is not None else 0
-        if kind is Exchange.REDUCE_SCATTER:
-            row[Field.RS_SEQ], row[Field.RS_NUMEL] = self.rs_seq, numel
-        if kind is Exchange.BACKWARD:
-            row[Field.SYNCING] = numel
         if kind is Exchange.OPTIMIZER_STEP:
             watched = self.scales.watched
             row[Field.SCALE] = to_bits(self.scales.factor(
@@ -323,10 +295,10 @@ class FSDPGuard:
             return False
         return not all(math.isfinite(v) for v in torch.stack(self.local_sums).tolist())
 
-    def _exchange(self, kind: Exchange, optimizer, owns: bool, numel: int = 0) -> None:
+    def _exchange(self, kind: Exchange, optimizer, owns: bool) -> None:
         """Send this rank's row, wait (under the watchdog and the group's timeout), judge."""
         self.block.zero_()
-        self.block[self.rank] = torch.tensor(self._row(kind, optimizer, owns, numel))
+        self.block[self.rank] = torch.tensor(self._row(kind, optimizer, owns))
         step = self.opt_steps
         work = dist.all_reduce(self.block, group=self.group, async_op=True)
         if self.watchdog is not None:
@@ -374,7 +346,6 @@ class FSDPGuard:
                 "replica_checks": self.opt_steps if self.replicas.enabled else 0,
                 "optimizer_steps": self.opt_steps, "backwards": self.backwards,
                 "extra_forward_exchanges": self.extra_forward_exchanges,
-                "reduce_exchanges": self.reduce_exchanges,
                 "notes": dict(self.last_words.written) if self.last_words else {},
                 "nonfinite": self.cfg.nonfinite.value,
                 "canary": canary_summary(self.canary, self.canary_off)}
