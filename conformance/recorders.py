@@ -119,9 +119,9 @@ def strategy_layout(strategy: SyncStrategy) -> tuple | None:
     fn = getattr(strategy, "bucket_layout", None)
     if fn is not None:
         return tuple(sorted((int(i), tuple(names)) for i, names in fn()))
-    state = getattr(strategy, "state", None)
-    if state is not None and hasattr(state, "_records"):
-        return tuple(sorted((r.index, tuple(r.params)) for r in state._records))
+    state_layout = getattr(getattr(strategy, "state", None), "step_layout", None)
+    if state_layout is not None:
+        return tuple(sorted((i, tuple(names)) for i, names in state_layout()))
     engine = getattr(strategy, "engine", None)
     if engine is not None and getattr(engine, "last_plan", None) is not None:
         return tuple((f.index, tuple(f.names)) for f in engine.frames(engine.last_plan))

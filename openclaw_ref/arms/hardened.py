@@ -47,13 +47,11 @@ class Hardened(SyncStrategy):
         return self.state.policy
 
     def declare_failed(self, exc: BaseException, leaving: bool = False) -> None:
-        watchdog = getattr(getattr(self, "state", None), "watchdog", None)
-        if watchdog is not None:
-            watchdog.declare_failed(exc, leaving)
+        if hasattr(self, "state"):
+            self.state.declare_failed(exc, leaving)
 
     def known_failure(self) -> BaseException | None:
-        watchdog = getattr(getattr(self, "state", None), "watchdog", None)
-        return None if watchdog is None else watchdog.known_failure()
+        return self.state.known_failure() if hasattr(self, "state") else None
 
     def close(self, verify: bool = True) -> None:
         """Every replica slice compared once (the guard's close-time check), then closed."""

@@ -30,21 +30,19 @@ import warnings
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.torch_version import TorchVersion
 
 from openclaw_ref.sync.base import CANARY_EVERY, Guard, RankInfo, SyncConfig
 from openclaw_ref.sync.ddp.bucket_guard import harden_buckets
-from openclaw_ref.sync.ddp.harden_state import HardenState
 from openclaw_ref.sync.ddp.replicate import replicate_state, replicated
 from openclaw_ref.sync.ddp.step_guard import StepGuard
-from openclaw_ref.sync.ddp.step_setup import Unset, refuse_unsupported, register_wire
+from openclaw_ref.sync.ddp.step_setup import refuse_unsupported, register_wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence import checks
-from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
-from openclaw_ref.sync.target import HARDENED_MARK, bucket_sizes, validate_target
+from openclaw_ref.sync.guard import GuardBase
+from openclaw_ref.sync.target import bucket_sizes, validate_target
 
 # the oldest torch the FSDP2 adapter (fsdp/) is tested on: tox -e torch-floor-fsdp2
 FSDP2_FLOOR = (2, 12)
@@ -52,12 +50,11 @@ FSDP2_FLOOR = (2, 12)
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
-    from openclaw_ref.sync.fsdp.guard import FSDPGuard
 
 
 def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
            ctx: RankInfo | None = None, *, optimizer: torch.optim.Optimizer | None = None
-           ) -> HardenState | StepGuard | FSDPGuard:
+           ) -> GuardBase:
     """Make a DDP model's gradient sync verifiable; returns the state (see module docstring).
     An FSDP2 (``fully_shard``) root module gets ``fsdp.guard``'s guard (``optimizer``: its own).
 
@@ -100,8 +97,7 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
         from openclaw_ref.sync.fsdp.canary import fsdp_canary_for
         from openclaw_ref.sync.fsdp.guard import harden_fsdp
 
-        guard = harden_fsdp(ddp_model, cfg, optimizer,
-                            lambda guard: _watchdog(guard, cfg, ctx))
+        guard = harden_fsdp(ddp_model, cfg, optimizer, ctx)
         guard.canary = fsdp_canary_for(guard, every)
         guard.canary_off = canary_off
         return guard
@@ -122,16 +118,15 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     if cfg.guard is Guard.STEP:
         state = StepGuard(ddp_model, cfg, named, synchronized,
                           module=inner.module if inner is not None else None)
-        state.watchdog = _watchdog(state, cfg, ctx)
+        state.watch(ctx)
         register_wire(ddp_model, cfg)
         state.install(checks.required_gradient_names(module))
     else:
-        state = harden_buckets(ddp_model, cfg, lambda s: _watchdog(s, cfg, ctx), named,
+        state = harden_buckets(ddp_model, cfg, ctx, named,
                                synchronized)
     state.ledger.count_check(True)
     state.canary_off = canary_off
-    setattr(ddp_model, HARDENED_MARK, state)
-    state.handles.append(Unset(ddp_model, HARDENED_MARK))
+    state.mark(ddp_model)
     state.handles.append(register_optimizer_step_pre_hook(state.before_optimizer_step))
     if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
@@ -192,16 +187,3 @@ def _fsdp_hooks_found(model: FSDPModule) -> bool:
     from openclaw_ref.sync.fsdp.canary import hooks_found
 
     return hooks_found(model)
-
-
-def _watchdog(state: HardenState | StepGuard | FSDPGuard, cfg: SyncConfig, ctx: RankInfo | None
-              ) -> Watchdog:
-    """The state's hang watchdog, on ``ctx``'s store (the default store without one)."""
-    store = ctx.store if ctx is not None else dist.distributed_c10d._get_default_store()
-    report = ctx.report_fatal if ctx is not None else exit_fatal
-    global_rank = state.global_ranks[state.rank]
-    return Watchdog(store, state.rank, state.world_size, cfg.watchdog_s,
-                    namespace_for(store, global_rank, group_ranks=state.global_ranks),
-                    on_timeout=report, global_ranks=state.global_ranks,
-                    action=cfg.watchdog_action, events=state.events)
-

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -78,12 +78,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.base import RankInfo, SyncConfig
 from openclaw_ref.sync.ddp.harden_state import HardenState
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.averaged import AveragingWatch
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
-from openclaw_ref.sync.evidence.control_layout import NotIssued, joined_slot, unissued_slot
+from openclaw_ref.sync.evidence.control_layout import NotIssued, unissued_slot
 from openclaw_ref.sync.evidence.ledger import BucketRecord
 from openclaw_ref.sync.evidence.precision import (
     divide,
@@ -92,7 +92,6 @@ from openclaw_ref.sync.evidence.precision import (
     refuse_grad_scaler,
     to_wire,
 )
-from openclaw_ref.sync.evidence.watchdog import Watchdog
 
 
 def _in_backward() -> bool:
@@ -120,20 +119,12 @@ def hardened_hook(state: HardenState, bucket):  # no annotations: DDP rejects st
     in_place = _in_place(state, grads, last, exponent)
     if in_place:  # as PyTorch's allreduce_hook: divide and reduce DDP's own bucket
         wire = divide(grads, state.world_size, out=grads)
-        state._wires.pop(index, None)  # a last bucket before DDP's rebuild keeps no buffer
+        state.drop_wire(index)
     else:
         wire = state.wire_buffer(index, grads, _block_elements(state, grads) if last else 0)
         to_wire(grads, wire[:n], state.world_size, exponent, state.policy.loss_scaler)
     record = BucketRecord(index, names, n, None, wire[:n])
-    state._records.append(record)
-    if last:
-        state.attach_block(wire[n:])
-        state.close_step()
-    if state.on_cuda:
-        state._device_marks.append((index, state.device_mark()))
-    work = dist.all_reduce(wire, group=state.group, async_op=True)
-    if state.watchdog is not None:
-        state.watchdog.issued(state.clock, index, work)
+    work = state.reduce(record, wire, last)
     if in_place:
         record.done = work.get_future().then(lambda fut: fut.value()[0])
         return record.done
@@ -177,8 +168,7 @@ def _shadow_allreduce(state: HardenState, bucket):
     grads = bucket.buffer()
     n, last = grads.numel(), bucket.is_last()
     exponent = state.policy.exponent_for(state.rank)
-    state.block.add(joined_slot(), None)
-    state.shadow_buckets += 1
+    state.add_joined_slot()
     if _in_place(state, grads, last, exponent):
         wire = grads.zero_()
     else:
@@ -218,20 +208,14 @@ def _unissued_allreduce(state: HardenState, bucket, why: NotIssued,
         wire = state.wire_buffer(index, grads, _block_elements(state, grads) if last else 0)
         wire[:n].zero_()
     record = BucketRecord(index, names, n, None, wire[:n])
-    state._records.append(record)
-    if last:
-        state.attach_block(wire[n:])
-    work = dist.all_reduce(wire, group=state.group, async_op=True)
-    if state.watchdog is not None:
-        state.watchdog.issued(state.clock, index, work)
-    record.done = work.get_future()
+    record.done = state.reduce(record, wire, last, by_ddp=False).get_future()
 
 
 def _complete_unissued(state: HardenState, ddp_model: DDP,
                        why: NotIssued = NotIssued.STOPPED, concerned: Sequence[str] = ()) -> None:
     """The step's buckets this rank's DDP never issued (DDP issues them in index order, so the
     issued ones are a prefix), sent as zeros by ``_unissued_allreduce``."""
-    issued = {r.index for r in state._records}
+    issued = state.issued_buckets()
     for bucket in ddp_model.reducer._get_zeros_like_grad_buckets():
         if bucket.index() not in issued:
             _unissued_allreduce(state, bucket, why, concerned)
@@ -244,7 +228,7 @@ def _unissued_step(state: HardenState, ddp_model: DDP, why: NotIssued,
     buckets go as zeros marked "never issued", and the step is judged — the same error on every
     rank (``averaged.AveragingWatch``)."""
     _complete_unissued(state, ddp_model, why, concerned)
-    state._settle()
+    state.settle_step()
 
 
 def _presence_hook(present: set[int], key: int):
@@ -252,13 +236,12 @@ def _presence_hook(present: set[int], key: int):
     return lambda grad: present.add(key)
 
 
-def harden_buckets(ddp_model: DDP, cfg: SyncConfig,
-                   make_watchdog: Callable[[HardenState], Watchdog],
+def harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
                    named: list[tuple[str, nn.Parameter]],
                    synchronized: list[tuple[str, nn.Parameter]]) -> HardenState:
     """``Guard.BUCKET``: register ``hardened_hook`` and what it needs (module docstring)."""
     state = HardenState(cfg, ddp_model.process_group, named, synchronized)
-    state.watchdog = make_watchdog(state)
+    state.watch(ctx)
     try:
         ddp_model.register_comm_hook(state, hardened_hook)
     except BaseException:

@@ -1,7 +1,7 @@
-"""``HardenState``: what the hardened hook and its step check share, one per DDP model.
+"""``HardenState``: the per-bucket guard's state (``Guard.BUCKET``), one per DDP model.
 
-The hook path itself (``hardened.hardened_hook``) stays small and reads straight through; the
-state it calls into lives here: the step lifecycle (the clock every rank must agree on, the
+The hook path itself (``bucket_guard.hardened_hook``) stays small and reads straight through;
+the state it calls into lives here: the step lifecycle (the clock every rank must agree on, the
 ready-time origin, the end-of-backward settle that hands the step to ``ledger.Ledger``), the
 per-bucket caches the hook reuses from step to step (membership digests, wire buffers, the
 encoded pieces of its control-block slots), the replica slices digested into the step block,
@@ -11,7 +11,6 @@ gather of a step whose counted block fails its check (``ledger.CountedStep``).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
@@ -20,7 +19,6 @@ import torch.distributed as dist
 from torch import nn
 
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
-from openclaw_ref.sync.errors import CollectiveFailed, backend_message
 from openclaw_ref.sync.evidence.averaged import AveragingWatch
 from openclaw_ref.sync.evidence.canary import canary_summary
 from openclaw_ref.sync.evidence.control_counts import CountLayout
@@ -29,47 +27,40 @@ from openclaw_ref.sync.evidence.control_layout import (
     StepBlock,
     assemble_slot,
     clock_chunks,
+    joined_slot,
     membership_digest,
     slot_middle,
 )
 from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
-from openclaw_ref.sync.evidence.precision import ScalePolicy
-from openclaw_ref.sync.evidence.replica_close import check_watchdog, close_check
+from openclaw_ref.sync.evidence.precision import ScalePolicy, nonfinite_flags
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.evidence.watchdog import Watchdog
+from openclaw_ref.sync.guard import GuardBase
 
 
-class HardenState:
-    """Everything the hook and the step check share (one per DDP model).
+class HardenState(GuardBase):
+    """Everything the hook and the step check share (one per DDP model; the surface:
+    ``GuardBase``).
 
     Step lifecycle: the first bucket of a backward opens a step; the last one (``is_last()``)
-    queues ``_settle`` at the end of the graph task it fires in; ``_settle`` verifies the step,
-    resets the per-step state (presence, ready-time origin) and advances the clock.
+    queues ``settle_step`` at the end of the graph task it fires in; ``settle_step`` verifies
+    the step, resets the per-step state (presence, ready-time origin) and advances the clock.
     ``begin_step(n)`` only names the clock."""
 
     def __init__(self, cfg: SyncConfig, group, named: list[tuple[str, nn.Parameter]],
                  synchronized: list[tuple[str, nn.Parameter]] | None = None) -> None:
-        self.cfg = cfg
-        self.canary_off = ""  # why there is no canary (``hardening.canary_interval``)
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
-        self.global_ranks = dist.get_process_group_ranks(group)
+        super().__init__(cfg, group)
         self.policy = ScalePolicy.from_config(cfg)
-        self.named_parameters = named
+        self.tracked = named
         # what the replica check compares: the parameters DDP keeps equal (not those DDP was
         # told to ignore)
         self.synchronized = named if synchronized is None else synchronized
         self.names = {id(p): n for n, p in named}
-        self.watchdog: Watchdog | None = None
         self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
                              global_ranks=self.global_ranks,
                              raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE,
-                             params=[p for _, p in named])
-        self.events = self.ledger.events
+                             params=[p for _, p in named], events=self.events)
         self.required: set[int] = set()  # ids of parameters that must get a gradient every step
         self.present: set[int] = set()  # required parameters that got a local gradient
-        self.clock = 0
         self.step_t0 = time.perf_counter()
         self.shadow_buckets = 0  # buckets this rank sent as a joined rank (DDP.join())
         self._records: list[BucketRecord] = []
@@ -92,9 +83,6 @@ class HardenState:
                          or (cfg.verdict_at is VerdictAt.AUTO and self.on_cuda))
         self._device_t0 = None
         self._device_marks: list[tuple[int, object]] = []
-        self.handles: list = []  # the hooks harden() added (``RemovableHandle``), for close()
-        self.closed = False  # after close() the comm hook is a plain allreduce
-        self.failed = False  # the guard raised: no close-time check (``replica_close``)
         self.averaging: AveragingWatch | None = None  # were the gradients averaged? (harden())
         # sends the buckets this rank's DDP never issued this step (harden())
         self.complete_unissued: Callable[[], None] | None = None
@@ -157,20 +145,14 @@ class HardenState:
         """Write this rank's counts for the step (its slots, NaN flags and replica digest:
         ``control_counts``) into ``block`` (the last bucket's wire tail); the slots are kept
         for a failure gather. The step's block being set is what says DDP issued its last
-        bucket here (``_settle``)."""
+        bucket here (``settle_step``)."""
         layout = self.block_layout(block.dtype)
         slots = self.block.slots
-        flags = None
-        if self.block.flags:
-            sums = torch.stack(self.block.flags)
-            if sums.device.type == "cpu":  # already computed: reading it syncs nothing
-                flags = [not math.isfinite(v) for v in sums.tolist()]
-            else:  # NaN for NaN and ±inf, else 0: never read on the host here
-                flags = sums.sub_(sums)
+        flags = nonfinite_flags(self.block.flags, each=True) if self.block.flags else None
         replica = None
         if self.replicas.enabled:
             replica = self.replicas.digest_slice(self.clock)
-            self.ledger.replica_checks += 1
+            self.ledger.count_replica_slice()
         write_counts(block, layout, self.rank, slots, flags, replica)
         self.block.clear()
         self._sent = (slots, flags)
@@ -184,6 +166,43 @@ class HardenState:
 
     def _replica_error(self, rows: list[list[int]], active: list[int]):
         return self.replicas.divergence(rows, active, step=self.clock - 1)
+
+    def reduce(self, record: BucketRecord, wire: torch.Tensor, last: bool, *,
+               by_ddp: bool = True):
+        """Issue one bucket's allreduce of ``wire`` (its gradients, then at the last bucket the
+        step's counts: ``attach_block``), keeping its ``record`` for the step's verdict, and hand
+        the ``Work`` to the watchdog. ``by_ddp``: a bucket DDP issued (the hook), whose last
+        queues the step's verdict (``close_step``) and which, on CUDA, marks its ready time;
+        else one sent as zeros for a bucket DDP never issued."""
+        self._records.append(record)
+        if last:
+            self.attach_block(wire[record.elements:])
+            if by_ddp:
+                self.close_step()
+        if by_ddp and self.on_cuda:
+            self._device_marks.append((record.index, self.device_mark()))
+        work = dist.all_reduce(wire, group=self.group, async_op=True)
+        if self.watchdog is not None:
+            self.watchdog.issued(self.clock, record.index, work)
+        return work
+
+    def drop_wire(self, index: int) -> None:
+        """Bucket ``index`` is reduced in DDP's own buffer now: no wire buffer is kept for it
+        (a last bucket before DDP's rebuild)."""
+        self._wires.pop(index, None)
+
+    def add_joined_slot(self) -> None:
+        """A bucket this rank sends as a joined rank (``DDP.join()``): a slot that abstains."""
+        self.block.add(joined_slot(), None)
+        self.shadow_buckets += 1
+
+    def issued_buckets(self) -> set[int]:
+        """The buckets of this step issued so far."""
+        return {r.index for r in self._records}
+
+    def step_layout(self) -> list[tuple[int, list[str]]]:
+        """(bucket, members) of this step's buckets issued so far (before its verdict)."""
+        return [(r.index, list(r.params)) for r in self._records]
 
     def open_step(self, t: float) -> None:
         """A bucket of a backward: the first one starts the step's exposed-time clock."""
@@ -202,7 +221,7 @@ class HardenState:
         Deferred (``SyncConfig.verdict_at``): nothing is queued; the step is verified at the
         next ``before_optimizer_step``, ``finish_step``, ``begin_step`` or forward."""
         if not self.deferred:
-            torch.autograd.Variable._execution_engine.queue_callback(self._settle)
+            torch.autograd.Variable._execution_engine.queue_callback(self.settle_step)
 
     def before_optimizer_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step pre-hook (``harden()`` registers it for every optimizer): a step
@@ -210,7 +229,7 @@ class HardenState:
         optimizer applies anything; then a wire overflow that no loss scaler skipped has its
         gradients dropped (``Ledger`` step 5)."""
         if self._records:
-            self._settle()
+            self.settle_step()
         self.ledger.drop_pending()
 
     def progress(self) -> tuple[int, int]:
@@ -227,7 +246,7 @@ class HardenState:
         return event
 
     def _start_clock(self) -> None:
-        self.ledger.pending = False  # a new step: the last one's gradients are gone or used
+        self.ledger.new_step()
         self.step_t0 = time.perf_counter()
         self._device_t0 = self.device_mark()
         self._device_marks = []
@@ -235,19 +254,19 @@ class HardenState:
     def forward_started(self) -> None:
         """Forward pre-hook of the DDP model: the ready-time origin of the next step (a
         previous backward that never issued its last bucket is reported first)."""
-        check_watchdog(self)
+        self._check_watchdog()
         if self._records:
-            self._settle()
+            self.settle_step()
         self._start_clock()
 
     def begin_step(self, step: int) -> None:
         """Name the step (the clock every rank must agree on). A caller of this protocol reads
         each step's verdict from ``finish_step``, so a wire overflow's gradients are no longer
         dropped for it (``Ledger`` step 5)."""
-        check_watchdog(self)
+        self._check_watchdog()
         if self._records:
-            self._settle()
-        self.ledger.drop_overflowed = False
+            self.settle_step()
+        self.ledger.protocol_used()
         self.clock = step
         self._verdict = None
         self._start_clock()
@@ -255,13 +274,13 @@ class HardenState:
     def finish_step(self, step: int | None = None) -> bool:
         """The verdict of the step the last backward settled: False = every rank skips this
         optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
-        check_watchdog(self)
+        self._check_watchdog()
         if self._records:  # a backward that never issued DDP's last bucket
-            self._settle()
+            self.settle_step()
         verdict, self._verdict = self._verdict, None
         return True if verdict is None else verdict
 
-    def _settle(self) -> None:
+    def settle_step(self) -> None:
         if self._records and self._step_block is None and self.complete_unissued:
             # DDP never issued its last bucket here: the other ranks wait inside the first
             # bucket it skipped. Send the rest as zeros marked "never issued", so that every
@@ -280,19 +299,18 @@ class HardenState:
             self._verdict = self.ledger.settle(step, records, sync_ms=exposed, verify_started=t,
                                                counted=blocks)
         except Exception as exc:  # a failed collective: the watchdog's diagnosis, if it has one
-            self.failed = True
-            if self.watchdog is not None:
-                self.watchdog.check(exc)
-            failed = _failed_collective(records, step) if isinstance(exc, RuntimeError) else None
+            failed = _failed_bucket(records) if isinstance(exc, RuntimeError) else None
             if failed is None:
+                self._failed(exc)
                 raise
-            raise failed from exc
+            self._collective_failed(exc, step, cause=failed[1], bucket=failed[0])
         finally:
             if self.watchdog is not None:
                 self.watchdog.settled(step)
         if self._device_t0 is not None and self._device_marks:  # complete: settle synced
-            self.ledger.last["device_ready_ms"] = {
-                index: self._device_t0.elapsed_time(event) for index, event in self._device_marks}
+            self.ledger.note_device_ready(
+                {index: self._device_t0.elapsed_time(event)
+                 for index, event in self._device_marks})
             self._device_marks = []
 
     def held_bytes(self) -> int:
@@ -309,37 +327,23 @@ class HardenState:
                 "shadow_buckets": self.shadow_buckets,
                 "canary": canary_summary(None, self.canary_off)}
 
-    def close(self, verify: bool = True) -> None:
-        """Compare every replica slice once (``replica_close``: a collective, skipped after a
-        failure or with ``verify=False``), then stop checking — also when that check raises:
-        remove the hooks harden() added, stop the watchdog; the comm hook, which DDP cannot
-        unregister, becomes a plain allreduce. Idempotent. Keeps no reference to the DDP
-        model, so a model dropped after an error is freed (README "After an error")."""
-        try:
-            close_check(self, verify)
-        finally:
-            self._teardown()
-
-    def _teardown(self) -> None:
-        self.closed = True
+    def _release(self) -> None:
+        """At close: the comm hook, which DDP cannot unregister, becomes a plain allreduce
+        (``closed``); no reference to the DDP model is kept, so a model dropped after an error
+        is freed (docs/errors.md, "After a check fired")."""
         if self.averaging is not None:
             self.averaging.closed = True
         self.averaging = self.complete_unissued = None
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
         self._records = []
-        if self.watchdog is not None:
-            self.watchdog.close()
 
 
-def _failed_collective(records: list[BucketRecord], step: int) -> CollectiveFailed | None:
-    """The first bucket whose allreduce failed, as the backend reported it (None: none did)."""
+def _failed_bucket(records: list[BucketRecord]) -> tuple[int, RuntimeError] | None:
+    """The first bucket whose allreduce failed, and the backend's error (None: none did)."""
     for record in records:
         if record.done is None or not record.done.done():
             continue
         try:
             record.done.value()
         except RuntimeError as exc:
-            return CollectiveFailed(backend_message(exc), step=step, bucket=record.index)
+            return record.index, exc
     return None

@@ -58,7 +58,6 @@ from torch.utils._pytree import tree_leaves
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt, Wire
 from openclaw_ref.sync.ddp.step_setup import (
     JoinedExchange,
-    Unset,
     cuda_mark,
     exchange_block,
     exchange_layout,
@@ -66,7 +65,7 @@ from openclaw_ref.sync.ddp.step_setup import (
     send_unissued,
     why_unissued,
 )
-from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
+from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator
 from openclaw_ref.sync.evidence.canary import canary_for, canary_summary, step_digests
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
@@ -78,29 +77,24 @@ from openclaw_ref.sync.evidence.control_layout import (
 )
 from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.evidence.precision import ScalePolicy, finite_sum, nonfinite_flags
-from openclaw_ref.sync.evidence.replica_close import check_watchdog, close_check
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE, Watchdog
+from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE
+from openclaw_ref.sync.guard import GuardBase, Unset
 
 
-class StepGuard:
+class StepGuard(GuardBase):
     """One per hardened DDP model in step mode: the step lifecycle (module docstring), the
-    facts it gathers, and the statistics it reports. Public surface as ``HardenState``'s:
-    ``begin_step``, ``finish_step``, ``step_metrics``, ``summary``, ``events``, ``close``."""
+    facts it gathers, and the statistics it reports (the surface: ``GuardBase``)."""
 
     def __init__(self, ddp: DDP, cfg: SyncConfig, named: list[tuple[str, nn.Parameter]],
                  synchronized: list[tuple[str, nn.Parameter]],
                  module: nn.Module | None = None) -> None:
+        super().__init__(cfg, ddp.process_group)
         self.ddp = ddp
         # the module that is forwarded, and the one whose forward pre-hook means "through the
         # wrapper": DDP's module and DDP itself; both the user's module under replicate()
         self.module = module if module is not None else ddp.module
         self.entry = module if module is not None else ddp
-        self.cfg = cfg
-        self.group = ddp.process_group
-        self.rank = dist.get_rank(self.group)
-        self.world_size = dist.get_world_size(self.group)
-        self.global_ranks = dist.get_process_group_ranks(self.group)
         self.policy = ScalePolicy.from_config(cfg)
         self.synchronized = synchronized
         ignored = set(getattr(ddp, "parameters_to_ignore", ()))
@@ -111,8 +105,7 @@ class StepGuard:
         self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
                              global_ranks=self.global_ranks,
                              raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE,
-                             params=[p for _, p in named])
-        self.events = self.ledger.events
+                             params=[p for _, p in named], events=self.events)
         self.replicas = ReplicaSlices(synchronized, cfg.replica_slices)
         self.on_cuda = any(p.is_cuda for _, p in named)
         self.deferred = (cfg.verdict_at is VerdictAt.OPTIMIZER_STEP
@@ -123,11 +116,6 @@ class StepGuard:
         self.digest = membership_digest([(n, tuple(p.shape), str(p.dtype), 0, p.numel())
                                          for n, p in self.tracked])
         self.required: list[int] = []  # indices into ``tracked`` (``checks.required_…``)
-        self.watchdog: Watchdog | None = None
-        self.handles: list = []
-        self.closed = False
-        self.failed = False  # the guard raised: no close-time check (``replica_close``)
-        self.clock = 0
         self.step_t0 = time.perf_counter()
         self._device_t0 = self._device_ready = None  # CUDA events of the ready time
         self.present = bytearray(len(self.tracked))
@@ -141,7 +129,6 @@ class StepGuard:
         self._verdict: bool | None = None
         self.shadow_steps = 0
         self.canary = canary_for(self, cfg.canary_every or 0)  # the compute canary
-        self.canary_off = ""  # why there is no canary (``hardening.canary_interval``)
         self.digests = step_digests(self.replicas, self.canary)
 
     # -- registration (harden) ----------------------------------------------------------------
@@ -250,7 +237,7 @@ class StepGuard:
         replica = None
         if self.replicas.enabled:
             replica = self.replicas.digest_slice(self.clock)
-            self.ledger.replica_checks += 1
+            self.ledger.count_replica_slice()
         if self.canary is not None:
             replica = self.canary.fold(replica)
         write_counts(self.block, self.layout, self.rank, [slot], flags, replica)
@@ -282,14 +269,7 @@ class StepGuard:
             work.wait()
         except RuntimeError as exc:
             self._pending = None
-            self._fail(exc, self.clock)
-
-    def _fail(self, exc: RuntimeError, step: int) -> None:
-        """A failed collective: the watchdog's diagnosis if it has one, else the backend's."""
-        self.failed = True
-        if self.watchdog is not None:
-            self.watchdog.check(exc)
-        raise CollectiveFailed(backend_message(exc), step=step) from exc
+            self._collective_failed(exc, self.clock)
 
     def _unused_allowed(self) -> bool:
         """DDP completes a backward that leaves parameters without a gradient (it marks them
@@ -313,13 +293,13 @@ class StepGuard:
             if self.canary is not None:
                 self.canary.settled(step)
             if self._device_t0 is not None and self._device_ready is not None:  # synced
-                self.ledger.last["device_ready_ms"] = {
-                    "step": self._device_t0.elapsed_time(self._device_ready)}
+                self.ledger.note_device_ready(
+                    {"step": self._device_t0.elapsed_time(self._device_ready)})
         except ConsistencyError:
             self.failed = True
             raise
         except RuntimeError as exc:
-            self._fail(exc, step)
+            self._collective_failed(exc, step)
         finally:
             if self.watchdog is not None:
                 self.watchdog.settled(step)
@@ -351,7 +331,7 @@ class StepGuard:
 
     # -- the user's entry points -----------------------------------------------------------
     def _enter(self) -> None:
-        check_watchdog(self)
+        self._check_watchdog()
         self._settle()
 
     def before_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -361,7 +341,7 @@ class StepGuard:
 
     def begin_step(self, step: int) -> None:
         self._enter()
-        self.ledger.drop_overflowed = False
+        self.ledger.protocol_used()
         self.clock = step
         self._verdict = None
         self._start_clock()
@@ -384,22 +364,13 @@ class StepGuard:
                 "guard": self.cfg.guard.value, "shadow_steps": self.shadow_steps,
                 "canary": canary_summary(self.canary, self.canary_off)}
 
-    def close(self, verify: bool = True) -> None:
-        """Compare every replica slice once (``replica_close``: a collective, skipped after a
-        failure or with ``verify=False``), then remove what ``harden()`` added and stop the
-        watchdog, also when the check raises; idempotent. The wire (DDP's own reduction) is
-        untouched."""
-        try:
-            close_check(self, verify)
-        finally:
-            self._teardown()
+    def joining(self) -> bool:
+        """Inside ``Join([ddp])``: a joined rank would never reach a collective of every rank
+        outside DDP's own (the canary's broadcast)."""
+        config = getattr(self.ddp, "_join_config", None)
+        return bool(config is not None and config.enable)
 
-    def _teardown(self) -> None:
-        self.closed = True
+    def _release(self) -> None:
+        """At close: a pending step is dropped. The wire (DDP's own reduction) is untouched."""
         self._pending = None
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-        if self.watchdog is not None:
-            self.watchdog.close()
 

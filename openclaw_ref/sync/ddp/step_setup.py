@@ -40,17 +40,6 @@ def register_wire(ddp_model: DDP, cfg: SyncConfig) -> None:
 
 
 
-class Unset:
-    """A removable handle that deletes an instance attribute ``harden()`` set (the class's
-    own attribute shows through again)."""
-
-    def __init__(self, obj: object, name: str) -> None:
-        self.obj, self.name = obj, name
-
-    def remove(self) -> None:
-        self.obj.__dict__.pop(self.name, None)
-
-
 class JoinedExchange:
     """DDP's join hook, then the joined rank's slot of each step the others still run."""
 

@@ -54,6 +54,7 @@ from openclaw_ref.sync.evidence.canary_verdict import RERUNS, Finding, Outcome, 
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest, mix_int
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
 from openclaw_ref.sync.evidence.vote import TIE_WORDS, majority
+from openclaw_ref.sync.guard import GuardBase
 
 NONE, PROBED, UNBUILT = range(3)  # a rank's row status
 HEAD = 4  # status, capture step, owner, probe index
@@ -99,10 +100,10 @@ class ProbeCall:
 
 class Canary:
     """The canary of one step guard (module docstring). Reads the guard's ``clock``,
-    ``module``, ``tracked``, ``group``, ``rank``, ``world_size``, ``ddp``, ``events`` and
-    ``global_ranks``."""
+    ``module``, ``tracked``, ``group``, ``rank``, ``world_size``, ``events``, ``global_ranks``
+    and whether it is ``joining()``: any ``GuardBase``."""
 
-    def __init__(self, guard: Any, every: int) -> None:
+    def __init__(self, guard: GuardBase, every: int) -> None:
         self.guard = guard
         self.every = every
         self.mode = Mode.BITWISE
@@ -215,7 +216,7 @@ class Canary:
         a capture step, the fingerprints once, then share the owner's slice."""
         if step == self._compare_at and self._compare_tolerant:
             self._compare_within_tolerance(step)  # also on a rank whose probe just failed
-        if not self.on or step % self.every or _joining(self.guard.ddp):
+        if not self.on or step % self.every or self.guard.joining():
             return
         device = checks.collective_device(self.guard.group, self.device)
         if not self._fingerprinted:
@@ -479,12 +480,6 @@ def _marked(combined: int | torch.Tensor, status: int) -> int | torch.Tensor:
     return combined ^ mark
 
 
-def _joining(ddp: Any) -> bool:
-    """Inside ``Join([ddp])``: a joined rank would never reach the canary's broadcast."""
-    config = getattr(ddp, "_join_config", None)
-    return bool(config is not None and config.enable)
-
-
 def canary_summary(canary: Canary | None, off: str) -> dict:
     """A guard's ``summary()['canary']``: the canary's own, or why there is none (``off``:
     ``hardening.canary_interval``'s reason)."""
@@ -493,7 +488,7 @@ def canary_summary(canary: Canary | None, off: str) -> dict:
     return {"every": 0, "mode": Mode.OFF.value, "why": off or "off", "probes": 0}
 
 
-def canary_for(guard: Any, every: int) -> Canary | None:
+def canary_for(guard: GuardBase, every: int) -> Canary | None:
     """The guard's canary, or None when ``every`` is 0 (off) or nothing is tracked."""
     return Canary(guard, every) if every > 0 and guard.tracked else None
 

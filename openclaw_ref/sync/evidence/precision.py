@@ -247,13 +247,19 @@ class OverflowStats:
         }
 
 
-def nonfinite_flags(sums: list[torch.Tensor]) -> list[bool] | torch.Tensor:
+def nonfinite_flags(sums: list[torch.Tensor], *, each: bool = False
+                    ) -> list[bool] | torch.Tensor:
     """A rank's non-finite flag from the sums of its own gradients (``finite_sum``): NaN or
-    ±inf iff one gradient is. Read on the host on a CPU (already there); on a device, a
-    one-element tensor, so that no host sync is added."""
+    ±inf iff one gradient is — one flag for all the sums, or with ``each`` one per sum (the
+    per-bucket guard's buckets). Read on the host on a CPU (already there, so reading syncs
+    nothing); on a device left there, so that no host sync is added: a tensor, non-zero (with
+    ``each``: NaN) where a flag is set."""
     if not sums:
         return [False]
     total = torch.stack(sums)
     if total.device.type == "cpu":
-        return [not all(math.isfinite(v) for v in total.tolist())]
+        values = [not math.isfinite(v) for v in total.tolist()]
+        return values if each else [any(values)]
+    if each:
+        return total.sub_(total)  # NaN for NaN and ±inf, else 0
     return (~torch.isfinite(total)).any().to(torch.float32).reshape(1)

@@ -46,10 +46,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from openclaw_ref.sync.errors import ComputeMismatch
-from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.canary import Canary, ProbeCall
 from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe
 from openclaw_ref.sync.fsdp.canary_units import UnitGather, full_value
+from openclaw_ref.sync.fsdp.guard import FSDPGuard
 
 _HANDLES = ("_pre_forward_hook_handle", "_post_forward_hook_handle")
 
@@ -96,29 +96,16 @@ def hidden_fsdp_hooks(model: nn.Module) -> Iterator[None]:
             hooks.update(added)
 
 
-class _GuardView:
-    """The FSDP guard as ``Canary`` reads a guard: the clock is its optimizer steps."""
-
-    ddp = None
-
-    def __init__(self, guard: Any) -> None:
-        self.fsdp = guard
-        self.module, self.tracked, self.group = guard.model, guard.tracked, guard.group
-        self.rank, self.world_size = guard.rank, guard.world_size
-        self.events, self.global_ranks = guard.events, guard.global_ranks
-
-    @property
-    def clock(self) -> int:
-        return self.fsdp.opt_steps
-
-
 class FSDPCanary(Canary):
-    """The canary of one FSDP guard (module docstring)."""
+    """The canary of one FSDP guard (module docstring); the guard's clock is its optimizer
+    steps."""
 
-    def __init__(self, guard: Any, every: int) -> None:
-        super().__init__(_GuardView(guard), every)
-        self._seen = guard.opt_steps
-        self.units = UnitGather(guard.model)  # one unit's parameters gathered at a time
+    guard: FSDPGuard
+
+    def __init__(self, guard: FSDPGuard, every: int) -> None:
+        super().__init__(guard, every)
+        self._seen = guard.clock
+        self.units = UnitGather(guard.module)  # one unit's parameters gathered at a time
 
     def install(self) -> list[Any]:
         """The forward pre-hook, ahead of FSDP2's (and of the guard's, if installed later),
@@ -143,26 +130,24 @@ class FSDPCanary(Canary):
     def _after_exchange(self, optimizer, args, kwargs) -> None:
         """After the guard's step exchange passed (its optimizer-step count moved): compare
         the probe due at that step, then settle it (the next capture's broadcast)."""
-        guard = self.guard.fsdp
-        if guard.closed or guard.opt_steps == self._seen:
+        guard = self.guard
+        if guard.closed or guard.clock == self._seen:
             return  # another optimizer, or the guard's exchange did not run
-        self._seen = guard.opt_steps
-        step = guard.opt_steps - 1
+        self._seen = guard.clock
+        step = guard.clock - 1
         try:
             if step == self._compare_at and not self._compare_tolerant:  # bitwise: this row
                 self.fold(None)  # the probe's row is sent once
-                row = torch.tensor(self.gather_row(), dtype=torch.int64, device=(
-                    checks.collective_device(self.guard.group, self.device)))
-                rows = checks.gather_rows(row, self.guard.group).tolist()
-                error = self.divergence(rows, list(range(self.guard.world_size)), step=step)
+                rows = self._gather(torch.tensor(self.gather_row(), dtype=torch.int64))
+                error = self.divergence(rows, list(range(guard.world_size)), step=step)
                 if error is not None:
-                    raise error.renumbered(self.guard.global_ranks)
+                    raise error.renumbered(guard.global_ranks)
             self.settled(step)  # under the tolerance, the compare is there
         except ComputeMismatch as error:
-            guard._raise(error)
+            guard.fail(error)
 
 
-def fsdp_canary_for(guard: Any, every: int) -> FSDPCanary | None:
+def fsdp_canary_for(guard: FSDPGuard, every: int) -> FSDPCanary | None:
     """The FSDP guard's canary, installed; None when ``every`` is 0 (off) or nothing is
     tracked."""
     if every <= 0 or not guard.tracked:

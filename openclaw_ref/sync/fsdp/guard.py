@@ -33,8 +33,12 @@ Hook points, per rank (torch 2.13, measured in ``docs/fsdp2.md``):
      same collective, and is named — before its all-gathers pair with their next step's;
   6. ``load_state_dict`` post-hooks on every module (``hooks.LoadCounter``);
   7. ``close()`` on HSDP: every shard compared once more across its replicas
-     (``close``, as the DDP guards' ``replica_close``), so a drift after the last
-     digested slice is not lost when the run ends.
+     (``close``: ``GuardBase``'s close-time check over the whole mesh), so a drift after the
+     last digested slice is not lost when the run ends.
+
+The guard's ``clock`` is its optimizer steps (the step every rank must agree on); what the
+notes compare (``last_words.Clock``: optimizer steps, backwards, groups syncing) is
+``position()``.
 
 Invariant: every rank issues the same exchanges in the same order unless its clock differs,
 and then the first exchange where it differs is one its peers issue too (2, 4 or 5), so the
@@ -43,10 +47,9 @@ mismatch is raised on every rank instead of gloo aborting a process or timing ou
 
 from __future__ import annotations
 
-import math
 import sys
 from collections import Counter
-from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -55,15 +58,14 @@ from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
-from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig
-from openclaw_ref.sync.ddp.step_setup import Unset
-from openclaw_ref.sync.errors import CollectiveFailed, ConsistencyError, backend_message
+from openclaw_ref.sync.base import NonFinitePolicy, RankInfo, SyncConfig
+from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.canary import canary_summary
-from openclaw_ref.sync.evidence.replica_close import check_watchdog
+from openclaw_ref.sync.evidence.precision import nonfinite_flags
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE, Watchdog
-from openclaw_ref.sync.fsdp import close as fsdp_close
+from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE
+from openclaw_ref.sync.fsdp.close import close_replica_check
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge, reduced_digest
 from openclaw_ref.sync.fsdp.hooks import (
     CheckedAllGather,
@@ -74,35 +76,32 @@ from openclaw_ref.sync.fsdp.hooks import (
 from openclaw_ref.sync.fsdp.last_words import Clock, GroupPlan, LastWords, group_plan
 from openclaw_ref.sync.fsdp.mesh import exchange_group, policy_manifest, replica_coordinate
 from openclaw_ref.sync.fsdp.scale import ScaleRecord, to_bits, tolerance, unit_roundoff
-from openclaw_ref.sync.target import HARDENED_MARK, validate_fsdp_target
+from openclaw_ref.sync.guard import GuardBase
+from openclaw_ref.sync.target import validate_fsdp_target
 
 
 def harden_fsdp(model: FSDPModule, cfg: SyncConfig, optimizer: torch.optim.Optimizer | None,
-                make_watchdog: Callable[[FSDPGuard], Watchdog]) -> FSDPGuard:
+                ctx: RankInfo | None) -> FSDPGuard:
     """``harden()`` for an FSDP2 root module: refuse what cannot be guarded (before anything is
     registered or any collective), compare the parameter manifests (names, global shapes,
     dtypes, order: one all-gather of a digest), then register the hooks."""
     validate_fsdp_target(model, cfg)
     guard = FSDPGuard(model, cfg, optimizer)
     checks.construction_check(guard.manifest(), group=guard.group)
-    guard.watchdog = make_watchdog(guard)
+    guard.watch(ctx)
     guard.install()
-    setattr(model, HARDENED_MARK, guard)
-    guard.handles.append(Unset(model, HARDENED_MARK))
+    guard.mark(model)
     return guard
 
 
-class FSDPGuard:
-    """One per hardened FSDP2 root module; public surface as ``StepGuard``'s where it applies:
-    ``summary``, ``events``, ``close``, ``step_metrics``, ``begin_step``/``finish_step``."""
+class FSDPGuard(GuardBase):
+    """One per hardened FSDP2 root module (the surface: ``GuardBase``; ``finish_step`` is
+    always True: the verdict is read at the optimizer step's pre-hook)."""
 
     def __init__(self, model: FSDPModule, cfg: SyncConfig,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
-        self.model, self.cfg, self.optimizer = model, cfg, optimizer
-        self.group = exchange_group(model)
-        self.rank = dist.get_rank(self.group)
-        self.world_size = dist.get_world_size(self.group)
-        self.global_ranks = dist.get_process_group_ranks(self.group)
+        super().__init__(cfg, exchange_group(model))
+        self.module, self.optimizer = model, optimizer
         self.tracked = [(n, p) for n, p in model.named_parameters()
                         if p.requires_grad and isinstance(p, DTensor)]
         self.names = [n for n, _ in self.tracked]
@@ -117,15 +116,10 @@ class FSDPGuard:
         self.scale_tol = tolerance(u)
         self.loads: LoadCounter | None = None
         self.local_sums: list[torch.Tensor] = []
-        self.backwards = self.opt_steps = self.backwards_at_step = 0
+        self.backwards = self.backwards_at_step = 0
         self.block = torch.zeros(self.world_size, len(Field), dtype=torch.int64)
-        self.events, self.handles = [], []
-        self.watchdog: Watchdog | None = None
         self.last_words: LastWords | None = None
-        self.canary = None  # the compute canary (``fsdp.canary``), set by ``harden``
-        self.canary_off = ""  # why there is none (``hardening.canary_interval``)
         self._fsdp_groups: list = []  # every FSDP param group (``reduce_grads``: syncing)
-        self.closed = self.failed = False
         self.exchanges = self.passed = self.extra_forward_exchanges = 0
         self._task = -2
 
@@ -134,19 +128,19 @@ class FSDPGuard:
         """Register the hooks of the module docstring (1-5); every one is undone by ``close``."""
         for i, (_, p) in enumerate(self.tracked):
             self.handles.append(p.register_post_accumulate_grad_hook(self._reduced(i)))
-        self.loads = LoadCounter(self.model)
+        self.loads = LoadCounter(self.module)
         self.handles.append(self.loads)
         plans: list[GroupPlan] = []
-        for name, module in self.model.named_modules():
+        for name, module in self.module.named_modules():
             if isinstance(module, FSDPModule):
                 self._fsdp_groups += module._get_fsdp_state()._fsdp_param_groups
                 self._wrap_comms(name, module, plans)
         if self.watchdog is not None:
             self.last_words = LastWords(self.watchdog.store, self.watchdog.namespace, self.rank,
                                         self.global_ranks, plans, len(self._fsdp_groups))
-        self.handles.append(self.model.register_forward_pre_hook(self._forward_pre,
+        self.handles.append(self.module.register_forward_pre_hook(self._forward_pre,
                                                                  prepend=True))
-        self.handles.append(self.model.register_forward_hook(self._forward_post))
+        self.handles.append(self.module.register_forward_hook(self._forward_post))
         self.handles.append(register_optimizer_step_pre_hook(self._optimizer_step))
 
     def _wrap_comms(self, name: str, module: FSDPModule, plans: list[GroupPlan]) -> None:
@@ -158,9 +152,9 @@ class FSDPGuard:
         reduce_scatter = CheckedReduceScatter(
             groups[0]._reduce_scatter_comm, self.local_sums,
             lambda numel: self._before_reduce_scatter(index, numel),
-            lambda numel: self._collective_failed(index, numel), self._watch(index))
+            lambda numel: self._explain_failure(index, numel), self._watch(index))
         all_gather = CheckedAllGather(groups[0]._all_gather_comm,
-                                      lambda: self._collective_failed(None, None),
+                                      lambda: self._explain_failure(None, None),
                                       self._watch(None))
         module.set_custom_reduce_scatter(reduce_scatter)
         module.set_custom_all_gather(all_gather)
@@ -169,22 +163,22 @@ class FSDPGuard:
     def _before_reduce_scatter(self, index: int, numel: int) -> None:
         """Before FSDP2's own collective: the short note (``last_words``)."""
         if not self.closed and self.last_words is not None:
-            self.last_words.before_reduce_scatter(index, numel, self.clock)
+            self.last_words.before_reduce_scatter(index, numel, self.position)
 
     def _watch(self, index: int | None):
         """A wrapper's collective for the watchdog: overdue, explained as a failed one."""
         return None if self.watchdog is None else lambda work, numel: self.watchdog.outside.add(
-            work, lambda: self._collective_failed(index, numel, hung=True))
+            work, lambda: self._explain_failure(index, numel, hung=True))
 
-    def _collective_failed(self, index: int | None, numel: int | None, *, hung: bool = False
-                           ) -> ConsistencyError | None:
+    def _explain_failure(self, index: int | None, numel: int | None, *, hung: bool = False
+                         ) -> ConsistencyError | None:
         """FSDP2's reduce-scatter of group ``index`` (or an all-gather: None) failed on this rank,
         or waited the watchdog's deadline (``hung``): what the notes show (``last_words``),
         reported at once and left for the peers, or None (gloo's error stands)."""
         self.failed = self.failed or not hung
         if self.last_words is None or self.closed:
             return None
-        error = self.last_words.diagnose(self.clock(), index, numel)
+        error = self.last_words.diagnose(self.position(), index, numel)
         if error is not None:
             self.failed = True
             self.events.append(error.event())
@@ -192,9 +186,11 @@ class FSDPGuard:
             self.watchdog.declare_failed(error)
         return error
 
-    def clock(self) -> Clock:
+    def position(self) -> Clock:
+        """Where this rank is, as the notes compare it: optimizer steps, backwards, and the
+        FSDP groups whose gradient sync is on."""
         syncing = sum(bool(group.reduce_grads) for group in self._fsdp_groups)
-        return Clock(self.opt_steps, self.backwards, syncing)
+        return Clock(self.clock, self.backwards, syncing)
 
     def _reduced(self, i: int):
         """Parameter ``i``'s post-accumulate-grad hook: FSDP2 runs it once per reduction of its
@@ -213,7 +209,7 @@ class FSDPGuard:
         (module docstring, 5), and a watchdog diagnosis left from the last exchange."""
         if self.closed or not torch.is_grad_enabled():
             return
-        check_watchdog(self)
+        self._check_watchdog()
         if any(self.counts):  # a reduced backward, and no optimizer step since
             self.extra_forward_exchanges += 1
             self._exchange(Exchange.EXTRA_FORWARD, None, True)
@@ -235,7 +231,7 @@ class FSDPGuard:
             if self.closed:
                 return
             if self.last_words is not None:
-                self.last_words.backward_started(self.clock())
+                self.last_words.backward_started(self.position())
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         """The step's exchange, for the model's optimizer: the one passed to ``harden``, or
@@ -248,7 +244,7 @@ class FSDPGuard:
         if not owns and not (self.optimizer is not None or self._shaped_like_model(held)):
             return  # another model's optimizer
         self._exchange(Exchange.OPTIMIZER_STEP, optimizer, owns)
-        self.opt_steps += 1
+        self.clock += 1
         self.backwards_at_step = self.backwards
         self.counts[:] = [0] * len(self.counts)
         self.scales.clear()
@@ -261,12 +257,12 @@ class FSDPGuard:
     def _row(self, kind: Exchange, optimizer, owns: bool) -> list[int]:
         row = [0] * len(Field)
         row[Field.KIND] = kind
-        row[Field.OPT_STEPS] = self.opt_steps
+        row[Field.OPT_STEPS] = self.clock
         row[Field.BACKWARDS] = self.backwards
         row[Field.REDUCED] = reduced_digest(self.names, self.counts)
         row[Field.NOT_REDUCED] = int(self.backwards > self.backwards_at_step
                                      and not any(self.counts))
-        row[Field.NONFINITE] = int(self._nonfinite())
+        row[Field.NONFINITE] = int(nonfinite_flags(self.local_sums)[0])
         row[Field.OPT_OWNS] = int(owns)
         row[Field.HYPER] = hyper_digest(optimizer) if optimizer is not None else 0
         row[Field.LOADS] = self.loads.count if self.loads is not None else 0
@@ -278,11 +274,11 @@ class FSDPGuard:
         if kind is Exchange.OPTIMIZER_STEP and self.replicas.enabled:
             self.replicas.named = self._local_shards()  # FSDP2 may re-seat them (lazy init)
             row[Field.REPLICA_OF] = self.replica_of
-            row[Field.REPLICA] = int(self.replicas.digest_slice(self.opt_steps))
+            row[Field.REPLICA] = int(self.replicas.digest_slice(self.clock))
         return row
 
     def manifest(self) -> list[tuple[str, torch.Tensor]]:
-        return policy_manifest(self.model, self.tracked)
+        return policy_manifest(self.module, self.tracked)
 
     def _local_shards(self) -> list[tuple[str, torch.Tensor]]:
         """This rank's shard of every guarded parameter, as plain tensors (HSDP: equal on the
@@ -290,26 +286,18 @@ class FSDPGuard:
         with torch.no_grad():
             return [(n, p.to_local().detach()) for n, p in self.tracked]
 
-    def _nonfinite(self) -> bool:
-        if not self.local_sums:
-            return False
-        return not all(math.isfinite(v) for v in torch.stack(self.local_sums).tolist())
-
     def _exchange(self, kind: Exchange, optimizer, owns: bool) -> None:
         """Send this rank's row, wait (under the watchdog and the group's timeout), judge."""
         self.block.zero_()
         self.block[self.rank] = torch.tensor(self._row(kind, optimizer, owns))
-        step = self.opt_steps
+        step = self.clock
         work = dist.all_reduce(self.block, group=self.group, async_op=True)
         if self.watchdog is not None:
             self.watchdog.issued(step, STEP_EXCHANGE, work)
         try:
             work.wait()
         except RuntimeError as exc:
-            self.failed = True
-            if self.watchdog is not None:
-                self.watchdog.check(exc)
-            raise CollectiveFailed(backend_message(exc), step=step) from exc
+            self._collective_failed(exc, step)
         finally:
             if self.watchdog is not None:
                 self.watchdog.settled(step)
@@ -319,17 +307,19 @@ class FSDPGuard:
                               max(self.replicas.k, 1), self.scale_tol)
         self.events.extend(events)
         if error is not None:
-            self._raise(error)
+            self.fail(error)
         self.passed += 1
 
-    def _raise(self, error: ConsistencyError) -> None:
+    def fail(self, error: ConsistencyError) -> NoReturn:
+        """Raise ``error``, a check of this guard's (its canary's too), as the guard's own:
+        recorded as an event, and no close-time check after it."""
         self.failed = True
         self.events.append(error.event())
         raise error
 
     # -- the user's entry points (as the DDP guard's) --------------------------------------------
     def begin_step(self, step: int) -> None:
-        check_watchdog(self)
+        self._check_watchdog()
 
     def finish_step(self, step: int | None = None) -> bool:
         return True
@@ -341,33 +331,20 @@ class FSDPGuard:
         return self.block.numel() * self.block.element_size()
 
     def summary(self) -> dict:
-        return {"guard": self.cfg.guard.value, "wrapper": type(self.model).__name__,
+        return {"guard": self.cfg.guard.value, "wrapper": type(self.module).__name__,
                 "checks_run": self.exchanges, "checks_passed": self.passed,
-                "replica_checks": self.opt_steps if self.replicas.enabled else 0,
-                "optimizer_steps": self.opt_steps, "backwards": self.backwards,
+                "replica_checks": self.clock if self.replicas.enabled else 0,
+                "optimizer_steps": self.clock, "backwards": self.backwards,
                 "extra_forward_exchanges": self.extra_forward_exchanges,
                 "notes": dict(self.last_words.written) if self.last_words else {},
                 "nonfinite": self.cfg.nonfinite.value,
                 "canary": canary_summary(self.canary, self.canary_off)}
 
-    def close(self, verify: bool = True) -> None:
-        """On HSDP, compare every replica slice once more across the replica dimension (module
-        docstring, 7: a collective, skipped after a failure, while an exception propagates, or
-        with ``verify=False``); then remove every hook, put FSDP2's own reduce-scatter comm
-        back and stop the watchdog, also when the check raises; idempotent."""
-        try:
-            if fsdp_close.due(self, verify):
-                fsdp_close.close_replica_check(self)
-        finally:
-            self._teardown()
-
-    def _teardown(self) -> None:
-        self.closed = True
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-        if self.watchdog is not None:
-            self.watchdog.close()
+    def _verify_replicas(self) -> None:
+        """On HSDP, every shard compared once more across its replicas, over the whole mesh
+        (module docstring, 7); ``GuardBase.close`` runs it where due, then the teardown puts
+        FSDP2's own comms back."""
+        close_replica_check(self, self._local_shards(), self.replica_of)
 
 
 def _local_grad(p: torch.Tensor) -> torch.Tensor | None:
