@@ -14,7 +14,7 @@ from torch import nn
 
 from openclaw_ref.sync.base import CANARY_EVERY, SyncConfig
 from openclaw_ref.sync.errors import BadInput, ComputeMismatch
-from openclaw_ref.sync.evidence.canary import STRIKES, Canary, CanaryEvent, Mode
+from openclaw_ref.sync.evidence.canary import Canary
 from openclaw_ref.sync.evidence.canary_fingerprint import (
     FIELD_BYTES,
     FIELDS,
@@ -25,6 +25,7 @@ from openclaw_ref.sync.evidence.canary_fingerprint import (
 )
 from openclaw_ref.sync.evidence.canary_input import _decode, _describe, capture
 from openclaw_ref.sync.evidence.canary_probe import cotangent_like, run_probe
+from openclaw_ref.sync.evidence.canary_row import STRIKES, CanaryEvent, Mode
 from openclaw_ref.sync.evidence.canary_tolerance import RTOL, RTOL_LOW, distance, off_ranks
 from openclaw_ref.sync.evidence.canary_verdict import Finding, Outcome, Run, classify
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest

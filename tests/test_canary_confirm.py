@@ -29,7 +29,7 @@ from openclaw_ref.experiments.canary_confirm import (
     confirm_cases_task,
 )
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.evidence.canary import STRIKES, CanaryEvent
+from openclaw_ref.sync.evidence.canary_row import STRIKES, CanaryEvent
 from openclaw_ref.sync.hardening import harden
 
 K = 2

@@ -19,8 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from openclaw_ref.core.sdc_faults import FaultyMatmul, entered, sdc_model
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.canary import CanaryEvent
 from openclaw_ref.sync.evidence.canary_probe import run_probe
+from openclaw_ref.sync.evidence.canary_row import CanaryEvent
 from openclaw_ref.sync.evidence.canary_tolerance import RTOL, distance
 from openclaw_ref.sync.hardening import harden
 

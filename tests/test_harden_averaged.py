@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.errors import GradientsNotAveraged
-from openclaw_ref.sync.evidence.canary import CanaryEvent
+from openclaw_ref.sync.evidence.canary_row import CanaryEvent
 from openclaw_ref.sync.hardening import harden
 
 STEPS = 4

@@ -41,10 +41,12 @@ from openclaw_ref.sync.base import RankInfo
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.control_layout import encode_slot
+from openclaw_ref.sync.evidence.heartbeat import namespace_for
+from openclaw_ref.sync.evidence.job_end import exit_fatal
 from openclaw_ref.sync.evidence.ledger import BucketRecord
 from openclaw_ref.sync.evidence.precision import ScalePolicy, finite_sum, from_wire, to_wire
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
-from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
+from openclaw_ref.sync.evidence.watchdog import Watchdog
 
 
 def has_nonfinite(t: torch.Tensor) -> torch.Tensor:

@@ -40,8 +40,10 @@ from openclaw_ref.sync.errors import (
     backend_message,
 )
 from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.evidence.heartbeat import namespace_for
+from openclaw_ref.sync.evidence.job_end import exit_fatal
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.evidence.watchdog import Watchdog, exit_fatal, namespace_for
+from openclaw_ref.sync.evidence.watchdog import Watchdog
 from openclaw_ref.sync.target import HARDENED_MARK
 
 NOT_RUN = "CloseCheckNotRun"  # Event kind: the close-time gather failed (a peer gone)

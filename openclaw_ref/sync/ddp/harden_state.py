@@ -20,7 +20,7 @@ from torch import nn
 
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
 from openclaw_ref.sync.evidence.averaged import AveragingWatch
-from openclaw_ref.sync.evidence.canary import canary_summary
+from openclaw_ref.sync.evidence.canary_row import canary_summary
 from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (

@@ -67,7 +67,8 @@ from openclaw_ref.sync.ddp.step_setup import (
 )
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator
-from openclaw_ref.sync.evidence.canary import canary_for, canary_summary, step_digests
+from openclaw_ref.sync.evidence.canary import canary_for
+from openclaw_ref.sync.evidence.canary_row import canary_summary, step_digests
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
     encode_slot,
@@ -75,10 +76,10 @@ from openclaw_ref.sync.evidence.control_layout import (
     membership_digest,
     unissued_slot,
 )
+from openclaw_ref.sync.evidence.heartbeat import STEP_EXCHANGE
 from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
 from openclaw_ref.sync.evidence.precision import ScalePolicy, finite_sum, nonfinite_flags
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE
 from openclaw_ref.sync.guard import GuardBase, Unset
 
 

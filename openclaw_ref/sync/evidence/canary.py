@@ -35,67 +35,45 @@ honest non-determinism looks like — is reported, never raised.
 
 from __future__ import annotations
 
-import enum
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from openclaw_ref.sync.errors import ComputeMismatch, ConsistencyError, Event
-from openclaw_ref.sync.evidence import checks
+from openclaw_ref.sync.errors import ComputeMismatch, Event
+from openclaw_ref.sync.evidence import canary_row, canary_verdict, checks
 from openclaw_ref.sync.evidence.canary_fingerprint import exchange, local_fingerprint, unequal
 from openclaw_ref.sync.evidence.canary_input import ProbeInput, capture, rebuild, share
 from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe, unwrapped
+from openclaw_ref.sync.evidence.canary_row import (
+    FORWARD_REPLACED,
+    HEAD,
+    LOW_FLAG,
+    NONE,
+    OTHER_PATHS,
+    PROBED,
+    PROBED_FLAG,
+    SEED0,
+    STRIKES,
+    UNBUILT,
+    UNPROBED,
+    WIDEN,
+    CanaryEvent,
+    Mode,
+    ProbeCall,
+)
 from openclaw_ref.sync.evidence.canary_tolerance import off_ranks, tolerance
-from openclaw_ref.sync.evidence.canary_verdict import RERUNS, Finding, Outcome, Run, classify
-from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest, mix_int
-from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.evidence.vote import TIE_WORDS, majority
+from openclaw_ref.sync.evidence.canary_verdict import (
+    RERUNS,
+    Finding,
+    Outcome,
+    classify,
+)
+from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
+from openclaw_ref.sync.evidence.vote import majority
 from openclaw_ref.sync.guard import GuardBase
-
-NONE, PROBED, UNBUILT = range(3)  # a rank's row status
-HEAD = 4  # status, capture step, owner, probe index
-STRIKES = 3  # one-offs beyond the tolerance on one rank, none elsewhere, that raise
-WIDEN = 10.0  # the tolerance's factor when the job's noise exceeds it on several ranks
-_SEED0 = 0x0C1A5
-_MASK64 = (1 << 64) - 1
-
-
-# why the canary turns itself off (``Canary._off``), the same words on every rank
-FORWARD_REPLACED = ("the module's forward is not the one it had at hardening (Lightning "
-                    "replaces it with training_step for each call), which the probe cannot run "
-                    "without the step's side effects")
-UNPROBED = ("could not run the probe on the shared input (its call's arguments have another "
-            "structure there, or the probe raised: that rank's warning says what)")
-OTHER_PATHS = ("the ranks' forwards took different paths on the same probe input (other "
-               "parameters got a gradient): the forward depends on rank-local code or state, "
-               "such as a per-rank attribute choosing a branch, which the probe cannot replay")
-
-
-class CanaryEvent(enum.StrEnum):
-    UNREPRODUCIBLE = "CanaryUnreproducible"  # bitwise no longer holds: the tolerance now
-    TRANSIENT = "CanaryTransient"  # a one-off result on one rank
-    UNAVAILABLE = "CanaryUnavailable"  # the canary is off
-
-
-class Mode(enum.StrEnum):
-    BITWISE = "bitwise"
-    TOLERANCE = "tolerance"
-    OFF = "off"
-
-
-@dataclass
-class ProbeCall:
-    """What a probe ran on, kept until its compare so that it can be re-run exactly: the
-    input, the seed, and the buffers as they were (the step's forward updates BatchNorm's)."""
-
-    args: tuple
-    kwargs: dict
-    seed: int
-    buffers: dict[str, torch.Tensor]
 
 
 class Canary:
@@ -182,7 +160,7 @@ class Canary:
             args, kwargs = self._input
             buffers = {n: b.detach().clone()
                        for n, b in unwrapped(self.guard.module).named_buffers()}
-            call = ProbeCall(args, kwargs, _SEED0 + self.probes, buffers)
+            call = ProbeCall(args, kwargs, SEED0 + self.probes, buffers)
             try:
                 self._run0, self._call = self._execute(call), call
                 self.held_bytes = max(self.held_bytes, self._run0.held_bytes)
@@ -195,10 +173,7 @@ class Canary:
         self._head[0], self._head[3] = status, self.probes
         self.probes += 1
         if self.mode is Mode.BITWISE:
-            digests = self._run0.digests if self._run0 is not None else []
-            combined = (ReplicaDigest.combine_on_host(digests) if isinstance(digests, list)
-                        else ReplicaDigest.combine(digests) if digests.numel() else 0)
-            self._pending = _marked(combined, status)
+            self._pending = canary_row.marked(self._run0, status)
 
     def _execute(self, call: ProbeCall) -> ProbeResult:
         """One run of the probe ``call`` (FSDP2: ``fsdp.canary`` runs it on full tensors)."""
@@ -247,11 +222,11 @@ class Canary:
         """Every rank's figures of the last probe, gathered; a rank farther than the
         tolerance from the median makes every rank confirm (``_confirm``)."""
         n = 2 * len(self.guard.tracked)
-        mine = ([float(_flag(self._run0))] + self._run0.figures.tolist()
+        mine = ([float(canary_row.flag(self._run0))] + self._run0.figures.tolist()
                 if self._run0 is not None else [0.0] * (1 + n))
         rows = self._gather(torch.tensor(mine, dtype=torch.float64))
         self._note_precision([int(row[0]) for row in rows])
-        probed = [r for r, row in enumerate(rows) if int(row[0]) & _PROBED]
+        probed = [r for r, row in enumerate(rows) if int(row[0]) & PROBED_FLAG]
         if len(probed) < len(rows):  # some rank could not probe: every rank stops together
             self._off(step, [r for r in range(len(rows)) if r not in probed], UNPROBED)
             return
@@ -267,12 +242,7 @@ class Canary:
         if pending is None:
             self._head[0] = NONE
             return replica
-        if replica is None:
-            return pending
-        if isinstance(replica, int) and isinstance(pending, int):
-            return replica ^ pending
-        return torch.as_tensor(replica, device=self.device) ^ torch.as_tensor(
-            pending, device=self.device)
+        return canary_row.folded(replica, pending, self.device)
 
     def gather_row(self) -> list[int]:
         """This rank's part of the failure gather: the head, then one digest per parameter."""
@@ -281,10 +251,6 @@ class Canary:
             return [NONE, 0, 0, 0] + [0] * n
         mine = self._run0.digest_list() if self._run0 is not None else []
         return list(self._head) + (list(mine) + [0] * n)[:n]
-
-    @property
-    def width(self) -> int:
-        return HEAD + len(self.guard.tracked)
 
     def divergence(self, rows: Sequence[Sequence[int]], active: Sequence[int], *,
                    step: int) -> ComputeMismatch | None:
@@ -312,9 +278,9 @@ class Canary:
                       "not probe, so nothing could be confirmed; nothing raised")
             return None
         runs = [self._run0] + [self._execute(self._call) for _ in range(RERUNS)]
-        rows = self._gather(_encode(runs))
+        rows = self._gather(canary_row.encode(runs))
         self._note_precision([row[0] for row in rows])
-        decoded = [_decode(row, len(self.guard.tracked)) for row in rows]
+        decoded = [canary_row.decode(row, len(self.guard.tracked)) for row in rows]
         finding = classify(decoded, self.tolerant, self.rtol)
         return self._act(step, finding)
 
@@ -361,7 +327,7 @@ class Canary:
 
     def _note_precision(self, flags: Sequence[int]) -> None:
         """Some rank's probe computed in a 16-bit float: the tolerance is the low one's."""
-        self.low = self.low or any(f & _LOW for f in flags)
+        self.low = self.low or any(f & LOW_FLAG for f in flags)
 
     def _noisy(self, step: int, ranks: list[int], why: str) -> None:
         """The job's own non-determinism: bitwise → the tolerance; already tolerant → wider."""
@@ -376,23 +342,9 @@ class Canary:
     def _mismatch(self, step: int, finding: Finding, intermittent: int = 0) -> ComputeMismatch:
         """The error of a confirmed finding, its ranks those of the group (renumbered by the
         caller that raises it)."""
-        head = self._head
-        tracked = self.guard.tracked
-        name = tracked[finding.param][0] if finding.param is not None else "?"
-        how = ("beyond the tolerance" if self.tolerant else "bitwise")
-        probe = (f"probe {head[3]}: rank {head[2]}'s input slice of step {head[1]}, the same "
-                 "parameters, buffers, dropout seed and cotangent on every rank")
-        what = (f"gave one-off results beyond the tolerance on {intermittent} probes (the last, "
-                f"{probe}), and no other rank's results ever varied: its hardware computes "
-                "wrong intermittently" if intermittent else
-                f"computed other gradients than the others ({how}) from the same probe and "
-                f"reproduced them on {1 + RERUNS} runs ({probe})")
-        advice = (f"the ranks split with {TIE_WORDS} — rerun the job with these ranks on other "
-                  "hardware, or with a third rank, to tell which" if finding.tie else
-                  "drain the named node and rerun the job on other hardware")
-        return ComputeMismatch(
-            f"{what}: first differing parameter {name}, {finding.distance:.3g} of the probe "
-            f"gradient's mass; {advice}", step=step, ranks=list(finding.ranks), params=[name])
+        name = self.guard.tracked[finding.param][0] if finding.param is not None else "?"
+        return canary_verdict.mismatch_error(finding, step, self._head, name, self.tolerant,
+                                             intermittent)
 
     # -- mode changes and what is said --------------------------------------------------------
     def _tolerate(self, step: int, ranks: list[int], why: str) -> None:
@@ -438,78 +390,10 @@ class Canary:
         return {"every": self.every, "mode": self.mode.value, "why": self.why,
                 "probes": self.probes, "rtol": self.rtol, "held_bytes": self.held_bytes,
                 "param_bytes": self.param_bytes,
-                "transients": {str(g): n for g, n in zip(
-                    self._named(list(self.transients)), self.transients.values())},
-                "strikes": {str(g): n for g, n in zip(
-                    self._named(list(self.strikes)), self.strikes.values())}}
-
-
-_PROBED, _LOW = 1, 2  # a gathered row's flags
-
-
-def _flag(run: ProbeResult) -> int:
-    return _PROBED | (_LOW if run.low_precision else 0)
-
-
-def _encode(runs: Sequence[ProbeResult]) -> torch.Tensor:
-    """One int64 row: the flags, then each run's digests and its figures' bits."""
-    parts = [torch.tensor([_flag(runs[0])], dtype=torch.int64)]
-    for run in runs:
-        parts.append(torch.as_tensor(run.digest_list(), dtype=torch.int64).reshape(-1))
-        parts.append(run.figures.detach().to("cpu", torch.float64).view(torch.int64))
-    return torch.cat(parts)
-
-
-def _decode(row: Sequence[int], params: int) -> list[Run]:
-    out, at = [], 1
-    while at < len(row):
-        digests = tuple(row[at:at + params])
-        bits = torch.tensor(row[at + params:at + 3 * params], dtype=torch.int64)
-        out.append(Run(digests, tuple(bits.view(torch.float64).tolist())))
-        at += 3 * params
-    return out
-
-
-def _marked(combined: int | torch.Tensor, status: int) -> int | torch.Tensor:
-    """The combined digest, moved by a fixed mark when the probe did not run cleanly, so that
-    a rank that could not probe disagrees with one that did."""
-    if status == PROBED:
-        return combined
-    mark = mix_int(status) & _MASK64
-    mark = mark - (1 << 64) if mark >> 63 else mark
-    return combined ^ mark
-
-
-def canary_summary(canary: Canary | None, off: str) -> dict:
-    """A guard's ``summary()['canary']``: the canary's own, or why there is none (``off``:
-    ``hardening.canary_interval``'s reason)."""
-    if canary is not None:
-        return canary.summary()
-    return {"every": 0, "mode": Mode.OFF.value, "why": off or "off", "probes": 0}
+                **canary_row.by_global_rank(self.guard.global_ranks,
+                                            transients=self.transients, strikes=self.strikes)}
 
 
 def canary_for(guard: GuardBase, every: int) -> Canary | None:
     """The guard's canary, or None when ``every`` is 0 (off) or nothing is tracked."""
     return Canary(guard, every) if every > 0 and guard.tracked else None
-
-
-class StepDigests:
-    """What rides in the step row, for the failure gather: the replica slices' row, then the
-    canary's; a divergence is the replicas' first, else the canary's."""
-
-    def __init__(self, replicas: ReplicaSlices, canary: Canary) -> None:
-        self.replicas, self.canary = replicas, canary
-
-    def gather_row(self) -> list[int]:
-        return self.replicas.gather_row() + self.canary.gather_row()
-
-    def divergence(self, rows: Sequence[Sequence[int]], active: Sequence[int], *,
-                   step: int) -> ConsistencyError | None:
-        cut = 1 + self.replicas.width
-        return (self.replicas.divergence([r[:cut] for r in rows], active, step=step)
-                or self.canary.divergence([r[cut:] for r in rows], active, step=step))
-
-
-def step_digests(replicas: ReplicaSlices, canary: Canary | None) -> ReplicaSlices | StepDigests:
-    """The step row's digests: the replica slices alone, or with the canary's."""
-    return replicas if canary is None else StepDigests(replicas, canary)

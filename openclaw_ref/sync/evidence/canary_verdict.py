@@ -31,8 +31,9 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from openclaw_ref.sync.errors import ComputeMismatch
 from openclaw_ref.sync.evidence.canary_tolerance import distance, first_apart, off_ranks
-from openclaw_ref.sync.evidence.vote import Vote, majority, suspects_of
+from openclaw_ref.sync.evidence.vote import TIE_WORDS, Vote, majority, suspects_of
 
 RERUNS = 2  # runs of the same probe after the one that mismatched: three runs in all
 
@@ -97,6 +98,28 @@ def classify(runs: Sequence[Sequence[Run]], tolerant: bool, rtol: float) -> Find
         return Finding(Outcome.TRANSIENT, (v,), param=_differs_at(odd, ref, tolerant, rtol),
                        distance=distance(odd.figures, ref.figures))
     return Finding(Outcome.AGREE)
+
+
+def mismatch_error(finding: Finding, step: int, head: Sequence[int], name: str,
+                   tolerant: bool, intermittent: int = 0) -> ComputeMismatch:
+    """The error of a confirmed ``finding`` at ``step``: the probe (``head``: status, capture
+    step, owner, probe index), the first differing parameter ``name``, and what to do — with
+    no majority (``finding.tie``), every suspect named, and how to tell them apart.
+    ``intermittent``: the strikes of a rank whose one-offs added up."""
+    how = ("beyond the tolerance" if tolerant else "bitwise")
+    probe = (f"probe {head[3]}: rank {head[2]}'s input slice of step {head[1]}, the same "
+             "parameters, buffers, dropout seed and cotangent on every rank")
+    what = (f"gave one-off results beyond the tolerance on {intermittent} probes (the last, "
+            f"{probe}), and no other rank's results ever varied: its hardware computes "
+            "wrong intermittently" if intermittent else
+            f"computed other gradients than the others ({how}) from the same probe and "
+            f"reproduced them on {1 + RERUNS} runs ({probe})")
+    advice = (f"the ranks split with {TIE_WORDS} — rerun the job with these ranks on other "
+              "hardware, or with a third rank, to tell which" if finding.tie else
+              "drain the named node and rerun the job on other hardware")
+    return ComputeMismatch(
+        f"{what}: first differing parameter {name}, {finding.distance:.3g} of the probe "
+        f"gradient's mass; {advice}", step=step, ranks=list(finding.ranks), params=[name])
 
 
 def _present(run: Run) -> tuple[bool, ...]:

@@ -34,6 +34,8 @@ tick, on the watchdog's thread.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -46,6 +48,14 @@ SEP = "|"
 VERSION = "1"
 MESSAGE_CHARS = 240
 GONE = getattr(dist, "DistNetworkError", ConnectionError)  # torch < 2.2: no such class
+
+
+def exit_fatal(exc: BaseException) -> None:
+    """How a fatal diagnosis ends the process outside the launcher (a user's own torchrun
+    script): its words on stderr, then ``os._exit`` with the error's exit code."""
+    sys.stderr.write(f"openclaw watchdog: {exc}\n")
+    sys.stderr.flush()
+    os._exit(getattr(exc, "exit_code", 1))
 
 
 def failure_key(namespace: str) -> str:

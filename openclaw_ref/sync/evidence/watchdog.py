@@ -52,8 +52,6 @@ waiting there is seen only at its next bucket.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 import warnings
@@ -64,29 +62,21 @@ import torch.distributed as dist
 
 from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import Event, SyncTimeout
-from openclaw_ref.sync.evidence.heartbeat import (  # noqa: F401 - re-exported
+from openclaw_ref.sync.evidence.heartbeat import (
     LATE_KEY,
     NOT_STARTED,
     STEP_EXCHANGE,
     Beat,
     Late,
     Progress,
-    namespace_for,
     what,
 )
-from openclaw_ref.sync.evidence.job_end import JobEnd
+from openclaw_ref.sync.evidence.job_end import JobEnd, exit_fatal
 from openclaw_ref.sync.evidence.outside_work import OutsideWork
 
 MAX_BACKOFF_S = 10.0
 BLIND = "WatchdogBlind"  # Event kind: the store cannot be read or written
 SIGHTED = "WatchdogSighted"  # Event kind: it can again
-
-
-def exit_fatal(exc: BaseException) -> None:
-    """Fallback reporter outside the launcher (e.g. a user's own torchrun script)."""
-    sys.stderr.write(f"openclaw watchdog: {exc}\n")
-    sys.stderr.flush()
-    os._exit(getattr(exc, "exit_code", 1))
 
 
 def _own_connection(store: dist.Store) -> dist.Store:

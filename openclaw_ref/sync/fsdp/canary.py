@@ -46,8 +46,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from openclaw_ref.sync.errors import ComputeMismatch
-from openclaw_ref.sync.evidence.canary import Canary, ProbeCall
+from openclaw_ref.sync.evidence.canary import Canary
 from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe
+from openclaw_ref.sync.evidence.canary_row import ProbeCall
 from openclaw_ref.sync.fsdp.canary_units import UnitGather, full_value
 from openclaw_ref.sync.fsdp.guard import FSDPGuard
 

@@ -61,10 +61,10 @@ from torch.utils._pytree import tree_leaves
 from openclaw_ref.sync.base import NonFinitePolicy, RankInfo, SyncConfig
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence import checks
-from openclaw_ref.sync.evidence.canary import canary_summary
+from openclaw_ref.sync.evidence.canary_row import canary_summary
+from openclaw_ref.sync.evidence.heartbeat import STEP_EXCHANGE
 from openclaw_ref.sync.evidence.precision import nonfinite_flags
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.evidence.watchdog import STEP_EXCHANGE
 from openclaw_ref.sync.fsdp.close import close_replica_check
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge, reduced_digest
 from openclaw_ref.sync.fsdp.hooks import (
