@@ -21,7 +21,24 @@ EXIT_ENVIRONMENT = 5
 
 
 class OpenClawError(Exception):
+    """The project's errors. Those that name who and where keep them as plain fields
+    (``_keep``), which survive pickling between processes (``Exception`` keeps only its
+    positional arguments)."""
+
     exit_code = EXIT_FAILURE
+
+    def _keep(self, detail: str, **fields: object) -> None:
+        self.detail, self._fields = detail, fields
+        self.__dict__.update(fields)
+
+    def __reduce__(self):
+        fields = self.__dict__.get("_fields")
+        return super().__reduce__() if fields is None else (
+            _rebuild, (type(self), self.detail, fields))
+
+
+def _rebuild(cls: type[OpenClawError], detail: str, fields: dict) -> OpenClawError:
+    return cls(detail, **fields)
 
 
 class BadInput(OpenClawError, ValueError):
@@ -45,27 +62,28 @@ class Event:
         return asdict(self)
 
 
-class ConsistencyError(OpenClawError):
+class _Reported:
+    """What an error that names who and where becomes in the run JSON's ``events``."""
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def event(self) -> Event:
+        return Event(self.kind, self.step, self.ranks, getattr(self, "bucket", None),
+                     getattr(self, "params", []), self.detail)
+
+
+class ConsistencyError(_Reported, OpenClawError):
     """A rank-consistency check fired. Subclasses name the check."""
 
     exit_code = EXIT_CHECK_FIRED
 
     def __init__(self, detail: str, *, step: int | None = None, ranks: list[int] | None = None,
                  bucket: int | None = None, params: list[str] | None = None) -> None:
-        self.detail = detail
-        self.step = step
-        self.ranks = sorted(ranks or [])
-        self.bucket = bucket
-        self.params = list(params or [])
+        self._keep(detail, step=step, ranks=sorted(ranks or []), bucket=bucket,
+                   params=list(params or []))
         super().__init__(self._message())
-
-    def __reduce__(self):  # keyword-only fields must survive pickling between processes
-        return (_rebuild_consistency_error,
-                (type(self), self.detail, self.step, self.ranks, self.bucket, self.params))
-
-    @property
-    def kind(self) -> str:
-        return type(self).__name__
 
     def _message(self) -> str:
         where = [f"step {self.step}"] if self.step is not None else []
@@ -79,18 +97,11 @@ class ConsistencyError(OpenClawError):
             params = f" [params: {shown}]"
         return f"{self.kind} at {', '.join(where) or 'construction'}: {self.detail}{params}"
 
-    def event(self) -> Event:
-        return Event(self.kind, self.step, self.ranks, self.bucket, self.params, self.detail)
-
     def renumbered(self, ranks: list[int]) -> ConsistencyError:
         """The same error with group ranks mapped through ``ranks`` (group rank -> global
         rank): checks run on a DDP model's own process group, users read global ranks."""
         return type(self)(self.detail, step=self.step, ranks=[ranks[r] for r in self.ranks],
                           bucket=self.bucket, params=self.params)
-
-
-def _rebuild_consistency_error(cls, detail, step, ranks, bucket, params):
-    return cls(detail, step=step, ranks=ranks, bucket=bucket, params=params)
 
 
 class ClockMismatch(ConsistencyError):
@@ -150,58 +161,32 @@ class CheckpointMismatch(ConsistencyError):
     else can tell that one rank's shards come from another state."""
 
 
-class CollectiveFailed(OpenClawError):
+class CollectiveFailed(_Reported, OpenClawError):
     """A bucket's allreduce itself failed (the backend's own error, e.g. a peer rank that
     crashed, exited or ended early closed its connection): not a disagreement between ranks,
     so nothing was verified. ``ranks`` are the failed peers when the backend names them."""
 
     def __init__(self, detail: str, *, step: int | None = None, bucket: int | None = None,
                  ranks: list[int] | None = None) -> None:
-        self.detail = detail
-        self.step = step
-        self.bucket = bucket
-        self.ranks = sorted(ranks or [])
+        self._keep(detail, step=step, bucket=bucket, ranks=sorted(ranks or []))
         who = f", ranks {self.ranks}" if self.ranks else ""
         super().__init__(f"CollectiveFailed at step {step}, bucket {bucket}{who}: the "
                          f"allreduce failed (a peer rank crashed, exited or ended early?): "
                          f"{detail}")
 
-    def __reduce__(self):
-        return (_rebuild_collective_failed, (self.detail, self.step, self.bucket, self.ranks))
 
-    def event(self) -> Event:
-        return Event("CollectiveFailed", self.step, self.ranks, self.bucket, [], self.detail)
-
-
-def _rebuild_collective_failed(detail, step, bucket, ranks):
-    return CollectiveFailed(detail, step=step, bucket=bucket, ranks=ranks)
-
-
-class SyncTimeout(OpenClawError):
+class SyncTimeout(_Reported, OpenClawError):
     """A collective or a whole run passed its deadline; ``ranks`` are those that had not arrived."""
 
     exit_code = EXIT_TIMEOUT
 
     def __init__(self, detail: str, *, ranks: list[int] | None = None, step: int | None = None,
                  bucket: int | None = None) -> None:
-        self.detail = detail
-        self.ranks = sorted(ranks or [])
-        self.step = step
-        self.bucket = bucket
+        self._keep(detail, ranks=sorted(ranks or []), step=step, bucket=bucket)
         super().__init__(f"{detail} (late ranks: {self.ranks})")
 
-    def __reduce__(self):
-        return (_rebuild_timeout, (self.detail, self.ranks, self.step, self.bucket))
 
-    def event(self) -> Event:
-        return Event("SyncTimeout", self.step, self.ranks, self.bucket, [], self.detail)
-
-
-def _rebuild_timeout(detail, ranks, step, bucket):
-    return SyncTimeout(detail, ranks=ranks, step=step, bucket=bucket)
-
-
-class JobFailed(OpenClawError):
+class JobFailed(_Reported, OpenClawError):
     """This rank ends because the job failed elsewhere (``evidence/job_end.py``): a peer left
     its failure in the store (``rank``: that peer; ``ranks``: the ranks its error blames), or
     the store's host is gone (``rank`` None). ``exit_code``: the peer's (3 a check, 4 a
@@ -209,21 +194,9 @@ class JobFailed(OpenClawError):
 
     def __init__(self, detail: str, *, rank: int | None = None, ranks: list[int] | None = None,
                  step: int | None = None, exit_code: int = EXIT_FAILURE) -> None:
-        self.detail, self.rank, self.step = detail, rank, step
-        self.ranks = sorted(ranks or [])
-        self.exit_code = exit_code
+        self._keep(detail, rank=rank, ranks=sorted(ranks or []), step=step,
+                   exit_code=exit_code)
         super().__init__(detail)
-
-    def __reduce__(self):
-        return (_rebuild_job_failed, (self.detail, self.rank, self.ranks, self.step,
-                                      self.exit_code))
-
-    def event(self) -> Event:
-        return Event("JobFailed", self.step, self.ranks, None, [], self.detail)
-
-
-def _rebuild_job_failed(detail, rank, ranks, step, exit_code):
-    return JobFailed(detail, rank=rank, ranks=ranks, step=step, exit_code=exit_code)
 
 
 def backend_message(exc: BaseException) -> str:

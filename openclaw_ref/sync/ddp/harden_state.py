@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
+from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.ddp.ddp_guard import DDPGuard
 from openclaw_ref.sync.evidence.averaged import AveragingWatch
-from openclaw_ref.sync.evidence.canary_row import canary_summary
 from openclaw_ref.sync.evidence.control_counts import CountLayout
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
@@ -31,13 +31,11 @@ from openclaw_ref.sync.evidence.control_layout import (
     membership_digest,
     slot_middle,
 )
-from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
-from openclaw_ref.sync.evidence.precision import ScalePolicy, nonfinite_flags
-from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.guard import GuardBase
+from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, gather_step_rows
+from openclaw_ref.sync.evidence.precision import nonfinite_flags
 
 
-class HardenState(GuardBase):
+class HardenState(DDPGuard):
     """Everything the hook and the step check share (one per DDP model; the surface:
     ``GuardBase``).
 
@@ -48,27 +46,15 @@ class HardenState(GuardBase):
 
     def __init__(self, cfg: SyncConfig, group, named: list[tuple[str, nn.Parameter]],
                  synchronized: list[tuple[str, nn.Parameter]] | None = None) -> None:
-        super().__init__(cfg, group)
-        self.policy = ScalePolicy.from_config(cfg)
+        super().__init__(cfg, group, named, named if synchronized is None else synchronized)
         self.tracked = named
-        # what the replica check compares: the parameters DDP keeps equal (not those DDP was
-        # told to ignore)
-        self.synchronized = named if synchronized is None else synchronized
         self.names = {id(p): n for n, p in named}
-        self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
-                             global_ranks=self.global_ranks,
-                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE,
-                             params=[p for _, p in named], events=self.events)
         self.required: set[int] = set()  # ids of parameters that must get a gradient every step
         self.present: set[int] = set()  # required parameters that got a local gradient
-        self.step_t0 = time.perf_counter()
         self.shadow_buckets = 0  # buckets this rank sent as a joined rank (DDP.join())
         self._records: list[BucketRecord] = []
         self._first_issue: float | None = None
-        self._verdict: bool | None = None  # of the last settled step, until finish_step reads it
         self.last_layout: list[tuple[int, list[str]]] = []  # (bucket, members) last settled
-        # replica consistency: one slice of the synchronized parameters per step, in the block
-        self.replicas = ReplicaSlices(self.synchronized, cfg.replica_slices)
         self._members: dict[tuple[int, ...], tuple[int, list[str]]] = {}
         self._wires: dict[int, torch.Tensor] = {}  # only for wires that differ from the grads
         self.block = StepBlock(self.rank, self.world_size)
@@ -76,11 +62,6 @@ class HardenState(GuardBase):
         self._sent: tuple[list[list[int]], torch.Tensor | list[bool] | None] | None = None
         self._middles: dict[tuple[int, int, int], list[int]] = {}
         self._clock_chunks: tuple[int, list[int]] = (-1, [])
-        # CUDA only: ready times from events on the current stream (host clocks there measure
-        # kernel launches, not when the gradients were ready); read after the step's host sync
-        self.on_cuda = any(p.is_cuda for _, p in named)
-        self.deferred = (cfg.verdict_at is VerdictAt.OPTIMIZER_STEP
-                         or (cfg.verdict_at is VerdictAt.AUTO and self.on_cuda))
         self._device_t0 = None
         self._device_marks: list[tuple[int, object]] = []
         self.averaging: AveragingWatch | None = None  # were the gradients averaged? (harden())
@@ -223,15 +204,6 @@ class HardenState(GuardBase):
         if not self.deferred:
             torch.autograd.Variable._execution_engine.queue_callback(self.settle_step)
 
-    def before_optimizer_step(self, optimizer, args, kwargs) -> None:
-        """Optimizer step pre-hook (``harden()`` registers it for every optimizer): a step
-        whose verdict was deferred is verified first, so an error is raised before the
-        optimizer applies anything; then a wire overflow that no loss scaler skipped has its
-        gradients dropped (``Ledger`` step 5)."""
-        if self._records:
-            self.settle_step()
-        self.ledger.drop_pending()
-
     def progress(self) -> tuple[int, int]:
         """(clock, buckets issued and not yet settled): changes whenever a bucket is issued."""
         return self.clock, len(self._records)
@@ -254,31 +226,14 @@ class HardenState(GuardBase):
     def forward_started(self) -> None:
         """Forward pre-hook of the DDP model: the ready-time origin of the next step (a
         previous backward that never issued its last bucket is reported first)."""
-        self._check_watchdog()
-        if self._records:
-            self.settle_step()
+        self._enter()
         self._start_clock()
 
-    def begin_step(self, step: int) -> None:
-        """Name the step (the clock every rank must agree on). A caller of this protocol reads
-        each step's verdict from ``finish_step``, so a wire overflow's gradients are no longer
-        dropped for it (``Ledger`` step 5)."""
-        self._check_watchdog()
+    def _settle(self) -> None:
+        """A step with buckets issued is judged (also a backward that never issued DDP's
+        last bucket)."""
         if self._records:
             self.settle_step()
-        self.ledger.protocol_used()
-        self.clock = step
-        self._verdict = None
-        self._start_clock()
-
-    def finish_step(self, step: int | None = None) -> bool:
-        """The verdict of the step the last backward settled: False = every rank skips this
-        optimizer step (a non-finite sum). True when no bucket was reduced (``no_sync``)."""
-        self._check_watchdog()
-        if self._records:  # a backward that never issued DDP's last bucket
-            self.settle_step()
-        verdict, self._verdict = self._verdict, None
-        return True if verdict is None else verdict
 
     def settle_step(self) -> None:
         if self._records and self._step_block is None and self.complete_unissued:
@@ -317,15 +272,8 @@ class HardenState(GuardBase):
         """Bytes the guard holds between steps: its wire buffers."""
         return sum(b.numel() * b.element_size() for b in self._wires.values())
 
-    def step_metrics(self) -> dict:
-        return dict(self.ledger.last)
-
     def summary(self) -> dict:
-        return {**self.ledger.summary(), "wire": self.cfg.wire.value,
-                "nonfinite": self.cfg.nonfinite.value,
-                "scale_mode": self.cfg.scale_mode.value,
-                "shadow_buckets": self.shadow_buckets,
-                "canary": canary_summary(None, self.canary_off)}
+        return self._summary(shadow_buckets=self.shadow_buckets)
 
     def _release(self) -> None:
         """At close: the comm hook, which DDP cannot unregister, becomes a plain allreduce

@@ -55,7 +55,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
-from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt, Wire
+from openclaw_ref.sync.base import SyncConfig, Wire
+from openclaw_ref.sync.ddp.ddp_guard import DDPGuard
 from openclaw_ref.sync.ddp.step_setup import (
     JoinedExchange,
     cuda_mark,
@@ -68,7 +69,7 @@ from openclaw_ref.sync.ddp.step_setup import (
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator
 from openclaw_ref.sync.evidence.canary import canary_for
-from openclaw_ref.sync.evidence.canary_row import canary_summary, step_digests
+from openclaw_ref.sync.evidence.canary_row import step_digests
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
     encode_slot,
@@ -77,47 +78,36 @@ from openclaw_ref.sync.evidence.control_layout import (
     unissued_slot,
 )
 from openclaw_ref.sync.evidence.heartbeat import STEP_EXCHANGE
-from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, Ledger, gather_step_rows
-from openclaw_ref.sync.evidence.precision import ScalePolicy, finite_sum, nonfinite_flags
-from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
-from openclaw_ref.sync.guard import GuardBase, Unset
+from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, gather_step_rows
+from openclaw_ref.sync.evidence.precision import finite_sum, nonfinite_flags
+from openclaw_ref.sync.guard import Unset
 
 
-class StepGuard(GuardBase):
+class StepGuard(DDPGuard):
     """One per hardened DDP model in step mode: the step lifecycle (module docstring), the
-    facts it gathers, and the statistics it reports (the surface: ``GuardBase``)."""
+    facts it gathers, and the statistics it reports (the surface: ``GuardBase``, the step
+    protocol: ``DDPGuard``)."""
 
     def __init__(self, ddp: DDP, cfg: SyncConfig, named: list[tuple[str, nn.Parameter]],
                  synchronized: list[tuple[str, nn.Parameter]],
                  module: nn.Module | None = None) -> None:
-        super().__init__(cfg, ddp.process_group)
+        super().__init__(cfg, ddp.process_group, named, synchronized)
         self.ddp = ddp
         # the module that is forwarded, and the one whose forward pre-hook means "through the
         # wrapper": DDP's module and DDP itself; both the user's module under replicate()
         self.module = module if module is not None else ddp.module
         self.entry = module if module is not None else ddp
-        self.policy = ScalePolicy.from_config(cfg)
-        self.synchronized = synchronized
         ignored = set(getattr(ddp, "parameters_to_ignore", ()))
         self.tracked = [(n, p) for n, p in named if p.requires_grad and n not in ignored]
         self.names = [n for n, _ in self.tracked]
         self._index = {id(p): i for i, (_, p) in enumerate(self.tracked)}
         self.accumulators = [_accumulator(p) for _, p in self.tracked]  # the nodes DDP hooked
-        self.ledger = Ledger(self.world_size, self.policy, rank=self.rank,
-                             global_ranks=self.global_ranks,
-                             raise_nonfinite=cfg.nonfinite is NonFinitePolicy.RAISE,
-                             params=[p for _, p in named], events=self.events)
-        self.replicas = ReplicaSlices(synchronized, cfg.replica_slices)
-        self.on_cuda = any(p.is_cuda for _, p in named)
-        self.deferred = (cfg.verdict_at is VerdictAt.OPTIMIZER_STEP
-                         or (cfg.verdict_at is VerdictAt.AUTO and self.on_cuda))
         device = self.tracked[0][1].device if self.tracked else torch.device("cpu")
         self.layout = exchange_layout(self.world_size)
         self.block = exchange_block(self.world_size, device)
         self.digest = membership_digest([(n, tuple(p.shape), str(p.dtype), 0, p.numel())
                                          for n, p in self.tracked])
         self.required: list[int] = []  # indices into ``tracked`` (``checks.required_…``)
-        self.step_t0 = time.perf_counter()
         self._device_t0 = self._device_ready = None  # CUDA events of the ready time
         self.present = bytearray(len(self.tracked))
         # this backward's sums of each rank's own gradients, taken as each is accumulated
@@ -127,7 +117,6 @@ class StepGuard(GuardBase):
         self._pending: tuple[BucketRecord, CountedStep] | None = None
         self._sent: list[int] = []  # this step's slot and flags, for a failure gather
         self._flags: list[bool] | torch.Tensor | None = None
-        self._verdict: bool | None = None
         self.shadow_steps = 0
         self.canary = canary_for(self, cfg.canary_every or 0)  # the compute canary
         self.digests = step_digests(self.replicas, self.canary)
@@ -330,40 +319,12 @@ class StepGuard(GuardBase):
         self.shadow_steps += 1
         dist.all_reduce(self.block, group=self.group)
 
-    # -- the user's entry points -----------------------------------------------------------
-    def _enter(self) -> None:
-        self._check_watchdog()
-        self._settle()
-
-    def before_optimizer_step(self, optimizer, args, kwargs) -> None:
-        """Optimizer step pre-hook: a deferred verdict is read before the step applies."""
-        self._settle()
-        self.ledger.drop_pending()
-
-    def begin_step(self, step: int) -> None:
-        self._enter()
-        self.ledger.protocol_used()
-        self.clock = step
-        self._verdict = None
-        self._start_clock()
-
-    def finish_step(self, step: int | None = None) -> bool:
-        self._enter()
-        verdict, self._verdict = self._verdict, None
-        return True if verdict is None else verdict
-
     def held_bytes(self) -> int:
         """Bytes the guard holds between steps: the step's count block."""
         return self.block.numel() * self.block.element_size()
 
-    def step_metrics(self) -> dict:
-        return dict(self.ledger.last)
-
     def summary(self) -> dict:
-        return {**self.ledger.summary(), "wire": self.cfg.wire.value,
-                "nonfinite": self.cfg.nonfinite.value, "scale_mode": self.cfg.scale_mode.value,
-                "guard": self.cfg.guard.value, "shadow_steps": self.shadow_steps,
-                "canary": canary_summary(self.canary, self.canary_off)}
+        return self._summary(guard=self.cfg.guard.value, shadow_steps=self.shadow_steps)
 
     def joining(self) -> bool:
         """Inside ``Join([ddp])``: a joined rank would never reach a collective of every rank
