@@ -3,8 +3,10 @@ sparse model under data-parallel training.
 
 Rooms, each named for what it holds:
 
-  ``sync/``          the hook library: ``harden(ddp)`` and the strategies; imports only torch and
-                     ``sync`` itself (``tests/test_sync_standalone.py`` proves it)
+  ``sync/``          the hook library: ``harden(ddp)`` and only what it runs; imports only torch
+                     and ``sync`` itself (``tests/test_sync_standalone.py`` proves it)
+  ``arms/``          the benchmark's arms beside it: stock DDP, PyTorch's hooks, ``harden()``,
+                     the seed's fixes, by their ``--sync`` name
   ``core/``          the model, data, training loop and its callback protocol, run config,
                      launcher and rank pools, fault injectors
   ``conformance``    the checks behind ``pytest -m conformance`` and ``openclaw-bench conform``,
@@ -19,7 +21,7 @@ Rooms, each named for what it holds:
   ``integrations/``  Lightning
   ``cli/``           ``openclaw-bench``, the one entry point
 
-Everything outside ``sync/`` builds on it; ``core/`` builds on ``sync/``; the rest build on
-both, floor by floor, every import pointing down and none in a circle (docs/layout.md's floors,
-checked by ``tests/test_layers.py``).
+Everything outside ``sync/`` builds on it; ``arms/`` and ``core/`` build on ``sync/``; the rest
+build on them, floor by floor, every import pointing down and none in a circle
+(docs/layout.md's floors, checked by ``tests/test_layers.py``).
 """

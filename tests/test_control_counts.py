@@ -10,6 +10,7 @@ from count_blocks import PERTURB, WIRES, contribution, perturbed, slot, summed
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
+from openclaw_ref.experiments.verify_scale import hist_bin
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.control import verify
 from openclaw_ref.sync.evidence.control_counts import (
@@ -19,7 +20,6 @@ from openclaw_ref.sync.evidence.control_counts import (
     CountLayout,
     bin_floor_ms,
     first_failing_field,
-    hist_bin,
     ready_bin,
 )
 from openclaw_ref.sync.evidence.control_counts_host import check_counts

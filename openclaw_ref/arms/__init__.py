@@ -1,6 +1,8 @@
-"""The arms the benchmark compares, beside the hook library: stock DDP and PyTorch's own hooks
-as baselines, ``harden()`` as a user gets it, and the seed's fixes under test (the bucketed
-engine of its F2, its F5 hook), each built by its ``--sync`` name from an ``ArmConfig``.
+"""The benchmark's arms, beside the hook library: the baselines, ``harden()``, the seed's fixes.
+
+Stock DDP and PyTorch's own hooks as baselines, ``harden()`` as a user gets it, and the seed's
+fixes under test (the bucketed engine of its F2, its F5 hook), each built by its ``--sync``
+name from an ``ArmConfig``.
 
 Not what users import to guard their own jobs (that is ``openclaw_ref.sync``, which imports
 nothing of this package): ``registry.py`` names the arms (``STRATEGIES``, ``make_strategy``),

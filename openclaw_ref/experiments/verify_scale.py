@@ -34,11 +34,10 @@ from openclaw_ref.sync.evidence.control_counts import (
     HIST_BINS,
     STEP_FIELDS,
     CountLayout,
-    hist_bin,
 )
 from openclaw_ref.sync.evidence.control_counts_host import check_counts
 from openclaw_ref.sync.evidence.control_counts_write import (
-    count_rows,
+    count_row,
     write_counts,
 )
 from openclaw_ref.sync.evidence.control_layout import SLOT_FIELDS, decode_block, encode_slot
@@ -46,6 +45,15 @@ from openclaw_ref.sync.evidence.control_layout import SLOT_FIELDS, decode_block,
 WORLD_SIZES = (8, 64, 1024, 8192)
 BUCKETS = 16
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap
+
+
+def hist_bin(units: torch.Tensor) -> torch.Tensor:
+    """``control_counts.ready_bin`` of every element of an integer tensor (the histogram of
+    a synthesized step, without writing each rank's block): the bit length of units² is the
+    exponent ``frexp`` gives for it (exact in float64: units < 2^24)."""
+    u = units.to(torch.int64).clamp(min=0)
+    k = torch.frexp((u * u).to(torch.float64)).exponent.to(torch.int64)
+    return torch.where(u < 1, torch.zeros_like(k), k.clamp(max=HIST_BINS - 1))
 
 
 def synthesized_blocks(world_size: int, buckets: int = BUCKETS,
@@ -149,7 +157,9 @@ def synthesized_counts(world_size: int, buckets: int, dtype: torch.dtype = torch
             write_counts(one, layout, r, slots(r), replica=digest)
             total += one.double()
         return total.to(dtype)
-    G, template = layout.groups, count_rows(slots(0))[:, :COUNT_FIELDS].double()
+    template = torch.tensor([list(count_row(s)) for s in slots(0).tolist()],
+                            dtype=torch.float64)[:, :COUNT_FIELDS]
+    G = layout.groups
     rows = total[:buckets * layout.row].view(buckets, layout.row)
     hist = rows[:, G * COUNT_FIELDS:].view(buckets, G, HIST_BINS)
     step = total[buckets * layout.row:].view(G, STEP_FIELDS)

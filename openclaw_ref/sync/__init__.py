@@ -1,7 +1,11 @@
-"""The hook library: ``harden()`` for anyone's DDP or FSDP2 model, its config (``SyncConfig``) and
-the errors it raises (every exception class of ``errors``: ``ConsistencyError`` and its checks,
-``CollectiveFailed``, ``SyncTimeout``, ``JobFailed``, ``BadInput``) — only what ``harden()`` runs.
-The benchmark's arms (stock DDP, the seed's fixes) live beside it, in ``openclaw_ref.arms``.
+"""The hook library: ``harden()``, which guards a user's DDP or FSDP2 job, and what it runs.
+
+What users import: ``harden`` (``hardening.py``), its config ``SyncConfig`` (``base.py``), the
+guard it returns (``guard.py``'s ``GuardBase``) and the errors it raises (every exception class
+of ``errors``: ``ConsistencyError`` and its checks, ``CollectiveFailed``, ``SyncTimeout``,
+``JobFailed``, ``BadInput``). ``ddp/`` and ``fsdp/`` adapt it to each wrapper, on the evidence
+of ``evidence/``. Only what ``harden()`` runs lives here: the benchmark's arms (stock DDP, the
+seed's fixes) live beside it, in ``openclaw_ref.arms``.
 
 Invariant: ``openclaw_ref.sync`` imports only torch and its own modules (never the launcher,
 the training loop or anything else of ``openclaw_ref``), so it can be lifted out whole;

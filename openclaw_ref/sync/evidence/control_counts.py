@@ -121,14 +121,6 @@ def ready_bin(units: int) -> int:
     return 0 if units < 1 else min((units * units).bit_length(), HIST_BINS - 1)
 
 
-def hist_bin(units: torch.Tensor) -> torch.Tensor:
-    """``ready_bin`` of every element of an integer tensor: the bit length of units² is the
-    exponent ``frexp`` gives for it (exact in float64: units < 2^24)."""
-    u = units.to(torch.int64).clamp(min=0)
-    k = torch.frexp((u * u).to(torch.float64)).exponent.to(torch.int64)
-    return torch.where(u < 1, torch.zeros_like(k), k.clamp(max=HIST_BINS - 1))
-
-
 def bin_floor_ms(k: int) -> float:
     """The lowest ready time of bin ``k``, in ms."""
     return 0.0 if k == 0 else 2.0 ** ((k - 1) / HIST_PER_OCTAVE) * READY_UNIT_US / 1e3

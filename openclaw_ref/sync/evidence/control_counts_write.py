@@ -60,16 +60,6 @@ def slot_units(slot: Sequence[int]) -> int:
     return (c[0] << 16) | (c[1] << 8) | c[2]
 
 
-def count_rows(slots: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor:
-    """(B, COUNT_FIELDS + HIST_BINS) int64: one rank's contribution per bucket from its slots
-    ``(B, SLOT_FIELDS)``: the count fields (``count_row``), then its one-hot ready bin."""
-    rows = slots.tolist() if isinstance(slots, torch.Tensor) else slots
-    if not rows:
-        return torch.zeros((0, COUNT_FIELDS + HIST_BINS), dtype=torch.int64)
-    flat = bytearray(b"".join([_with_bin(count_row(s), s) for s in rows]))
-    return torch.frombuffer(flat, dtype=torch.uint8).to(torch.int64).view(len(rows), -1)
-
-
 def _with_bin(counts: bytes, slot: Sequence[int]) -> bytes:
     hist = bytearray(HIST_BINS)
     if counts[ACTIVE]:
