@@ -40,21 +40,6 @@ next forward. A local NaN/inf is fatal under
 so every rank holds the same non-finite gradients and a loss scaler skips the step together;
 the event names the ranks.
 
-Two ways to use it, the same checks in both::
-
-    ddp = DistributedDataParallel(model)
-    state = harden(ddp)                       # 1. no protocol: train as usual
-    for batch in loader:
-        loss_fn(ddp(batch)).backward()        #    raises on any disagreement
-        opt.step(); opt.zero_grad()
-
-    for step, batch in enumerate(loader):     # 2. explicit: name the step, learn the verdict
-        state.begin_step(step)
-        loss_fn(ddp(batch)).backward()
-        if state.finish_step(step):           #    False: every rank skips this step
-            opt.step()
-        opt.zero_grad()
-
 What the hook and the step check share (caches, clock, ledger) is ``harden_state.HardenState``.
 A backward whose parameters received gradients while no bucket went through the hook (a
 forward through ``ddp.module``; parameters replaced by a conversion after wrapping) raises

@@ -4,7 +4,23 @@ ledger that judges every step (``evidence/ledger.py``), the replica slices a ste
 where a step's verdict is read (``SyncConfig.verdict_at``), and the step protocol a user may
 call (``begin_step``/``finish_step``, and the optimizer step's pre-hook ``harden()``
 registers). Each guard says how a pending step is judged (``_settle``) and where its
-ready-time clock starts (``_start_clock``)."""
+ready-time clock starts (``_start_clock``).
+
+Two ways to use a DDP guard, the same checks in both::
+
+    ddp = DistributedDataParallel(model)
+    state = harden(ddp)                       # 1. no protocol: train as usual
+    for batch in loader:
+        loss_fn(ddp(batch)).backward()        #    raises on any disagreement
+        opt.step(); opt.zero_grad()
+
+    for step, batch in enumerate(loader):     # 2. explicit: name the step, learn the verdict
+        state.begin_step(step)
+        loss_fn(ddp(batch)).backward()
+        if state.finish_step(step):           #    False: every rank skips this step
+            opt.step()
+        opt.zero_grad()
+"""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def namespace_for(store: dist.Store, rank: int, prefix: str = "openclaw/watchdog
                   group_ranks: Sequence[int] | None = None) -> str:
     """A key namespace unique to this construction, agreed without a collective: each rank
     counts its own constructions in the store, and every rank of a group constructs the same
-    strategies in the same order, so the counters agree. ``group_ranks`` (the global ranks of a
+    guards in the same order, so the counters agree. ``group_ranks`` (the global ranks of a
     DDP model's process group) keeps two groups of one job out of each other's keys; ``rank``
     is then the global rank."""
     if group_ranks is not None:

@@ -328,7 +328,8 @@ class Ledger:
 
     def _mark_pending(self, step: int, overflow_elements: int, exponent: int) -> None:
         """Step 5 of the module docstring: the wire's inf stays until an optimizer step (no
-        parameters to drop: the bucketed engine, whose caller always reads the verdict)."""
+        parameters to drop: a caller that always reads the verdict, such as the benchmark's
+        bucketed engine, ``arms/bucketed.py``)."""
         if not self.params:
             return
         self.pending = True

@@ -6,7 +6,8 @@ exchange: a rank on which a parameter got no gradient brings a shorter reduce-sc
 aborts a process on the size mismatch; its peer sees "Connection reset by peer"), and a rank
 whose gradient sync is off skips its reduce-scatters (its all-gathers meet its peers'
 reduce-scatters: a timeout, or an abort where the sizes differ). Comparing every reduce-scatter
-across ranks first would cost one collective per FSDP group on every step. Instead a rank writes a note only when it is about to do something its peers may not:
+across ranks first would cost one collective per FSDP group on every step. Instead a rank
+writes a note only when it is about to do something its peers may not:
 
 * ``<namespace>/short/<group>/<rank>`` = ``steps.backwards.numel`` before a reduce-scatter
   smaller than its group's full gradient (a parameter of the group has no gradient here), with
