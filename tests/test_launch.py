@@ -84,7 +84,7 @@ def test_the_rendezvous_store_listens_on_loopback_only(pools):
     listening = [c for c in psutil.net_connections("tcp")
                  if c.status == psutil.CONN_LISTEN and c.pid == os.getpid()]
     assert listening, "the parent hosts the rendezvous store"
-    assert all(c.laddr.ip == "127.0.0.1" for c in listening)
+    assert all(c.laddr.ip == "127.0.0.1" for c in listening), [(c.laddr, c.fd) for c in listening]
     assert pool.run(sum_of_ranks) == [1.0, 1.0]
 
 

@@ -288,3 +288,14 @@ def test_a_version_4_hook_cost_job_gets_its_python_hook_ratios_as_pairs_unchange
                              "ratio_low": 1.01, "ratio_high": 1.07}]
     assert job["summary"]["hardened"] == {"ratio": 1.1}
     assert "vs_python_hook" in hardened  # the loaded document itself is left as it was
+
+
+def test_a_version_5_sdc_rate_reads_as_what_a_canary_raising_on_every_mismatch_counted():
+    from openclaw_ref.reporting.record import upgrade
+
+    old = {"schema_version": 5, "sdc": {"rates": [
+        {"fault": "sdc-flip-high", "value": "0.2", "probes": 40, "detected": 9,
+         "right_rank": 7, "fired": 90}]}}
+    (rate,) = upgrade(old, 5)["sdc"]["rates"]
+    assert rate == {"fault": "sdc-flip-high", "value": "0.2", "probes": 40, "named": 9,
+                    "reported": 0, "right_rank": 7, "wrong_rank": 2, "fired": 90}

@@ -47,6 +47,13 @@ Versions:
   ``_high`` in its summary; new arms ``floor`` (stock DDP plus one bare exchange of the step
   guard's bytes) and ``hardened+canary`` may appear. Versions 1 to 4 are upgraded on load: the
   ``vs_python_hook`` figures become pairs, unchanged.
+- 6: the compute canary confirms a mismatch before raising, so ``sdc.rates[]`` counts
+  ``named`` (raised), ``reported`` (a ``CanaryTransient`` event naming the faulty rank),
+  ``right_rank`` and ``wrong_rank`` in place of ``detected``; ``sdc.noise`` (optional) is the
+  tolerance's table (``experiments.canary_noise``); hook-cost arms may carry
+  ``probe_held_bytes``. Version 5 is upgraded on load: a canary that raised on every mismatch
+  ``named`` what it ``detected``, ``reported`` nothing, and named the wrong rank on
+  ``detected − right_rank`` probes.
 """
 
 from __future__ import annotations
@@ -62,8 +69,8 @@ from typing import Any
 from openclaw_ref.sync.errors import BadInput
 
 RAW_NAME = "raw.json"  # the record's file name in every results/<machine>/ directory
-SCHEMA_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 REGENERATE = "regenerate it with `openclaw-bench compare`"
 
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
@@ -271,8 +278,21 @@ def upgrade(doc: Mapping[str, Any], version: int) -> dict[str, Any]:
     if version < 5 and isinstance(out.get("hook_cost"), dict):
         out["hook_cost"]["jobs"] = {model: _with_pairs(job) for model, job
                                     in out["hook_cost"].get("jobs", {}).items()}
+    if version < 6 and isinstance(out.get("sdc"), dict):
+        out["sdc"] = {**out["sdc"], "rates": [_confirmed_rate(r)
+                                              for r in out["sdc"].get("rates", [])]}
     if "schema_version" in out:
         out["schema_version"] = SCHEMA_VERSION
+    return out
+
+
+def _confirmed_rate(rate: Mapping[str, Any]) -> dict[str, Any]:
+    """A version-5 detection rate in version 6's counts (``upgrade``)."""
+    if "detected" not in rate:
+        return dict(rate)
+    out = {k: v for k, v in rate.items() if k != "detected"}
+    out.update(named=rate["detected"], reported=0,
+               wrong_rank=rate["detected"] - rate["right_rank"])
     return out
 
 

@@ -28,7 +28,8 @@ def sdc_cell(case: Figures, fault_step: int) -> str:
     ranks = ", ".join(str(r) for r in case["ranks"])
     first = f"; {case['params'][0]}" if case["params"] else ""
     return (f"detected ({case['error']}, step {case['step']} = fault + "
-            f"{case['step'] - fault_step}, rank {ranks}{first})")
+            f"{case['step'] - fault_step}, {'rank' if len(case['ranks']) == 1 else 'ranks'} "
+            f"{ranks}{first})")
 
 
 def sdc_corpus_table(sec: Figures) -> Table:
