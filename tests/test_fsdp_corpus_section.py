@@ -191,6 +191,6 @@ def test_the_quick_subset_runs_both_columns_and_renders():
     assert cell[("extra-backward-one-rank", "stock")]["outcome"] == "crash"
     hardened = cell[("extra-backward-one-rank", "hardened")]
     assert (hardened["outcome"], hardened["error"], hardened["ranks"]) == \
-        ("detected", "ClockMismatch", [1])
+        ("detected", "ClockMismatch", [0, 1])  # two ranks, no majority: both
     [table] = fsdp_corpus_tables(sec, {})
     assert "Caught: stock FSDP2 0 of 2, harden() defaults 2 of 2." in table.caption

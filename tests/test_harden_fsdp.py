@@ -44,7 +44,7 @@ class Fault(enum.StrEnum):
     HSDP_REPLICA_DRIFTS = "hsdp-replica-drifts"  # HSDP_RANK's shards drift from its replica's
 
 
-HSDP_RANK = 3  # on a (2, 2) mesh its replica is rank 1, the reference of a 2-rank tie
+HSDP_RANK = 3  # on a (2, 2) mesh its replica is rank 1: a 2-replica tie names both
 
 
 class Net(nn.Module):
@@ -188,8 +188,8 @@ def test_a_hardened_fsdp2_model_trains_bitwise_like_stock_and_checks_every_step(
 
 @pytest.mark.slow
 def test_an_extra_backward_on_one_rank_is_a_clock_mismatch_naming_it_on_every_rank(pools):
-    replies = _run(pools, Fault.EXTRA_BACKWARD)
-    assert [r["outcome"] for r in replies] == [("ClockMismatch", FAULT_STEP, [FAULT_RANK])] * 2
+    replies = _run(pools, Fault.EXTRA_BACKWARD)  # two ranks, no majority: both suspects
+    assert [r["outcome"] for r in replies] == [("ClockMismatch", FAULT_STEP, [0, 1])] * 2
 
 
 @pytest.mark.slow
@@ -200,9 +200,8 @@ def test_an_optimizer_built_before_fully_shard_is_named_at_its_first_step(pools)
 
 @pytest.mark.slow
 def test_one_ranks_doubled_learning_rate_is_named_before_the_step_applies(pools):
-    replies = _run(pools, Fault.LR_ONE_RANK)
-    assert [r["outcome"] for r in replies] == [("OptimizerMismatch", FAULT_STEP,
-                                                [FAULT_RANK])] * 2
+    replies = _run(pools, Fault.LR_ONE_RANK)  # two ranks, no majority: both suspects
+    assert [r["outcome"] for r in replies] == [("OptimizerMismatch", FAULT_STEP, [0, 1])] * 2
 
 
 @pytest.mark.slow
@@ -243,9 +242,9 @@ def test_hsdp_trains_bitwise_like_stock_and_compares_replicas_every_step(pools):
 
 @pytest.mark.slow
 def test_hsdp_replicas_that_drift_apart_are_named_before_the_next_step_applies(pools):
-    replies = _run(pools, Fault.HSDP_REPLICA_DRIFTS, 4)
+    replies = _run(pools, Fault.HSDP_REPLICA_DRIFTS, 4)  # its replica and it: both suspects
     assert [r["outcome"] for r in replies] == [("ReplicaDivergence", FAULT_STEP,
-                                                [HSDP_RANK])] * 4
+                                                [HSDP_RANK - 2, HSDP_RANK])] * 4
 
 
 @pytest.mark.slow

@@ -55,8 +55,11 @@ def test_the_noise_table_gives_the_margin_and_the_smallest_fault_caught_or_why_n
     assert noise.rows[1][-1].startswith("not run: the model itself fails so")
 
 
-def test_a_cell_without_a_detection_is_its_outcome_alone():
+def test_a_cell_without_a_detection_is_its_outcome_and_what_the_canary_reported():
     assert sdc_cell(SECTION["corpus"][0], 2) == "silent-corruption"
+    reported = {**SECTION["corpus"][0], "reported": 2}
+    assert sdc_cell(reported, 2) == \
+        "silent-corruption (reported 2× as a one-off on the faulty rank)"
 
 
 def test_the_section_is_registered_everywhere_sections_are():
@@ -72,6 +75,10 @@ def test_the_quick_section_runs_and_the_canary_column_names_every_fault(pools):
 
     figures = sdc.run(quick_config(), pools, Ticks())
     on = [c for c in figures["corpus"] if c["column"] == "harden(), canary on"]
-    assert on and all(c["outcome"] == "detected" and c["ranks"] == [0, 1] for c in on)
+    persistent = [c for c in on if c["value"] is None]  # every call: named, both of two ranks
+    assert persistent and all(c["outcome"] == "detected" and c["ranks"] == [0, 1]
+                              for c in persistent)
+    # whatever is named, the faulty rank is among those named (never another rank alone)
+    assert all(1 in c["ranks"] for c in on if c["outcome"] == "detected")
     assert all(h["bitwise_equal"] and h["alarms_on"] == 0 for h in figures["healthy"])
     assert len(sdc_tables(figures, {})) == 4

@@ -22,9 +22,12 @@ FAULT_WORDS = {
 
 def sdc_cell(case: Figures, fault_step: int) -> str:
     """One cell: the outcome, and for a detection the error, the steps after the fault took
-    effect, the ranks and the first parameter named."""
+    effect, the ranks and the first parameter named; else the one-offs the canary reported on
+    the faulty rank (``CanaryTransient``), if any."""
     if case["outcome"] != "detected":
-        return case["outcome"]
+        reported = case.get("reported") or 0
+        return case["outcome"] + (f" (reported {reported}× as a one-off on the faulty rank)"
+                                  if reported else "")
     ranks = ", ".join(str(r) for r in case["ranks"])
     first = f"; {case['params'][0]}" if case["params"] else ""
     return (f"detected ({case['error']}, step {case['step']} = fault + "

@@ -55,7 +55,10 @@ def run(cfg: CompareConfig, pools: PoolCache, progress: Progress) -> dict:
                            "column": row["column"],
                            "outcome": row["outcome"], "error": row["kind"] or None,
                            "step": row["step"], "ranks": row["ranks"],
-                           "params": row["params"][:1], "fired": row["fired"]})
+                           "params": row["params"][:1], "fired": row["fired"],
+                           "reported": sum(k == "CanaryTransient" and world - 1 in r
+                                           for k, r in zip(row["events"],
+                                                           row["event_ranks"]))})
         progress.tick(f"sdc corpus at {world} ranks")
     probes = QUICK_RATE_PROBES if cfg.quick else RATE_PROBES
     rates = []
