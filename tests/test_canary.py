@@ -1,7 +1,7 @@
 """The compute canary's parts on one process: the probe touches nothing of training and holds
 one block of gradients at a time, its input survives the trip as tensors, compiled modules are
 probed without a recompile, and the verdict over the ranks' runs reaches each of its outcomes
-(``sync/evidence/canary*.py``)."""
+(``sync/canary/``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ import torch
 from torch import nn
 
 from openclaw_ref.sync.base import CANARY_EVERY, SyncConfig
-from openclaw_ref.sync.errors import BadInput, ComputeMismatch
-from openclaw_ref.sync.evidence.canary import Canary
-from openclaw_ref.sync.evidence.canary_fingerprint import (
+from openclaw_ref.sync.canary.fingerprint import (
     FIELD_BYTES,
     FIELDS,
     decode_fields,
@@ -23,11 +21,13 @@ from openclaw_ref.sync.evidence.canary_fingerprint import (
     local_fingerprint,
     unequal,
 )
-from openclaw_ref.sync.evidence.canary_input import _decode, _describe, capture
-from openclaw_ref.sync.evidence.canary_probe import cotangent_like, run_probe
-from openclaw_ref.sync.evidence.canary_row import STRIKES, CanaryEvent, Mode
-from openclaw_ref.sync.evidence.canary_tolerance import RTOL, RTOL_LOW, distance, off_ranks
-from openclaw_ref.sync.evidence.canary_verdict import Finding, Outcome, Run, classify
+from openclaw_ref.sync.canary.input import _decode, _describe, capture
+from openclaw_ref.sync.canary.probe import cotangent_like, run_probe
+from openclaw_ref.sync.canary.row import STRIKES, CanaryEvent, Mode
+from openclaw_ref.sync.canary.schedule import Canary
+from openclaw_ref.sync.canary.tolerance import RTOL, RTOL_LOW, distance, off_ranks
+from openclaw_ref.sync.canary.verdict import Finding, Outcome, Run, classify
+from openclaw_ref.sync.errors import BadInput, ComputeMismatch
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
 from openclaw_ref.sync.hardening import canary_interval
 

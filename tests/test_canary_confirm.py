@@ -1,4 +1,4 @@
-"""The compute canary confirms before it raises (``sync/evidence/canary_verdict.py``), driven
+"""The compute canary confirms before it raises (``sync/canary/verdict.py``), driven
 to every outcome on real gloo ranks (``experiments/canary_confirm.py``):
 
 - honest non-determinism on EVERY rank (the emulated GPU noise: one ulp at a random element of
@@ -29,7 +29,7 @@ from openclaw_ref.experiments.canary_confirm import (
     confirm_cases_task,
 )
 from openclaw_ref.sync.base import SyncConfig
-from openclaw_ref.sync.evidence.canary_row import STRIKES, CanaryEvent
+from openclaw_ref.sync.canary.row import STRIKES, CanaryEvent
 from openclaw_ref.sync.hardening import harden
 
 K = 2

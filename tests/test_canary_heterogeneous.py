@@ -3,7 +3,7 @@ this CPU a LayerNorm's backward reduces its weight gradient in another order wit
 so healthy ranks' probes differ in the last bits; the fingerprints exchanged before the first
 probe must show that, say so (``CanaryUnreproducible``, naming the rank and "threads"), start
 the canary on its tolerance, and then raise no alarm — while an exponent flip on a faulty rank
-is still named (``canary``, ``canary_fingerprint``, ``canary_tolerance``).
+is still named (``canary``, ``canary.fingerprint``, ``canary.tolerance``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.core.sdc_faults import FaultyMatmul, entered, sdc_model
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.canary.probe import run_probe
+from openclaw_ref.sync.canary.row import CanaryEvent
+from openclaw_ref.sync.canary.tolerance import RTOL, distance
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.canary_probe import run_probe
-from openclaw_ref.sync.evidence.canary_row import CanaryEvent
-from openclaw_ref.sync.evidence.canary_tolerance import RTOL, distance
 from openclaw_ref.sync.hardening import harden
 
 FEATURES, WIDTH, CLASSES, BATCH = 16, 64, 4, 8

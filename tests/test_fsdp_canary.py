@@ -19,8 +19,8 @@ from torch.distributed.tensor import DTensor
 from openclaw_ref.conformance.fsdp_run import FSDP_OPTION_SETS, device_mesh, shard_model
 from openclaw_ref.core.sdc_faults import FaultyMatmul, entered, sdc_model
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.canary.probe import run_probe
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.canary_probe import run_probe
 from openclaw_ref.sync.fsdp.canary import hidden_fsdp_hooks
 from openclaw_ref.sync.fsdp.canary_units import UnitGather, full_value
 from openclaw_ref.sync.hardening import harden

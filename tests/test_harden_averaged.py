@@ -15,8 +15,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from openclaw_ref.sync.base import SyncConfig
+from openclaw_ref.sync.canary.row import CanaryEvent
 from openclaw_ref.sync.errors import GradientsNotAveraged
-from openclaw_ref.sync.evidence.canary_row import CanaryEvent
 from openclaw_ref.sync.hardening import harden
 
 STEPS = 4

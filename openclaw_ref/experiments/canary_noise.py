@@ -7,7 +7,7 @@ and the benchmark's MLP and ``tiny`` preset — in fp32 and under bf16 autocast,
 - **healthy**: the probe run once clean and ``trials`` times under the emulated GPU noise at its
   worst (``core.nondeterminism``: EVERY matrix product of the forward and the backward moved
   by one ulp at a random element, a fresh random stream per trial); the largest distance
-  (``canary_tolerance.distance``: the largest figure difference over the whole probe
+  (``canary.tolerance.distance``: the largest figure difference over the whole probe
   gradient's mass) from the clean run;
 - **faulty**: the probe with element 0 of every matrix product scaled by (1 + 2^-j), for
   j = 1 … 24; the smallest such error whose distance exceeds ``RTOL`` — the smallest fault of
@@ -30,9 +30,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from openclaw_ref.core.nondeterminism import NoisyKernels
-from openclaw_ref.sync.evidence.canary_input import capture, rebuild
-from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe
-from openclaw_ref.sync.evidence.canary_tolerance import distance, tolerance
+from openclaw_ref.sync.canary.input import capture, rebuild
+from openclaw_ref.sync.canary.probe import ProbeResult, run_probe
+from openclaw_ref.sync.canary.tolerance import distance, tolerance
 
 _OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
                   torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default})

@@ -1,15 +1,15 @@
 """Is the compute canary's probe bitwise reproducible where it runs — above all on CUDA, whose
 default kernels may be non-deterministic (atomic adds in ``index_add`` and in the backward of
 indexing, cuBLAS reduction splits)? The canary confirms every mismatch by re-running the probe
-(``sync/evidence/canary_verdict.py``), so a non-deterministic kernel switches it to its
+(``sync/canary/verdict.py``), so a non-deterministic kernel switches it to its
 tolerance and never raises; these figures say how often that happens on a device, and how far
-apart the runs land (what the tolerance, ``canary_tolerance.RTOL``, must absorb), on the MLP and
+apart the runs land (what the tolerance, ``canary.tolerance.RTOL``, must absorb), on the MLP and
 the ``tiny`` and ``small`` presets:
 
 - ``repeat_task``: the same probe — same parameters, input, seed and cotangent — run many
   times on one rank: how many runs' gradient digests differ from the first run's, the first
   parameter that differed, and the largest distance from the first run
-  (``canary_tolerance.distance``: a fraction of the whole probe gradient's mass);
+  (``canary.tolerance.distance``: a fraction of the whole probe gradient's mass);
 - ``false_alarm_task``: a healthy hardened job (the hook-cost job's ``hardened+canary`` arm: a
   probe every step) over many steps: the ``ConsistencyError`` it raised (none expected), its
   events, whether the canary went to its tolerance — and the repeat figures of the same trained
@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from openclaw_ref.experiments.hook_cost import BUCKET_CAP_MB, arm_step, step_fn, wrap_arm
+from openclaw_ref.sync.canary.input import capture, rebuild
+from openclaw_ref.sync.canary.probe import ProbeResult, run_probe
+from openclaw_ref.sync.canary.tolerance import distance
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.canary_input import capture, rebuild
-from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe
-from openclaw_ref.sync.evidence.canary_tolerance import distance
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
 
 PROBE_SEED = 0x0C1A5  # the canary's seed of its first probe
@@ -52,7 +52,7 @@ class ProbeModel(enum.StrEnum):
 class Repeats:
     """``repeats`` runs of one probe: how many differ from the first bitwise, how many distinct
     results there were, the first parameter that ever differed, and the largest distance from
-    the first run (``canary_tolerance.distance``)."""
+    the first run (``canary.tolerance.distance``)."""
 
     repeats: int
     differing: int = 0
@@ -68,7 +68,7 @@ class Repeats:
 def repeat_probes(module: nn.Module, args: tuple, kwargs: dict, repeats: int,
                   seed: int = PROBE_SEED,
                   probe: Callable[..., ProbeResult] = run_probe) -> Repeats:
-    """The canary's probe (``probe``: ``canary_probe.run_probe``) of ``module`` on
+    """The canary's probe (``probe``: ``canary.probe.run_probe``) of ``module`` on
     ``(args, kwargs)`` with ``seed``, run ``repeats`` times and compared with the first run."""
     tracked = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     first = probe(module, tracked, args, kwargs, seed)

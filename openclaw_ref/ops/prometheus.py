@@ -52,8 +52,8 @@ from torch import nn
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.config import MetricsConfig
 from openclaw_ref.sync.base import RankInfo
+from openclaw_ref.sync.canary.row import CanaryEvent
 from openclaw_ref.sync.errors import BadInput, Event
-from openclaw_ref.sync.evidence.canary_row import CanaryEvent
 
 P2_THRESHOLD_MS = 1.5  # the seed's threshold
 STORE_PORT_KEY = "openclaw/metrics/port/{rank}"

@@ -171,7 +171,7 @@ class SyncConfig:
     nonfinite: NonFinitePolicy = NonFinitePolicy.SKIP
     verdict_at: VerdictAt = VerdictAt.AUTO  # where the step's verdict is read
     guard: Guard = Guard.STEP  # one exchange per step, or the per-bucket hook
-    # the compute canary (``evidence.canary``, docs/canary.md): every K steps each rank runs the
+    # the compute canary (``canary.schedule``, docs/canary.md): every K steps each rank runs the
     # same small probe and the ranks' results are compared; names a rank whose hardware
     # computes wrong gradients. None (the default): ``CANARY_EVERY`` wherever the canary can
     # run (the step guard on DDP, replicate(), FSDP2/HSDP), off elsewhere (the per-bucket

@@ -140,7 +140,7 @@ class ReplicaDivergence(ConsistencyError):
 
 
 class ComputeMismatch(ConsistencyError):
-    """The compute canary (``evidence.canary``): every rank ran the same probe — the same
+    """The compute canary (``canary.schedule``): every rank ran the same probe — the same
     parameters, input, dropout seed and cotangent — and some rank's gradients differ bitwise
     (or, once the start-up self-test found the ranks not bitwise reproducible, beyond the
     stated tolerance): that rank's hardware computes wrong (silent data corruption)."""

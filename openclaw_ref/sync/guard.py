@@ -81,7 +81,7 @@ class GuardBase(abc.ABC):
         self.handles: list = []  # what harden() registered (``.remove()``), for close()
         self.closed = False
         self.failed = False  # the guard raised: no close-time check (module docstring)
-        self.canary = None  # the compute canary (``evidence.canary``), where it runs
+        self.canary = None  # the compute canary (``canary.schedule``), where it runs
         self.canary_off = ""  # why there is none (``hardening.canary_interval``)
 
     def mark(self, model: nn.Module) -> None:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from openclaw_ref.sync.base import NonFinitePolicy, SyncConfig, VerdictAt
-from openclaw_ref.sync.evidence.canary_row import canary_summary
+from openclaw_ref.sync.canary.row import canary_summary
 from openclaw_ref.sync.evidence.ledger import Ledger
 from openclaw_ref.sync.evidence.precision import ScalePolicy
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices

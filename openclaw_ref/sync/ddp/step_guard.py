@@ -35,7 +35,7 @@ A forward DDP would not have averaged (``no_sync()``, ``require_backward_grad_sy
 arms nothing, through the wrapper or around it. A rank that joined
 (``DDP.join()``) sends a "joined" slot after DDP's shadow allreduces.
 
-With the compute canary on (``SyncConfig.canary_every``, ``evidence.canary``) step 3 also XORs
+With the compute canary on (``SyncConfig.canary_every``, ``canary.schedule``) step 3 also XORs
 a probe's gradient digest into the replica digest, and every K steps the settle broadcasts the
 probe's input: two collectives per K steps, none per step.
 
@@ -56,6 +56,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
 from openclaw_ref.sync.base import SyncConfig, Wire
+from openclaw_ref.sync.canary.row import step_digests
+from openclaw_ref.sync.canary.schedule import canary_for
 from openclaw_ref.sync.ddp.ddp_guard import DDPGuard
 from openclaw_ref.sync.ddp.step_setup import (
     JoinedExchange,
@@ -68,8 +70,6 @@ from openclaw_ref.sync.ddp.step_setup import (
 )
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator
-from openclaw_ref.sync.evidence.canary import canary_for
-from openclaw_ref.sync.evidence.canary_row import step_digests
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
     encode_slot,

@@ -1,5 +1,5 @@
 """The compute canary on an FSDP2 model (``fully_shard``: a 1-D mesh, HSDP's 2-D mesh): the
-DDP canary's schedule, input and vote (``evidence/canary.py``), with the probe run on the FULL
+DDP canary's schedule, input and vote (``canary/schedule.py``), with the probe run on the FULL
 parameters and FSDP2's own hooks out of the way.
 
 Why the same idea holds. Every rank of the data-parallel group (the exchange group: the 1-D
@@ -19,7 +19,7 @@ and move FSDP2's training state). The probe runs
     or reduce-scatter of FSDP2's, no ``_training_state`` change, no post-backward hook and no
     pre-backward hook on the probe's tensors, and the root's lazy init is not re-entered; the
     user's own hooks still run;
-  * on stand-ins (``canary_probe.run_probe``): the full tensors, new leaves, so the sharded
+  * on stand-ins (``canary.probe.run_probe``): the full tensors, new leaves, so the sharded
     parameters' ``.grad`` and the guard's post-accumulate-grad hooks are not reached; buffers
     cloned; RNG streams forked.
   * before FSDP2's own root pre-forward (the canary's pre-hook is prepended after it), where
@@ -45,10 +45,10 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from openclaw_ref.sync.canary.probe import ProbeResult, run_probe
+from openclaw_ref.sync.canary.row import ProbeCall
+from openclaw_ref.sync.canary.schedule import Canary
 from openclaw_ref.sync.errors import ComputeMismatch
-from openclaw_ref.sync.evidence.canary import Canary
-from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe
-from openclaw_ref.sync.evidence.canary_row import ProbeCall
 from openclaw_ref.sync.fsdp.canary_units import UnitGather, full_value
 from openclaw_ref.sync.fsdp.guard import FSDPGuard
 

@@ -11,7 +11,7 @@ inside it the unit's own parameters — those not in a nested unit — get their
 — the full weights among them — are dropped when the unit returns and recomputed, gathered
 again, when the backward reaches it. Each full value comes out of ``_Gathered``, an autograd
 function whose backward hands the parameter's probe gradient to the canary's stream
-(``canary_stream``) and returns nothing: no leaf holds it, so nothing keeps the full tensor
+(``canary.stream``) and returns nothing: no leaf holds it, so nothing keeps the full tensor
 alive, and no gradient reaches a sharded parameter. FSDP2's own hooks stay hidden
 (``fsdp.canary.hidden_fsdp_hooks``); the root unit's parameters are stand-ins as under DDP.
 
@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils.checkpoint import checkpoint
 
-from openclaw_ref.sync.evidence.canary_stream import GradStream
+from openclaw_ref.sync.canary.stream import GradStream
 
 
 def full_value(p: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ class _Gathered(torch.autograd.Function):
 
 
 class UnitGather:
-    """The lazily gathered parameters of one FSDP2 model's probe (``canary_probe``'s
+    """The lazily gathered parameters of one FSDP2 model's probe (``canary.probe``'s
     ``LazyParameters``): ``ids`` of every parameter below the root unit, and the most bytes of
     full parameters held at once by the last probe (``peak_bytes``, the root's included)."""
 

@@ -59,9 +59,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from openclaw_ref.sync.base import NonFinitePolicy, RankInfo, SyncConfig
+from openclaw_ref.sync.canary.row import canary_summary
 from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence import checks
-from openclaw_ref.sync.evidence.canary_row import canary_summary
 from openclaw_ref.sync.evidence.heartbeat import STEP_EXCHANGE
 from openclaw_ref.sync.evidence.precision import nonfinite_flags
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices

@@ -5,7 +5,7 @@ same verdict.
 A mismatch is a suspicion. Before any verdict every rank re-runs the very probe — the same
 input, parameters, buffers, seed and cotangent — ``RERUNS`` more times, and the runs of every
 rank are gathered (``canary``). Then, with "the same" meaning bitwise equal digests, or under
-the tolerance figures within ``RTOL`` (``canary_tolerance``):
+the tolerance figures within ``RTOL`` (``canary.tolerance``):
 
 - a rank **varies** when its own runs are not all the same;
 - two or more ranks vary → ``NONDETERMINISTIC``: the job's kernels do not reproduce (GPU
@@ -31,8 +31,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from openclaw_ref.sync.canary.tolerance import distance, first_apart, off_ranks
 from openclaw_ref.sync.errors import ComputeMismatch
-from openclaw_ref.sync.evidence.canary_tolerance import distance, first_apart, off_ranks
 from openclaw_ref.sync.evidence.vote import TIE_WORDS, Vote, majority, suspects_of
 
 RERUNS = 2  # runs of the same probe after the one that mismatched: three runs in all
@@ -59,7 +59,7 @@ class Finding:
     """The verdict over the ranks' runs: ``ranks`` are indices into the runs given (the
     suspects, or the ranks that varied); ``tie``: no strict majority among the stable ranks;
     ``param``: the first parameter index that differs; ``distance``: how far the suspects'
-    results are from the others' (``canary_tolerance.distance``)."""
+    results are from the others' (``canary.tolerance.distance``)."""
 
     outcome: Outcome
     ranks: tuple[int, ...] = ()

@@ -12,9 +12,9 @@ from typing import Protocol
 
 import torch
 
+from openclaw_ref.sync.canary.probe import ProbeResult
+from openclaw_ref.sync.canary.verdict import Run
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.canary_probe import ProbeResult
-from openclaw_ref.sync.evidence.canary_verdict import Run
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest, mix_int
 from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
 

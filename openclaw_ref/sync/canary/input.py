@@ -1,6 +1,6 @@
 """The compute canary's probe input: a slice of one rank's real micro-batch, sent to every rank
 as tensors — never a pickle — and rebuilt into the tree of each rank's own call
-(``canary`` schedules it; ``canary_probe`` runs the probe on it).
+(``canary.schedule`` schedules it; ``canary.probe`` runs the probe on it).
 
 ``capture``: the first ``PROBE_ROWS`` rows of every tensor whose first dimension is the batch's,
 any other tensor whole; ints, floats, bools and None as they are. ``share``: a fixed-size int64

@@ -1,11 +1,11 @@
 """The compute canary's probe: one small forward and backward that every rank computes on the
-same parameters, the same input (``canary_input``), the same dropout seed and the same
+same parameters, the same input (``canary.input``), the same dropout seed and the same
 cotangent, touching nothing of training (``canary`` schedules it and compares its results).
 
 What it yields (``ProbeResult``): per tracked parameter, the 64-bit digest of its probe
 gradient (``ReplicaDigest``: any change confined to one word is seen with certainty) and two
 float64 figures, the gradient's sum and its mass (sum of magnitudes) — the figures measure how
-FAR two results are, which a digest cannot (``canary_tolerance``).
+FAR two results are, which a digest cannot (``canary.tolerance``).
 
 Bounded memory. Each gradient is taken from its stand-in the moment autograd accumulates it (a
 post-accumulate-grad hook), queued, and digested with the others queued once they reach
@@ -50,7 +50,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_flatten
 
-from openclaw_ref.sync.evidence.canary_stream import GradStream
+from openclaw_ref.sync.canary.stream import GradStream
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
 
 COTANGENT_SEED = 0x5EED
@@ -67,7 +67,7 @@ class ProbeResult:
     digests: list[int] | torch.Tensor
     figures: torch.Tensor
     held_bytes: int = 0
-    low_precision: bool = False  # some of it ran in bf16/fp16 (``canary_tolerance``)
+    low_precision: bool = False  # some of it ran in bf16/fp16 (``canary.tolerance``)
     param_bytes: int = 0  # FSDP2: the most bytes of gathered parameters alive at once
 
     def digest_list(self) -> list[int]:

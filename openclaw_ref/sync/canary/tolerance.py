@@ -1,6 +1,6 @@
 """How far apart two probe results are, on a scale that healthy noise cannot make tiny.
 
-A probe result's figures (``canary_probe.ProbeResult.figures``) are, per parameter, its probe
+A probe result's figures (``canary.probe.ProbeResult.figures``) are, per parameter, its probe
 gradient's sum and mass (sum of magnitudes), in float64. The distance between two results is
 the largest difference of any figure, divided by the mass of the WHOLE probe gradient (the sum
 of every parameter's mass; the larger of the two results'). Never by one parameter's own mass:

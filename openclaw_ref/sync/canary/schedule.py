@@ -1,16 +1,16 @@
 """The compute canary of ``harden()``'s step guard, on by default (``SyncConfig.canary_every``):
-every K steps every rank runs the same small probe (``canary_probe``) and the ranks' results
+every K steps every rank runs the same small probe (``canary.probe``) and the ranks' results
 are compared. A rank whose hardware computes wrong (silent data corruption in a matmul, a
 mercurial core) makes its probe differ. Everything else the guard checks shows *agreement*; an
 SDC'd contribution is averaged in, every rank receives the same wrong gradient and every
 agreement check passes — this one compares *computation*.
 
 The schedule (capture step c = n·K, n = 0, 1, …; owner = n mod W):
-  1. the forward of step c: every rank notes its call's input (``canary_input.capture``);
+  1. the forward of step c: every rank notes its call's input (``canary.input.capture``);
   2. the settle of step c, once its verdict passed on every rank — every rank read the same
      reduced block, so every rank is here, at the same step: before the first probe, the
-     ranks' fingerprints (``canary_fingerprint``: where they differ, the canary starts on its
-     tolerance); then the owner's slice is broadcast (``canary_input.share``). Never while
+     ranks' fingerprints (``canary.fingerprint``: where they differ, the canary starts on its
+     tolerance); then the owner's slice is broadcast (``canary.input.share``). Never while
      ``DDP.join()`` is active (a joined rank runs no settle);
   3. the next forward with gradients enabled (step c + 1): before the module's forward (after
      DDP's buffer broadcast), every rank runs the probe on the current parameters — equal on
@@ -19,8 +19,8 @@ The schedule (capture step c = n·K, n = 0, 1, …; owner = n mod W):
   4. the compare, before the optimizer applies step c + 1. Bitwise (the default where the
      fingerprints agree): the probe's combined digest is XORed into the replica digest of that
      step's exchange — no byte more on the wire. Under the tolerance: one gather of every
-     rank's figures in the settle of that step (``canary_tolerance``).
-A mismatch is a suspicion (``canary_verdict``): every rank re-runs the same probe and the runs
+     rank's figures in the settle of that step (``canary.tolerance``).
+A mismatch is a suspicion (``canary.verdict``): every rank re-runs the same probe and the runs
 are gathered and classified — a persistent difference raises ``ComputeMismatch`` naming the
 suspects (with no majority, both sides: ``vote``); the job's own non-determinism switches the
 comparison to the tolerance (or widens it) and never raises; a one-off on one rank is a
@@ -42,12 +42,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from openclaw_ref.sync.errors import ComputeMismatch, Event
-from openclaw_ref.sync.evidence import canary_row, canary_verdict, checks
-from openclaw_ref.sync.evidence.canary_fingerprint import exchange, local_fingerprint, unequal
-from openclaw_ref.sync.evidence.canary_input import ProbeInput, capture, rebuild, share
-from openclaw_ref.sync.evidence.canary_probe import ProbeResult, run_probe, unwrapped
-from openclaw_ref.sync.evidence.canary_row import (
+from openclaw_ref.sync.canary import row as canary_row
+from openclaw_ref.sync.canary import verdict as canary_verdict
+from openclaw_ref.sync.canary.fingerprint import exchange, local_fingerprint, unequal
+from openclaw_ref.sync.canary.input import ProbeInput, capture, rebuild, share
+from openclaw_ref.sync.canary.probe import ProbeResult, run_probe, unwrapped
+from openclaw_ref.sync.canary.row import (
     FORWARD_REPLACED,
     HEAD,
     LOW_FLAG,
@@ -64,13 +64,15 @@ from openclaw_ref.sync.evidence.canary_row import (
     Mode,
     ProbeCall,
 )
-from openclaw_ref.sync.evidence.canary_tolerance import off_ranks, tolerance
-from openclaw_ref.sync.evidence.canary_verdict import (
+from openclaw_ref.sync.canary.tolerance import off_ranks, tolerance
+from openclaw_ref.sync.canary.verdict import (
     RERUNS,
     Finding,
     Outcome,
     classify,
 )
+from openclaw_ref.sync.errors import ComputeMismatch, Event
+from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
 from openclaw_ref.sync.evidence.vote import majority
 from openclaw_ref.sync.guard import GuardBase
@@ -122,7 +124,7 @@ class Canary:
 
     @property
     def rtol(self) -> float:
-        """The tolerance now: the probe's precision's (``canary_tolerance.tolerance``), times
+        """The tolerance now: the probe's precision's (``canary.tolerance.tolerance``), times
         what the job's own noise made it widen."""
         return tolerance(self.low) * self.widened
 
@@ -135,7 +137,7 @@ class Canary:
     def _remember_forwards(self) -> None:
         """A forward the instance already carries at hardening (Accelerate's mixed-precision
         wrapper: autocast, outputs to fp32) is what every call runs, so the probe runs it too;
-        a compiled module is probed through the module it wraps (``canary_probe``)."""
+        a compiled module is probed through the module it wraps (``canary.probe``)."""
         module = self.guard.module
         self._installed = module.__dict__.get("forward")
         self._forward = unwrapped(module).__dict__.get("forward")
@@ -270,7 +272,7 @@ class Canary:
     # -- the confirmation -----------------------------------------------------------------------
     def _confirm(self, step: int, everyone: bool) -> ComputeMismatch | None:
         """Every rank re-runs the last probe ``RERUNS`` times; the runs are gathered and
-        classified (``canary_verdict``) and acted on. ``everyone``: every rank of the group
+        classified (``canary.verdict``) and acted on. ``everyone``: every rank of the group
         probed (else nothing is re-run — under FSDP2 a rerun's all-gathers need every rank —
         and nothing is raised)."""
         if not everyone:
