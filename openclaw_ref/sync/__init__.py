@@ -4,8 +4,9 @@ What users import: ``harden`` (``hardening.py``), its config ``SyncConfig`` (``b
 guard it returns (``guard.py``'s ``GuardBase``) and the errors it raises (every exception class
 of ``errors``: ``ConsistencyError`` and its checks, ``CollectiveFailed``, ``SyncTimeout``,
 ``JobFailed``, ``BadInput``). ``ddp/`` and ``fsdp/`` adapt it to each wrapper, on the evidence
-of ``evidence/`` and the compute canary of ``canary/``. Only what ``harden()`` runs lives here: the benchmark's arms (stock DDP, the
-seed's fixes) live beside it, in ``openclaw_ref.arms``.
+of ``evidence/`` and the compute canary of ``canary/``. Only what ``harden()`` runs lives
+here: the benchmark's arms (stock DDP, the seed's fixes) live beside it, in
+``openclaw_ref.arms``.
 
 Invariant: ``openclaw_ref.sync`` imports only torch and its own modules (never the launcher,
 the training loop or anything else of ``openclaw_ref``), so it can be lifted out whole;
