@@ -16,10 +16,14 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
+
+import torch.distributed as dist
 
 from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.bench.settings import BenchSettings
+from openclaw_ref.core.launch import loopback_listener
 from openclaw_ref.core.train import TrainConfig, train_model
 from openclaw_ref.sync.base import SyncConfig
 
@@ -92,3 +96,12 @@ def partial_run(base: Mapping, sections: tuple[str, ...], git_sha: str) -> dict:
                      "sections_run": [{"name": s, "seconds": 1.5} for s in sections],
                      "sections_skipped": {}, "wall_s": 2.0},
             **{s: copy.deepcopy(base[s]) for s in sections}}
+
+
+def loopback_store(timeout_s: float = 10.0) -> dist.TCPStore:
+    """A one-process ``TCPStore`` server listening on 127.0.0.1 only, as the launcher's is:
+    torch's own would listen on every interface, and outlive its test in this process."""
+    listener = loopback_listener("127.0.0.1")
+    return dist.TCPStore("127.0.0.1", listener.getsockname()[1], 1, True,
+                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+                         master_listen_fd=listener.detach())

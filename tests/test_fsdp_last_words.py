@@ -20,6 +20,7 @@ from openclaw_ref.fsdp_corpus.launch import Job, run_job
 from openclaw_ref.fsdp_corpus.patterns import Column
 from openclaw_ref.sync.errors import GradientsNotAveraged, MissingGradient
 from openclaw_ref.sync.fsdp.last_words import Clock, GroupPlan, LastWords
+from tests.helpers import loopback_store
 
 PLAN = GroupPlan("layers.1", 1_000 + 100 + 40 + 8, {"w": 1_000, "b": 100, "aux.w": 40,
                                                      "aux.b": 8})
@@ -71,7 +72,7 @@ def test_a_backward_with_sync_off_is_noted():
 def test_a_store_that_cannot_be_reached_neither_stops_training_nor_hides_gloos_error():
     """The store's host may be what failed: a note it refuses is skipped with one warning, and
     a diagnosis it cannot read is None (the wrapper then raises gloo's error as it was)."""
-    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=2))
+    server = loopback_store(2)
     client = dist.TCPStore("127.0.0.1", server.port, 1, False, timeout=timedelta(seconds=2))
     rank = LastWords(client, "ns", 1, [0, 1], [PLAN], GROUPS)
     del server

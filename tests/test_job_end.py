@@ -17,6 +17,7 @@ from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import JobFailed, ReplicaDivergence, SyncTimeout
 from openclaw_ref.sync.evidence.job_end import FailureNote, JobEnd, failure_key, knows_key
 from openclaw_ref.sync.evidence.watchdog import Watchdog
+from tests.helpers import loopback_store
 
 DEADLINE_S = 0.3
 LATE = SyncTimeout("rank 0: allreduce of the step's exchange at step 3 still waiting", ranks=[1],
@@ -25,8 +26,7 @@ LATE = SyncTimeout("rank 0: allreduce of the step's exchange at step 3 still wai
 
 @pytest.fixture
 def store():
-    return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10),
-                         wait_for_workers=False)
+    return loopback_store(10)
 
 
 def _client(store: dist.TCPStore) -> dist.TCPStore:
@@ -232,8 +232,7 @@ def test_report_records_nothing_more_than_it_did_and_never_ends_the_process(stor
 
 
 def test_a_watchdog_whose_store_host_died_ends_its_process_within_the_deadline():
-    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5),
-                           wait_for_workers=False)
+    server = loopback_store(5)
     client = dist.TCPStore("127.0.0.1", server.port, 1, False,
                            timeout=datetime.timedelta(seconds=5))
     ended: list[BaseException] = []

@@ -9,16 +9,15 @@ multi-process gloo hang is in ``test_hardened_faults.py``.
 
 from __future__ import annotations
 
-import datetime
 import threading
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from openclaw_ref.sync.base import WatchdogAction
 from openclaw_ref.sync.errors import SyncTimeout
 from openclaw_ref.sync.evidence.watchdog import Watchdog
+from tests.helpers import loopback_store
 
 
 class EnqueuedWork:
@@ -38,8 +37,7 @@ class EnqueuedWork:
 
 @pytest.fixture
 def store():
-    s = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10),
-                      wait_for_workers=False)
+    s = loopback_store(10)
     yield s
 
 

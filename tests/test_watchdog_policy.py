@@ -9,7 +9,6 @@ observed state (an event recorded, a beat published), never on elapsed time.
 
 from __future__ import annotations
 
-import datetime
 import threading
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ import torch.distributed as dist
 from openclaw_ref.sync.base import SyncConfig, WatchdogAction
 from openclaw_ref.sync.errors import BadInput, SyncTimeout
 from openclaw_ref.sync.evidence.watchdog import BLIND, SIGHTED, Watchdog
+from tests.helpers import loopback_store
 
 DEADLINE_S = 0.3
 
@@ -64,8 +64,7 @@ class FlakyStore:
 
 @pytest.fixture
 def store():
-    return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10),
-                         wait_for_workers=False)
+    return loopback_store(10)
 
 
 def until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:

@@ -185,7 +185,9 @@ def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.
         os._exit(0)
 
 
-def _loopback_listener(host: str) -> socket.socket:
+def loopback_listener(host: str) -> socket.socket:
+    """A listening socket on ``host`` only, for a ``TCPStore`` server (``master_listen_fd``):
+    torch's server left to itself listens on every interface (``::``)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
     sock.listen(256)
@@ -204,7 +206,7 @@ class RankPool:
         self._closed = False
         self._stacks_dir = tempfile.mkdtemp(prefix="openclaw-stacks-")  # kept if one is dumped
         self._stacks_dumped = False
-        listener = _loopback_listener(cfg.host)
+        listener = loopback_listener(cfg.host)
         port = listener.getsockname()[1]
         self._store = dist.TCPStore(
             cfg.host, port, cfg.world_size + 1, True,
