@@ -65,12 +65,7 @@ from openclaw_ref.sync.canary.row import (
     ProbeCall,
 )
 from openclaw_ref.sync.canary.tolerance import off_ranks, tolerance
-from openclaw_ref.sync.canary.verdict import (
-    RERUNS,
-    Finding,
-    Outcome,
-    classify,
-)
+from openclaw_ref.sync.canary.verdict import RERUNS, Finding, Outcome, classify
 from openclaw_ref.sync.errors import ComputeMismatch, Event
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.replica_digest import ReplicaDigest
