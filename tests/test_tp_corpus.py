@@ -1,17 +1,18 @@
 """The FSDP2 × tensor-parallel corpus: what the script as written (stock) and ``harden(model)``
-with its defaults do with healthy 2-D and 3-D set-ups and with published TP/SP mistakes, each
-a plain user script under torchrun on 4 (2-D) or 8 (3-D) CPU gloo ranks, judged from what every
+with its defaults do with healthy 2-D and 3-D set-ups and with published TP/SP mistakes, each a
+plain user script under torchrun on 4 (2-D) or 8 (3-D) CPU gloo ranks, judged from what every
 rank wrote. Also the judging itself: the replica drift read from the ranks' parameters, what a
 detection named, the warnings a rank printed, bitwise equality between the columns.
 
 The stock column is measured fact about torch 2.13 + gloo: every healthy set-up trains with its
-replicas bitwise equal and no warning; five mistakes leave the replicated parameters drifting
-apart, silently; clipping that counts replicated parameters tp times leaves every replica equal
-and the run off its correct twin; an extra micro-batch on one rank hangs the job at its last
-step. The hardened column is asserted as docs/meshes.md says harden() behaves once FSDP2 × TP
-is guarded (issue 54); the assertions that need the hook library's change are
-``xfail(strict=True)``, so they turn into failures the day it lands and must be unmarked.
-The torchrun jobs are slow (4 ranks on 2 shared cores; the 3-D ones 8): ``slow``."""
+replicas bitwise equal and no warning; five mistakes on the 2-D mesh and one on the 3-D leave
+the replicated parameters drifting apart, silently; clipping that counts replicated parameters
+tp times leaves every replica equal and the run off its correct twin; an extra micro-batch on
+one rank hangs the job at its last step. The hardened column is asserted as docs/meshes.md says
+harden() behaves once FSDP2 × TP is guarded (issue 54); the assertions that need the hook
+library's change are ``xfail(strict=True)``, so they turn into failures the day it lands and
+must be unmarked. The torchrun jobs are slow (4 ranks on 2 shared cores; the 3-D ones 8):
+``slow``."""
 
 from __future__ import annotations
 
@@ -38,8 +39,7 @@ ISSUE_HEALTHY = ("sequence-parallel", "plain-tp", "loss-parallel", "compiled-blo
 
 def test_the_corpus_has_the_issues_healthy_set_ups_and_at_least_five_mistakes():
     assert set(ISSUE_HEALTHY) <= {c.name for c in HEALTHY}
-    assert len({c.fault for c in MISTAKES} | {c.clip for c in MISTAKES}
-               | {c.plan for c in MISTAKES}) >= 5 and len(MISTAKES) >= 5
+    assert len({(c.plan, c.clip, c.fault) for c in MISTAKES}) >= 5  # distinct mistakes
 
 
 def test_every_mistake_cites_a_public_source_or_says_none_was_found():
@@ -150,9 +150,9 @@ def test_a_warning_is_recorded_and_still_shown_as_the_user_would_see_it(monkeypa
 
 
 # --- the runs: stock, then harden(model) ----------------------------------------------------
-# Four torchrun jobs per column (~2-4 min each on 2 shared cores; the 2-D job holds inductor's
-# first compile and, last, the hang the extra micro-batch ends in: gloo timeout 10 s, the
-# script's watchdog 50 s, 120 s under harden()).
+# Two or three torchrun jobs per column, the columns side by side (~3 min in all on 2 shared
+# cores at load ~15; the 2-D job holds inductor's first compile and, last, the hang the extra
+# micro-batch ends in under stock: gloo timeout 20 s, so the script's watchdog at 70 s).
 
 TWO_D = tuple(c.name for c in sorted((c for c in CASES.values() if c.mesh is MeshShape.TWO_D),
                                      key=lambda c: (c.name == "extra-microbatch-one-rank",
@@ -167,7 +167,7 @@ def _column(column: Column) -> dict[str, dict]:
     for names in (TWO_D, THREE_D):
         left = list(names)
         while left:
-            out.update(run_job(Job(tuple(left), column, timeout_s=10)))
+            out.update(run_job(Job(tuple(left), column, timeout_s=20)))
             left = [n for n in left if n not in out]
     return out
 
@@ -236,7 +236,7 @@ def test_stock_clipping_that_counts_replicas_tp_times_keeps_replicas_equal_and_t
 def test_stock_with_an_extra_micro_batch_on_one_rank_hangs_every_rank(runs):
     """Rank 1's extra forward and backward pair its collectives with the next step's of its
     peers: the shapes match, so the job runs on, one micro-batch apart, until the last step,
-    where every rank waits (mesh subgroups: gloo's 30-minute default, not the 10 s of the
+    where every rank waits (mesh subgroups: gloo's 30-minute default, not the timeout of the
     process group), ended by the script's watchdog."""
     out = runs[Column.STOCK]["extra-microbatch-one-rank"]
     assert out["kind"] == "hang-timeout" and out["ranks"] == [0, 1, 2, 3], out
