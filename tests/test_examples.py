@@ -1,7 +1,8 @@
 """The scripts in ``examples/`` run as their readers are told to run them: each under torchrun
-with 2 CPU ranks (gloo on loopback, torchrun's ``--standalone`` rendezvous on a free port), the
-command taken verbatim from where it is written — the README for ``ddp_train.py``, each
-script's docstring for all three — with a deadline, leaving no process behind."""
+with 2 CPU ranks, the FSDP2 × TP one with 4 (dp=2 × tp=2), gloo on loopback, torchrun's
+``--standalone`` rendezvous on a free port, the command taken verbatim from where it is
+written — the README for ``ddp_train.py``, each script's docstring for all of them — with a
+deadline, leaving no process behind."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.helpers import ROOT
 
 EXAMPLES = ROOT / "examples"
 DEADLINE_S = 300  # torchrun's start-up is ~10 s here; inductor's first compile ~30 s per rank
-TORCHRUN = re.compile(r"torchrun --standalone --nproc-per-node 2 examples/\w+\.py")
+TORCHRUN = re.compile(r"torchrun --standalone --nproc-per-node \d+ examples/\w+\.py")
 
 
 def _documented(text: str, script: str) -> str:
@@ -75,7 +76,8 @@ def test_the_readmes_command_runs_the_ddp_example():
     assert checks == 21  # the start-up check and one per step
 
 
-@pytest.mark.parametrize("script", ["ddp_train.py", "fsdp2_train.py", "compiled_train.py"])
+@pytest.mark.parametrize("script", ["ddp_train.py", "fsdp2_train.py", "compiled_train.py",
+                                    "fsdp2_tp_train.py"])
 def test_each_example_runs_as_its_docstring_says(script):
     doc = ast.get_docstring(ast.parse((EXAMPLES / script).read_text()))
     assert doc and "torch.distributed" not in doc.split("\n")[0]

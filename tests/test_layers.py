@@ -32,8 +32,9 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "the loop and its callback protocol, the launcher",
      ("openclaw_ref.arms", "openclaw_ref.core")),
     (2, "what reads or serves a run: the record and its renderer, the doctor and the metrics "
-        "sink, the FSDP2 corpus script",
-     ("openclaw_ref.reporting", "openclaw_ref.ops", "openclaw_ref.fsdp_corpus")),
+        "sink, the FSDP2 and FSDP2 × TP corpus scripts",
+     ("openclaw_ref.reporting", "openclaw_ref.ops", "openclaw_ref.fsdp_corpus",
+      "openclaw_ref.tp_corpus")),
     (3, "the conformance checks and the Lightning integration",
      ("openclaw_ref.conformance", "openclaw_ref.integrations")),
     (4, "the measurements: compare's sections run bench's jobs, and bench's asv cache runs "

@@ -20,7 +20,7 @@ WATCHDOG_ACTIONS = ("raise", "report", "exit")  # sync.base.WatchdogAction
 BACKENDS = ("auto", "gloo", "nccl")
 SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
             "raw_allreduce", "ablations", "lightning", "quantization",
-            "hook_cost", "sdc", "fsdp_cost", "fsdp_corpus")  # experiments.registry
+            "hook_cost", "sdc", "fsdp_cost", "fsdp_corpus", "tp_corpus")  # experiments.registry
 CHECKS = ("shape-agreement", "bucket-alignment", "overflow-rate", "replica-consistency",
           "equivalence", "fault-detection")  # conformance.cluster.CHECKS
 CONFORM_FAULTS = ("permuted-params", "scale-mismatch", "missing-grad", "nan-grad", "bitflip",

@@ -34,6 +34,7 @@ from openclaw_ref.experiments.sections import (
     raw_allreduce,
     sdc,
     strategies,
+    tp_corpus,
 )
 from openclaw_ref.experiments.sections.strategies import Variant
 
@@ -82,6 +83,9 @@ SECTIONS: dict[str, Section] = {
                         "interleaved)", fsdp_cost, 44.5),  # measured at load average ~3
     "fsdp_corpus": _plain("published FSDP2 mistakes × (stock FSDP2, harden() defaults), "
                           "1-D at 2 ranks, HSDP at 4, torchrun", fsdp_corpus, 99.5),
+    "tp_corpus": _plain("FSDP2 × tensor parallel: healthy set-ups and published TP/SP mistakes "
+                        "× (stock, harden() defaults), 2-D at 4 ranks, 3-D at 8, torchrun",
+                        tp_corpus, 73.0),  # measured at load average ~15
 }
 
 

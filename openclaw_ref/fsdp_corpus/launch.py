@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,7 @@ class Job:
                 *(("--watchdog-s", str(self.watchdog_s)) if self.watchdog_s else ())]
 
 
-def _rank_log(log_dir: Path, rank: int, stream: str) -> str:
+def rank_log(log_dir: Path, rank: int, stream: str) -> str:
     """Rank ``rank``'s redirected stdout or stderr (one node: local rank = rank)."""
     found = sorted(log_dir.glob(f"*/attempt_*/{rank}/{stream}.log"))
     return found[-1].read_text(errors="replace") if found else ""
@@ -86,7 +87,7 @@ def _lost_ranks(torchrun_stderr: str, log_dir: Path) -> tuple[dict[int, str], fr
     for m in _FAILURE_ROW.finditer(torchrun_stderr):
         rank, code, sig = int(m.group(1)), int(m.group(2)), m.group(3)
         how = f"died by {sig}" if sig else f"exited with code {code}"
-        abort = _GLOO_ABORT.search(_rank_log(log_dir, rank, "stderr"))
+        abort = _GLOO_ABORT.search(rank_log(log_dir, rank, "stderr"))
         lost[rank] = f"{how}: {abort.group(1).strip()[:300]}" if abort else how
         if sig == "SIGTERM":
             terminated.add(rank)
@@ -114,6 +115,43 @@ def _stop(proc: subprocess.Popen, out_dir: Path) -> str:
     return stderr
 
 
+Judge = Callable[..., dict]  # (name, results, *, deadline_hit, lost, lost_steps, terminated)
+
+
+def run_torchrun(command: list[str], out_dir: Path, deadline_s: float) -> tuple[str, bool]:
+    """Run one torchrun job to its end or its deadline: torchrun's stderr, and whether the
+    deadline stopped it (then ``_stop`` ended it and every rank it started)."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        return proc.communicate(timeout=deadline_s)[1], False
+    except subprocess.TimeoutExpired:
+        return _stop(proc, out_dir), True
+
+
+def collect(names: tuple[str, ...], out_dir: Path, log_dir: Path, stderr: str,
+            deadline_hit: bool, world_size: int, judge: Judge) -> dict[str, dict]:
+    """The outcome of every name the job reached, in order, stopping after the first in which
+    a rank failed: rank 0's printed line, or ``judge``'s verdict on what the ranks wrote when
+    rank 0 could not print (in the printed lines' form: str keys)."""
+    printed = _printed_outcomes(rank_log(log_dir, 0, "stdout"))
+    outcomes: dict[str, dict] = {}
+    for name in names:
+        if name in printed:
+            outcomes[name] = printed[name]
+            if all(a in ("finished", "detected") for a in printed[name]["per_rank"].values()):
+                continue
+            break
+        results = read_results(out_dir, name, world_size)
+        steps = {r: read_step(out_dir, name, r) for r in range(world_size)}
+        lost, terminated = _lost_ranks(stderr, log_dir)
+        outcomes[name] = json.loads(json.dumps(judge(
+            name, results, deadline_hit=deadline_hit, lost=lost, lost_steps=steps,
+            terminated=terminated)))
+        break
+    return outcomes
+
+
 def run_job(job: Job, workdir: Path | None = None) -> dict[str, dict]:
     """The outcome of every pattern the job reached, by name (the job stops after a pattern in
     which a rank failed): rank 0's printed line, or the classification of what the ranks wrote
@@ -123,30 +161,10 @@ def run_job(job: Job, workdir: Path | None = None) -> dict[str, dict]:
         with tempfile.TemporaryDirectory(prefix="openclaw-fsdp-corpus-") as tmp:
             return run_job(job, Path(tmp))
     out_dir, log_dir = workdir / "results", workdir / "logs"
-    proc = subprocess.Popen(job.command(out_dir, log_dir), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline_hit = False
-    try:
-        _, stderr = proc.communicate(timeout=job.deadline_s)
-    except subprocess.TimeoutExpired:
-        deadline_hit = True
-        stderr = _stop(proc, out_dir)
-    printed = _printed_outcomes(_rank_log(log_dir, 0, "stdout"))
-    outcomes: dict[str, dict] = {}
-    for name in job.patterns:
-        if name in printed:
-            outcomes[name] = printed[name]
-            if all(a in ("finished", "detected") for a in printed[name]["per_rank"].values()):
-                continue
-            break
-        results = read_results(out_dir, name, job.world_size)
-        steps = {r: read_step(out_dir, name, r) for r in range(job.world_size)}
-        lost, terminated = _lost_ranks(stderr, log_dir)
-        outcome = classify(name, results, None, deadline_hit=deadline_hit, lost=lost,
-                           lost_steps=steps, terminated=terminated)
-        outcomes[name] = json.loads(json.dumps({  # the printed lines' form: str keys
-            "column": job.column.value, "world_size": job.world_size, "mesh": job.mesh.value,
-            **outcome.to_json()}))
-        break
-    return outcomes
+    stderr, deadline_hit = run_torchrun(job.command(out_dir, log_dir), out_dir, job.deadline_s)
+
+    def judge(name: str, results: dict, **how) -> dict:
+        return {"column": job.column.value, "world_size": job.world_size,
+                "mesh": job.mesh.value, **classify(name, results, None, **how).to_json()}
+
+    return collect(job.patterns, out_dir, log_dir, stderr, deadline_hit, job.world_size, judge)

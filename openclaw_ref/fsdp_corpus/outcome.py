@@ -44,7 +44,8 @@ class Kind(enum.StrEnum):
 @dataclass
 class RankResult:
     """One rank's account of one pattern. ``step``: the training step it was in when it stopped
-    (the step count when it finished); ``error``: "ExceptionType: first line"."""
+    (the step count when it finished); ``error``: "ExceptionType: first line"; ``warnings``: the
+    warnings it printed (a script that records them, the TP corpus's)."""
 
     rank: int
     pattern: str
@@ -54,6 +55,7 @@ class RankResult:
     max_abs_diff: float | None = None  # from the reference run's full parameters
     error: str | None = None
     detection: dict | None = None
+    warnings: list[str] = field(default_factory=list)  # "Category: message", as printed
 
     @classmethod
     def from_json(cls, obj: dict) -> RankResult:

@@ -122,7 +122,7 @@ class ScriptRank:
         self.fatal(exc)
 
 
-def wrap(model: MLP, column: Column, rank: ScriptRank | None = None) -> Any:
+def wrap(model: nn.Module, column: Column, rank: ScriptRank | None = None) -> Any:
     """The column's hardening of the sharded model, and what to close afterwards (stock: none).
     ``hardened``: ``harden(model)`` with its defaults, the optimizer found at its first step;
     with ``rank``, its watchdog ends the process through it (and with its deadline)."""
@@ -250,20 +250,24 @@ def _fatal(out_dir: Path, name: str, progress: Progress, exc: BaseException) -> 
         os._exit(getattr(exc, "exit_code", 1))
 
 
-def run_once(name: str, faulty: bool, column: Column, mesh_kind: Mesh, out_dir: Path,
-             watchdog_s: float, on_watchdog: Callable[[int], None],
+Train = Callable[[Progress, ScriptRank], dict[str, torch.Tensor]]
+
+
+def run_once(name: str, train_fn: Train, out_dir: Path, watchdog_s: float,
+             on_watchdog: Callable[[int], None],
              reference: dict[str, torch.Tensor] | None = None,
              guard_watchdog_s: float | None = None,
              ) -> tuple[RankResult, dict[str, torch.Tensor] | None]:
-    """One training run as this rank saw it, and its full parameters; never raises (a failure
-    is the result). With ``reference``, the result says how far it ended from it."""
+    """One training run (``train_fn``: the user's script, its full parameters at the end) as
+    this rank saw it, and its full parameters; never raises (a failure is the result). With
+    ``reference``, the result says how far it ended from it."""
     rank = dist.get_rank()
     progress = Progress(step_path(out_dir, name, rank))
     timer = threading.Timer(watchdog_s, lambda: on_watchdog(progress.step))
     timer.daemon = True
     timer.start()
     try:
-        params = train(name, faulty, column, mesh_kind, progress, rank_info=ScriptRank(
+        params = train_fn(progress, ScriptRank(
             lambda exc: _fatal(out_dir, name, progress, exc), guard_watchdog_s))
         diff = None if reference is None else max_abs_diff(params, reference)
         return RankResult(rank, name, Status.FINISHED, progress.step, digest=digest(params),
@@ -312,12 +316,16 @@ def run_pattern(name: str, args: argparse.Namespace, out_dir: Path,
 
     key = reference_of(name)
     if key not in references:
-        references[key] = run_once(key, False, column, mesh_kind, out_dir, watchdog_s,
-                                   on_watchdog, guard_watchdog_s=args.watchdog_s)
+        references[key] = run_once(
+            key, lambda progress, info: train(key, False, column, mesh_kind, progress,
+                                              rank_info=info),
+            out_dir, watchdog_s, on_watchdog, guard_watchdog_s=args.watchdog_s)
     ref, ref_params = references[key]
     if ref.status is Status.FINISHED:
-        result, _ = run_once(name, True, column, mesh_kind, out_dir, watchdog_s, on_watchdog,
-                             ref_params, guard_watchdog_s=args.watchdog_s)
+        result, _ = run_once(
+            name, lambda progress, info: train(name, True, column, mesh_kind, progress,
+                                               rank_info=info),
+            out_dir, watchdog_s, on_watchdog, ref_params, guard_watchdog_s=args.watchdog_s)
     else:
         result = dataclasses.replace(ref, pattern=name,
                                      error=f"the run without the mistake failed: {ref.error}")
@@ -357,21 +365,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def run_in_order(names: list[str], timeout_s: float, out_dir: Path | None,
+                 run_one: Callable[[str, Path], bool]) -> None:
+    """This rank's whole job: the process group up (gloo, ``timeout_s``), ``run_one(name,
+    out_dir)`` per name in order until one returns False (a rank failed: the process group is
+    broken, and destroying it can hang), then the process ended without the interpreter's slow
+    teardown — every result is on disk and printed by then. The pid file is the launcher's."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
-    out_dir = args.out_dir or default_out_dir()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    out_dir = out_dir or default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))  # for the launcher
-    references: References = {}
-    for name in args.patterns:
-        if not run_pattern(name, args, out_dir, references):
-            break  # a rank failed: the process group is broken, destroying it can hang
+    (out_dir / f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    for name in names:
+        if not run_one(name, out_dir):
+            break
     else:
         dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)  # every result is on disk and printed; skip the interpreter's slow teardown
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    references: References = {}
+    run_in_order(args.patterns, args.timeout_s, args.out_dir,
+                 lambda name, out_dir: run_pattern(name, args, out_dir, references))
 
 
 if __name__ == "__main__":

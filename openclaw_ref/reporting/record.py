@@ -53,7 +53,10 @@ Versions:
   tolerance's table (``experiments.canary_noise``); hook-cost arms may carry
   ``probe_held_bytes``. Version 5 is upgraded on load: a canary that raised on every mismatch
   ``named`` what it ``detected``, ``reported`` nothing, and named the wrong rank on
-  ``detected − right_rank`` probes.
+  ``detected − right_rank`` probes. ``tp_corpus`` (optional; absent = not run): FSDP2 × tensor
+  parallel, healthy set-ups and published TP/SP mistakes under the script as written and
+  ``harden()``'s defaults, per case × column the outcome, error class, step, ranks and
+  parameters named, the replica drift (``experiments.sections.tp_corpus.case_figures``).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ REGENERATE = "regenerate it with `openclaw-bench compare`"
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
 SECTIONS = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
             "raw_allreduce", "ablations", "doctor", "lightning", "quantization", "hook_cost",
-            "fsdp_cost", "fsdp_corpus", "sdc")
+            "fsdp_cost", "fsdp_corpus", "sdc", "tp_corpus")
 
 
 class RecordError(BadInput):

@@ -16,6 +16,7 @@ from openclaw_ref.reporting.fsdp_tables import fsdp_corpus_tables, fsdp_cost_tab
 from openclaw_ref.reporting.hook_cost_tables import hook_cost_tables
 from openclaw_ref.reporting.sdc_tables import sdc_tables
 from openclaw_ref.reporting.table import Figures, Table, fixed, yes
+from openclaw_ref.reporting.tp_tables import tp_corpus_tables
 
 
 def _hook_columns(powersgd: Figures | None) -> str:
@@ -221,4 +222,6 @@ SECTION_TABLES: dict[str, tuple[str, Callable[[Figures, Figures], list[Table]]]]
     "fsdp_corpus": ("Published FSDP2 mistakes: stock FSDP2 and harden()",
                     fsdp_corpus_tables),
     "sdc": ("A rank whose hardware computes wrong: the compute canary", sdc_tables),
+    "tp_corpus": ("FSDP2 × tensor parallel: healthy set-ups and published TP/SP mistakes",
+                  tp_corpus_tables),
 }

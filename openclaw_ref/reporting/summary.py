@@ -6,9 +6,10 @@ no row), and no sentence states a number of its own.
 
 Where each row comes from: the fault matrix (stock ``ddp`` against ``hardened-defaults``:
 ``harden(model)`` as users call it), the published DDP silent errors and FSDP2 mistakes, the
-silent-data-corruption faults and the healthy jobs. The costs: the step guard's per-step ratio
-to stock DDP (``hook_cost``), the canary's probe step spread over its recommended K (the same
-arithmetic as ``hook_cost_tables``), the FSDP2 guard's ratio to stock FSDP2 (``fsdp_cost``).
+silent-data-corruption faults, the FSDP2 × tensor-parallel corpus and the healthy jobs. The
+costs: the step guard's per-step ratio to stock DDP (``hook_cost``), the canary's probe step
+spread over its recommended K (the same arithmetic as ``hook_cost_tables``), the FSDP2 guard's
+ratio to stock FSDP2 (``fsdp_cost``); none yet for the TP meshes.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from openclaw_ref.reporting.hook_cost_tables import amortized
 from openclaw_ref.reporting.record import RunRecord
 from openclaw_ref.reporting.section_tables import SECTION_TABLES
 from openclaw_ref.reporting.table import Figures, Table, ratio_cell
+from openclaw_ref.reporting.tp_tables import TP_COLUMN_TITLES
 
 STOCK, HARDENED = "ddp", "hardened-defaults"  # the fault matrix's columns this table reads
 NOT_RUN = "—"
+NOT_MEASURED = "not measured on these meshes"
 
 
 def _tally(outcomes: Iterable[str]) -> str:
@@ -141,6 +144,36 @@ def fsdp_rows(doc: Figures, machine: str) -> list[list[str]]:
     return rows
 
 
+def _quiet(cases: list[Figures]) -> str:
+    """``quiet 5 of 6 (…the others' outcomes)`` for the healthy cases of one column: no error,
+    no warning."""
+    ok = [c for c in cases if c["outcome"] == "no-effect" and not c["warned_ranks"]]
+    rest = _tally("warned" if c["outcome"] == "no-effect" else c["outcome"]
+                  for c in cases if c not in ok)
+    return f"quiet {len(ok)} of {len(cases)}" + (f" ({rest})" if rest else "")
+
+
+def tp_rows(doc: Figures, machine: str) -> list[list[str]]:
+    """One row for the FSDP2 × TP corpus, all meshes: the mistakes caught, the healthy set-ups
+    left quiet, per column."""
+    sec = doc.get("tp_corpus")
+    if not sec:
+        return []
+    healthy = {(p["name"], p["mesh"]) for p in sec["cases_run"] if p["healthy"]}
+    meshes = ", ".join(dict.fromkeys(f"{c['mesh']} on {c['world_size']} ranks"
+                                     for c in sec["cases"]))
+
+    def cell(col: str) -> str:
+        mine = [c for c in sec["cases"] if c["column"] == col]
+        bugs = [c for c in mine if (c["case"], c["mesh"]) not in healthy]
+        good = [c for c in mine if (c["case"], c["mesh"]) in healthy]
+        return (f"{TP_COLUMN_TITLES.get(col, col)}: mistakes {_caught(bugs)}; healthy "
+                f"{_quiet(good)}")
+
+    return [[f"FSDP2 × tensor parallel: published TP/SP mistakes and healthy set-ups, {meshes}",
+             cell("stock"), cell("hardened"), NOT_MEASURED, _link(machine, "tp_corpus")]]
+
+
 def healthy_rows(doc: Figures, machine: str) -> list[list[str]]:
     sec = doc.get("false_alarms")
     if not sec:
@@ -158,7 +191,7 @@ def healthy_rows(doc: Figures, machine: str) -> list[list[str]]:
 def summary_table(rec: RunRecord, machine: str) -> Table | None:
     doc = rec.doc
     rows = (fault_rows(doc, machine) + corpus_rows(doc, machine) + sdc_rows(doc, machine)
-            + fsdp_rows(doc, machine) + healthy_rows(doc, machine))
+            + fsdp_rows(doc, machine) + tp_rows(doc, machine) + healthy_rows(doc, machine))
     if not rows:
         return None
     return Table(

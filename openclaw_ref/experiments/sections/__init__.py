@@ -8,4 +8,4 @@ and tables come from ``reporting.section_tables``. ``NAMES`` is their run order,
 
 NAMES = ("strategies", "curves", "faults", "corpus", "false_alarms", "precision", "overflow",
          "raw_allreduce", "ablations", "lightning", "quantization", "hook_cost", "sdc",
-         "fsdp_cost", "fsdp_corpus")
+         "fsdp_cost", "fsdp_corpus", "tp_corpus")
