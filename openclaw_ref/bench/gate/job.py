@@ -34,9 +34,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from openclaw_ref.core.launch import RankContext, RankPool
 from openclaw_ref.experiments.hook_cost import BUCKET_CAP_MB, arm_step, step_fn, wrap_arm
@@ -118,13 +120,10 @@ def slowest(times: dict[str, list[float]], arms: Sequence[str]) -> dict[str, lis
     return out
 
 
-def gate_rank(ctx: RankContext, cfg: GateJobConfig) -> dict | None:
-    """Rank task, one job: every arm's timed steps (ms, slowest rank), the hardened arms'
-    events (a false alarm would show here), and where its seconds went (building the arms —
-    the first job of a run also imports both libraries —, warm-up and timed rounds, closing).
-    The arms are closed and dropped before it returns, so the next job on these ranks starts
-    from none."""
-    t0 = time.perf_counter()
+def build_arms(ctx: RankContext, cfg: GateJobConfig
+               ) -> tuple[dict[str, tuple[nn.Module, Any]], dict[str, Callable[[int], None]]]:
+    """The job's arms — ``{arm: (DDP model, its guard or None)}``, the hardened ones built in
+    the order of the job's parity — and each arm's ``step(i)`` (``hook_cost.arm_step``)."""
     net, loss = step_fn(MODEL, cfg.seed, ctx)
     cap = BUCKET_CAP_MB[MODEL]
     arms = {STOCK: wrap_arm(STOCK, copy.deepcopy(net), ctx, cap, False)}
@@ -134,13 +133,29 @@ def gate_rank(ctx: RankContext, cfg: GateJobConfig) -> dict | None:
         arms[arm] = (ddp, import_harden(root, module)(ddp, ctx=ctx))
     steps = {arm: arm_step(ddp, state, torch.optim.SGD(ddp.parameters(), lr=1e-3), loss)
              for arm, (ddp, state) in arms.items()}
-    order = shuffled(cfg.arms, cfg.seed * 7919 + cfg.job,
-                     lambda step, arm: arm != STOCK or cfg.with_stock(step))
+    return arms, steps
+
+
+def order_of(cfg: GateJobConfig) -> Callable[[int], tuple[str, ...]]:
+    """The job's arm order at each step: drawn from its seed, stock DDP where ``with_stock``."""
+    return shuffled(cfg.arms, cfg.seed * 7919 + cfg.job,
+                    lambda step, arm: arm != STOCK or cfg.with_stock(step))
+
+
+def gate_rank(ctx: RankContext, cfg: GateJobConfig) -> dict | None:
+    """Rank task, one job: every arm's timed steps (ms, slowest rank), the hardened arms'
+    events (a false alarm would show here), and where its seconds went (building the arms —
+    the first job of a run also imports both libraries —, warm-up and timed rounds, closing).
+    The arms are closed and dropped before it returns, so the next job on these ranks starts
+    from none."""
+    t0 = time.perf_counter()
+    arms, steps = build_arms(ctx, cfg)
     gc.collect()
     gc.disable()  # a collection inside a timed step lands on whichever arm ran into it
     t1 = time.perf_counter()
     try:
-        times = interleaved_times(steps, cfg.arms, cfg.warmup, cfg.rounds, ctx.device, order)
+        times = interleaved_times(steps, cfg.arms, cfg.warmup, cfg.rounds, ctx.device,
+                                  order_of(cfg))
         events = sum(len(state.events) for _, state in arms.values() if state is not None)
     finally:
         gc.enable()
