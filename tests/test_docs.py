@@ -83,18 +83,18 @@ def test_no_user_facing_text_names_an_internal_work_item():
     assert WORK_ITEM.search("as issue 21 aims") and not WORK_ITEM.search("pytorch#104336")
 
 
-def test_the_readmes_speed_figure_is_the_published_records():
-    """The README's one speed figure (harden() defaults ÷ stock DDP on the MLP, with its
-    interval) is read from results/, never typed: it must equal the committed record's."""
-    import json
+def test_the_readmes_cost_line_is_the_published_records():
+    """The README's cost line (harden() defaults ÷ the floor and ÷ stock DDP on the MLP, each
+    with its interval, the hardware) is rendered from results/, never typed: it must equal what
+    the renderer makes of the committed record, and name both references and their targets."""
+    from openclaw_ref.reporting.blocks import block_of
+    from openclaw_ref.reporting.record import load_record
+    from openclaw_ref.reporting.speed import README_BLOCK, cost_line
 
-    record = json.loads((ROOT / "results" / "cpu2-gloo" / "raw.json").read_text())
-    hardened = record["hook_cost"]["jobs"]["mlp"]["summary"]["hardened"]
-    figure = re.search(r"Latest measured: \*\*([\d.]+)× \[([\d.]+), ([\d.]+)\]\*\*",
-                       README.read_text())
-    assert figure is not None
-    assert [float(v) for v in figure.groups()] == [
-        round(hardened[k], 3) for k in ("ratio", "ratio_low", "ratio_high")]
+    line = block_of(README.read_text(), README_BLOCK)
+    assert line == cost_line(load_record(ROOT / "results" / "cpu2-gloo" / "raw.json"))
+    assert "÷ the floor" in line and "target ≤ 1.02×" in line
+    assert "≤ 1.05× stock DDP" in line and "not yet measured" in line
 
 
 def _syncconfig_rows() -> list[tuple[str, str, str]]:

@@ -97,7 +97,8 @@ def held(repo: Path) -> list[str]:
 
 
 def fake_compare(stop_after: int | None = None):
-    """A gate run that measures nothing: excess = the planted share of a 40 ms stock step."""
+    """A gate run that measures nothing: it reads back exactly the µs planted, of a 40 ms
+    stock step."""
     calls = []
 
     def compare(repo, base, head, gate_plan, progress):
@@ -107,8 +108,10 @@ def fake_compare(stop_after: int | None = None):
         us = int(source.split("perf_counter() + ")[1].split(" ")[0]) if "_until" in source else 0
         calls.append(head)
         point = us / 40e3
-        return {"stock_step_ms": 40.0, "excess": {"point": point, "low": point - 0.01,
-                                                   "high": point + 0.01},
+        return {"stock_step_ms": 40.0, "stop": "at the last look",
+                "excess": {"point": point, "low": point - 0.01, "high": point + 0.01,
+                           "us": float(us), "low_us": us - 400.0, "high_us": us + 400.0,
+                           "jobs": 4, "stock_step_ms": 40.0},
                 "verdict": (Verdict.SLOWER if point >= 0.025 else Verdict.WITHIN).value,
                 "old_rule": {"flagged": False}, "seconds": 1.0, "jobs": []}
     return compare, calls
@@ -132,6 +135,7 @@ def test_a_calibration_interrupted_resumes_and_runs_each_scheduled_run_once(repo
     assert record["busy_wait_us"] == {"+3%": 1200, "+5%": 2000, "+10%": 4000}
     assert {r["condition"]: r["verdict"] for r in record["runs"]}["+5%"] == "slower"
     assert not (out / cal.PARTIAL / cal.RECORD).exists() and (out / cal.RECORD).exists()
+    assert record["wall_s"] > 0 and all(len(r["load_before"]) == 3 for r in record["runs"])
 
 
 def test_a_partial_record_of_another_plan_is_refused(repo, monkeypatch):
@@ -146,10 +150,12 @@ def test_a_partial_record_of_another_plan_is_refused(repo, monkeypatch):
 @pytest.mark.slow
 def test_the_gate_flags_a_real_planted_slowdown_and_not_a_comment(tmp_path):
     """End to end on 2 gloo ranks (~1 min): scratch commits on HEAD, the gate run as users run
-    it, a busy-wait of 25 % of a stock step flagged, a comment not."""
+    it (two jobs on one pair of ranks), a busy-wait of 25 % of a stock step flagged and read
+    back in µs, a comment not flagged."""
     from openclaw_ref.bench.gate.run import GatePlan, compare
+    from openclaw_ref.bench.gate.stopping import StoppingRule
 
-    short = GatePlan(jobs=2, steps=60, warmup=3)
+    short = GatePlan(rounds=60, warmup=3, rule=StoppingRule.up_to(2))
     clone = tmp_path / "clone"  # the scratch commits go here, never into the checkout's repo
     subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(ROOT), str(clone)],
                    check=True, capture_output=True, timeout=120)
@@ -159,7 +165,9 @@ def test_the_gate_flags_a_real_planted_slowdown_and_not_a_comment(tmp_path):
     same = plant.scratch_commit(clone, "HEAD", plant.Change.COMMENT, "test-identical")
     flagged = compare(clone, "HEAD", slow, short)
     quiet = compare(clone, "HEAD", same, short)
-    assert flagged["verdict"] == "slower" and flagged["excess"]["point"] > 0.1
+    assert flagged["verdict"] == "slower" and flagged["excess"]["us"] > 5_000
+    assert len(flagged["jobs"]) == 2 and len(flagged["jobs"][0]["step_ms"]["head"]) == 60
+    assert len(flagged["jobs"][0]["step_ms"]["ddp"]) == 15  # every 4th round
     assert quiet["verdict"] != "slower" and quiet["events"] == 0
 
 
@@ -167,7 +175,8 @@ def test_bad_input_exits_2_before_any_rank_starts(tmp_path, capsys):
     from openclaw_ref.bench.gate.__main__ import main as gate_main
 
     assert gate_main(["no-such-commit-anywhere", "HEAD", "--repo", str(ROOT)]) == 2
-    assert gate_main(["HEAD", "HEAD", "--jobs", "0"]) == 2
+    assert gate_main(["HEAD", "HEAD", "--jobs", "1"]) == 2
+    assert gate_main(["HEAD", "HEAD", "--rounds", "2"]) == 2
     assert cal.main(["--runs", "0"]) == 2
     smoke = {"smoke": True, "complete": True}
     (tmp_path / cal.RECORD).write_text(json.dumps(smoke))

@@ -9,7 +9,7 @@ number means the same thing wherever it is published. One module per concern:
 * ``rank_tasks`` — the functions a job runs on every rank (raw allreduce, cost probe);
 * ``jobs``       — ``Case`` and the jobs themselves (``run_sync_case``, ``run_seed004_case``);
 * ``cache``      — the job cache (``CaseCache``, ``case_figures``), how asv shares one job;
-* ``targets``    — the speed targets, reported and never asserted;
+* ``targets``    — the asv ``Targets`` rows, reported and never asserted;
 * ``matrix``     — every case of the matrix without asv (``run_matrix``);
 * ``cli``        — ``python -m openclaw_ref.bench``.
 """

@@ -1,17 +1,18 @@
 """The asv suite's ``Targets`` rows, computed from the figures of one run: reported, never
-asserted. The step ratio is judged against the project's one speed target
-(``STEP_RATIO_TARGET``: ``harden()`` ÷ stock DDP step ≤ 1.05×), which is measured with the arms
-interleaved in one job (``experiments.hook_cost``); here the two steps come from separate jobs,
-so the row only shows where a run stands. The other rows are reading aids with their own
-thresholds (the check's overhead beside DETAIL's, sync beside the raw allreduce, fp16 beside
-fp32), not speed targets."""
+asserted. The step ratio is judged against ``STEP_RATIO_TARGET`` (``harden()`` ÷ stock DDP step
+≤ 1.05×, the target where the per-step exchange is small: NCCL; on gloo the exchange alone
+exceeds it, and the target there is ÷ the floor, ``reporting.speed``), which is measured with
+the arms interleaved in one job (``experiments.hook_cost``); here the two steps come from
+separate jobs, so the row only shows where a run stands. The other rows are reading aids with
+their own thresholds (the check's overhead beside DETAIL's, sync beside the raw allreduce, fp16
+beside fp32), not speed targets."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-STEP_RATIO_TARGET = 1.05  # harden() ÷ stock DDP step: the project's one speed target
+from openclaw_ref.reporting.speed import STEP_RATIO_TARGET
 
 
 @dataclass

@@ -89,9 +89,11 @@ def claims_markdown(rec: RunRecord, rendered_from: str) -> str:
 def render_all(out_dir: Path) -> list[Path]:
     """Re-render every derived file of a results directory from its validated ``raw.json``;
     the top-level ``claims.md`` and ``README.md`` (what harden() buys, ``summary``) are those of
-    the directory rendered last, and say so."""
+    the directory rendered last, and say so. Rendering the reference machine's record also
+    rewrites the project README's cost line (``speed.render_readme``)."""
     from openclaw_ref.reporting.comparison import comparison_markdown
     from openclaw_ref.reporting.plots import render_plots
+    from openclaw_ref.reporting.speed import render_readme
     from openclaw_ref.reporting.summary import results_readme
 
     rec = load_record(out_dir / RAW_NAME)
@@ -101,7 +103,8 @@ def render_all(out_dir: Path) -> list[Path]:
                write_text_atomic(out_dir.parent / "claims.md", ledger),
                write_text_atomic(out_dir.parent / "README.md", results_readme(rec, out_dir.name))]
     written += render_plots(rec, out_dir)
-    return written
+    readme = render_readme(rec, out_dir.resolve().parent.parent / "README.md")
+    return written + ([readme] if readme else [])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
   guard (``plant.Change.BUSY_WAIT``), sized to ``sizes`` of the MLP's stock DDP step as the
   first quiet run measured it: the flags counted are detections.
 * **Cost**: every run's wall seconds and the host's load average before it.
+* **Measure what was planted**: every run's excess in µs beside the µs planted.
 
 The runs go round the conditions (quiet, +3 %, +5 %, +10 %, quiet, …) so that the host's
 drift over hours falls on every condition alike. After every finished run the record is
@@ -30,7 +31,8 @@ from pathlib import Path
 
 from openclaw_ref.bench.gate.plant import Change, remove_refs, scratch_commit
 from openclaw_ref.bench.gate.run import GatePlan, compare
-from openclaw_ref.bench.gate.table import publish, render
+from openclaw_ref.bench.gate.stopping import StoppingRule
+from openclaw_ref.bench.gate.table import publish, read_calibration, render, render_blocks
 from openclaw_ref.bench.gate.trees import resolve
 from openclaw_ref.core.environment import cpu_model, git_sha
 from openclaw_ref.core.jsonio import read_json, write_json_atomic, write_text_atomic
@@ -40,7 +42,7 @@ SIZES = (0.03, 0.05, 0.10)  # planted slowdowns, in stock DDP steps
 RUNS = 5  # gate runs per condition
 RECORD = "calibration.json"
 PARTIAL = ".partial"
-SCHEMA = 1
+SCHEMA = 2  # 2: runs stop by the sequential rule; excess in µs (a mean of job medians)
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class Condition:
 class CalibrationPlan:
     runs: int = RUNS
     sizes: tuple[float, ...] = SIZES
-    gate: GatePlan = GatePlan()
+    gate: GatePlan = dataclasses.field(default_factory=GatePlan)
 
     def __post_init__(self) -> None:
         if self.runs < 1 or not self.sizes or any(not 0 < f < 1 for f in self.sizes):
@@ -81,7 +83,8 @@ class CalibrationPlan:
 
     def to_json(self) -> dict:
         """As the record holds it (lists, not tuples: what a resumed record is compared to)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        return json.loads(json.dumps({"runs": self.runs, "sizes": self.sizes,
+                                      "gate": self.gate.to_json()}))
 
 
 def host() -> dict:
@@ -95,7 +98,7 @@ def host() -> dict:
 def new_record(plan: CalibrationPlan, head: str, checkout: str) -> dict:
     return {"schema": SCHEMA, "plan": plan.to_json(), "head": head, "checkout": checkout,
             "host": host(), "stock_step_ms": None, "busy_wait_us": {}, "runs": [],
-            "complete": False}
+            "wall_s": 0.0, "complete": False}
 
 
 def resumable(path: Path, plan: CalibrationPlan, head: str) -> dict | None:
@@ -149,6 +152,7 @@ def calibrate(repo: Path, out: Path, plan: CalibrationPlan,
         for index, condition in plan.schedule():
             if done(record, index, condition):
                 continue
+            started = time.monotonic()
             commit, us = scratch_for(repo, record, condition)
             left = total - len(record["runs"])
             eta = (time.monotonic() - t0) / ran * left if ran else plan.gate.estimate_s() * left
@@ -162,9 +166,12 @@ def calibrate(repo: Path, out: Path, plan: CalibrationPlan,
             if record["stock_step_ms"] is None:
                 size_plants(record, plan, run)
             ran += 1
+            record["wall_s"] = round(record["wall_s"] + time.monotonic() - started, 1)
             write_json_atomic(partial, record, compact=True)
-            progress(f"  → {run['verdict']}, excess {run['excess']['point']:+.4f}, "
-                     f"{run['seconds'] / 60:.1f} min")
+            x = run["excess"]
+            progress(f"  → {run['verdict']} after {x['jobs']} jobs ({run['stop']}): planted "
+                     f"{us} µs, measured {x['us']:+.0f} µs [{x['low_us']:+.0f}, "
+                     f"{x['high_us']:+.0f}]; {run['seconds'] / 60:.1f} min")
     finally:
         removed = remove_refs(repo, [ref_name(0), *map(ref_name,
                                                         record["busy_wait_us"].values())])
@@ -176,7 +183,7 @@ def calibrate(repo: Path, out: Path, plan: CalibrationPlan,
     return record
 
 
-SMOKE = CalibrationPlan(runs=1, gate=GatePlan(jobs=1, steps=20, warmup=2))
+SMOKE = CalibrationPlan(runs=1, gate=GatePlan(rounds=20, warmup=2, rule=StoppingRule.up_to(2)))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -185,41 +192,49 @@ def parser() -> argparse.ArgumentParser:
                                             "(tox -e gate-calibrate)")
     full = CalibrationPlan()
     p.add_argument("--runs", type=int, default=full.runs, help="gate runs per condition")
-    p.add_argument("--jobs", type=int, default=full.gate.jobs, help="jobs per gate run")
-    p.add_argument("--steps", type=int, default=full.gate.steps, help="timed steps per arm")
+    p.add_argument("--jobs", type=int, default=full.gate.max_jobs,
+                   help="the most jobs a gate run takes")
+    p.add_argument("--rounds", type=int, default=full.gate.rounds,
+                   help="timed rounds per job")
     p.add_argument("--out", default="results/gate", help="where the record and table go")
     p.add_argument("--smoke", action="store_true",
-                   help="1 run per condition, 1 job of 20 steps, into a temporary directory "
+                   help="1 run per condition, 2 jobs of 20 rounds, into a temporary directory "
                         "(never results/): checks the command, measures nothing")
     p.add_argument("--render", action="store_true",
-                   help="only re-render the table and the docs block from the record in --out")
+                   help="only re-render the table, the docs blocks and the README's gate line "
+                        "from the record in --out (or say not measured yet, without one)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     repo = Path(".")
-    docs = repo / "docs" / "benchmarks.md"
     try:
         if args.render:
-            publish(read_json(Path(args.out) / RECORD), Path(args.out), docs)
+            published = read_calibration(Path(args.out) / RECORD)
+            if published is not None:
+                publish(published, Path(args.out), repo)
+            else:
+                render_blocks(None, repo)
             return 0
         plan = SMOKE if args.smoke else CalibrationPlan(
-            runs=args.runs, gate=GatePlan(jobs=args.jobs, steps=args.steps))
+            runs=args.runs, gate=GatePlan(rounds=args.rounds,
+                                          rule=StoppingRule.up_to(args.jobs)))
         out = Path(tempfile.mkdtemp(prefix="gate-smoke-")) if args.smoke else Path(args.out)
         total = plan.runs * len(plan.conditions)
-        print(f"gate-calibrate: {total} gate runs of {plan.gate.jobs} × {plan.gate.steps} steps "
-              f"→ {out}; ~{plan.estimate_s() / 60:.0f} min on 2 idle cores", flush=True)
+        print(f"gate-calibrate: {total} gate runs of up to {plan.gate.max_jobs} jobs × "
+              f"{plan.gate.rounds} rounds → {out}; at most ~{plan.estimate_s() / 60:.0f} min on "
+              f"2 idle cores (runs that stop early take less)", flush=True)
         record = calibrate(repo, out, plan, lambda m: print(m, flush=True))
+        if args.smoke:
+            record["smoke"] = True
+            write_json_atomic(out / RECORD, record, compact=True)
+            write_text_atomic(out / "calibration.md", render(record))
+        else:
+            publish(record, out, repo)
     except BadInput as exc:
         print(f"gate-calibrate: {exc}", file=sys.stderr)
         return 2
-    if args.smoke:
-        record["smoke"] = True
-        write_json_atomic(out / RECORD, record, compact=True)
-        write_text_atomic(out / "calibration.md", render(record))
-    else:
-        publish(record, out, docs)
     print(render(record), flush=True)
     return 0
 
