@@ -20,7 +20,7 @@ from openclaw_ref.sync.errors import (
 )
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge
 from openclaw_ref.sync.fsdp.mesh import Seat
-from openclaw_ref.sync.fsdp.replicas import Column, Replicas
+from openclaw_ref.sync.fsdp.replicas import EVERY_STEP_BYTES, Column, Replicas, slices_for
 from openclaw_ref.sync.fsdp.scale import ScaleRecord, from_bits, sampled, to_bits, unit_roundoff
 
 
@@ -180,3 +180,12 @@ def test_the_scale_factor_is_measured_on_the_smallest_parameters_that_fit_the_sa
     big = torch.randn(8)
     rec.reduced(0, big)  # not sampled: not recorded, so a change to it alone is not judged
     assert math.isnan(rec.factor([big * 0.5, None, None, None, None]))
+
+
+def test_a_small_class_over_tp_is_digested_whole_every_step_a_large_one_in_slices():
+    small = [("norm.weight", torch.zeros(1024))]
+    large = [("w.weight", torch.zeros(EVERY_STEP_BYTES // 4 + 1))]  # fp32: one element over
+    assert slices_for(TP, small, 16) == 1
+    assert slices_for(TP, large, 16) == 16
+    assert slices_for(HSDP, small, 16) == 16  # FSDP2's own replicas: K, as DDP's
+    assert slices_for(TP, small, 0) == 0  # replica_slices=0: off

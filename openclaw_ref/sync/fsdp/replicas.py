@@ -11,9 +11,13 @@ parameters have no replica adds nothing. Each other class adds three columns:
          of them where FSDP2 itself keeps the replicas equal (HSDP's all-reduce), so the cost
          is T/K bytes a step; ALL of them, every step, where only the model's construction
          does (replicated over tp: norms and biases, small), so a drift is named at once;
-  GRAD   (replicated over tp only) a digest of the class's reduced gradients, every step: a
-         gradient DTensor never all-reduced over tp (a sequence-parallel norm left out of the
-         plan) differs across the tp ranks before the optimizer applies it.
+  GRAD   (replicated over tp only) a digest of the class's reduced gradients, the same slice as
+         VALUE's: a gradient DTensor never all-reduced over tp (a sequence-parallel norm left
+         out of the plan) differs across the tp ranks before the optimizer applies it.
+
+Over tp "every step" holds for a class of at most ``EVERY_STEP_BYTES`` on a rank (norms and
+biases); a larger one (a big layer left out of the plan) is digested a slice of K a step, like
+HSDP's (``slices_for``).
 
 ``replica_slices=0`` turns all three off (HSDP's slices as on DDP, and the checks over tp).
 
@@ -54,6 +58,7 @@ class Column(enum.IntEnum):
 
 
 WIDTH = len(Column)
+EVERY_STEP_BYTES = 1 << 20  # a class over tp this small is digested whole at every step
 
 
 @dataclass
@@ -63,6 +68,7 @@ class ReplicaClass:
     seat: Seat
     members: list[int]  # indices into the guard's tracked parameters
     values: ReplicaSlices
+    grads: ReplicaSlices | None  # over tp only: the same partition, of the reduced gradients
 
     @property
     def beyond(self) -> bool:
@@ -96,9 +102,11 @@ class Replicas:
         for pattern in sorted(by_pattern):
             members = by_pattern[pattern]
             seat = seats[members[0]]
-            k_here = (1 if seat.beyond else k) if k else 0
-            self.classes.append(ReplicaClass(seat, members, ReplicaSlices(
-                [shards[i] for i in members], k_here)))
+            mine = [shards[i] for i in members]
+            k_here = slices_for(seat, mine, k)
+            self.classes.append(ReplicaClass(
+                seat, members, ReplicaSlices(mine, k_here),
+                ReplicaSlices(mine, k_here) if seat.beyond and k_here else None))
         self.k = k
         self.keys = [seat.key if seat.replicas > 1 else 0 for seat in seats]
         self.digest = ReplicaDigest()
@@ -130,17 +138,16 @@ class Replicas:
         local reduced gradients."""
         out: list[int] = []
         for c in self.classes:
-            value = 0
+            value = grad = 0
             if c.values.enabled:
                 c.values.named = [shards[i] for i in c.members]
                 value = int(c.values.digest_slice(clock))
-            grad = (self._grad_digest([grads[i] for i in c.members])
-                    if c.beyond and c.values.enabled else 0)
+            if c.grads is not None:  # a missing gradient digested as zeros, on every rank alike
+                c.grads.named = [(n, g if g is not None else torch.zeros_like(t)) for (n, t), g
+                                 in zip(c.values.named, (grads[i] for i in c.members))]
+                grad = int(c.grads.digest_slice(clock))
             out += [c.seat.key, value, grad]
         return out
-
-    def _grad_digest(self, grads: Sequence[torch.Tensor | None]) -> int:
-        return int(ReplicaDigest.combine_on_host(self.grad_digests(grads)))
 
     def grad_digests(self, grads: Sequence[torch.Tensor | None]) -> list[int]:
         """One digest per gradient (0 for none)."""
@@ -178,9 +185,11 @@ class Replicas:
                 f"FSDP2 reduces it over its data-parallel ranks only{either}",
                 step=step, ranks=ranks, params=names)
         if c.beyond:
+            every = c.values.k
+            when = ("every such parameter digested each step" if every == 1 else
+                    f"slice {step % every} of {every}, digested before this optimizer step")
             return ReplicaDivergence(
-                f"replicas over {c.over()} ({c.seat.pattern}) differ bitwise before this "
-                f"optimizer step (every such parameter digested each step){either}",
+                f"replicas over {c.over()} ({c.seat.pattern}) differ bitwise ({when}){either}",
                 step=step, ranks=ranks, params=names)
         return ReplicaDivergence(
             f"replicas of the same shards (HSDP, replicate_with_fsdp) differ bitwise (slice "
@@ -207,6 +216,19 @@ class Replicas:
         table = [g.tolist() for g in gathered]
         return [shards[m][0] for j, m in enumerate(c.members)
                 if differing(table, 0, 1 + j)[0]]
+
+
+def slices_for(seat: Seat, shards: Sequence[tuple[str, torch.Tensor]], k: int) -> int:
+    """How many slices a class is digested in (0: off, ``replica_slices=0``). Replicas FSDP2
+    keeps equal: K, as DDP's. Replicas over tp: every step (1) while the class holds at most
+    ``EVERY_STEP_BYTES`` on this rank — norms and biases, so a drift or a gradient not reduced
+    over tp is named at its first step; a larger class (a big layer left out of the plan) K,
+    so its cost per step stays T/K bytes. Local bytes: the ranks holding replicas of a shard
+    hold the same shapes, so they choose alike, and the verdict compares only them."""
+    if not k:
+        return 0
+    small = sum(t.numel() * t.element_size() for _, t in shards) <= EVERY_STEP_BYTES
+    return 1 if seat.beyond and small else k
 
 
 def differing(rows: Sequence[Sequence[int]], key_at: int, value_at: int
