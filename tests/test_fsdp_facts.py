@@ -11,12 +11,16 @@ import torch
 from openclaw_ref.sync.errors import (
     CheckpointMismatch,
     ClockMismatch,
+    GradientsNotAveraged,
+    InputMismatch,
     MissingGradient,
     OptimizerMismatch,
     ReplicaDivergence,
     ScaleMismatch,
 )
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge
+from openclaw_ref.sync.fsdp.mesh import Seat
+from openclaw_ref.sync.fsdp.replicas import Column, Replicas
 from openclaw_ref.sync.fsdp.scale import ScaleRecord, from_bits, sampled, to_bits, unit_roundoff
 
 
@@ -46,14 +50,57 @@ def test_a_rank_that_reduced_other_parameters_is_a_missing_gradient():
     assert isinstance(error, MissingGradient) and error.ranks == [1]
 
 
+def _classes(*seats: Seat) -> Replicas:
+    """One rank's replica classes, one parameter each (the verdict reads only the rows)."""
+    shards = [(f"p{i}", torch.zeros(4)) for i in range(len(seats))]
+    return Replicas(list(seats), shards, 16)
+
+
+HSDP = Seat("replicate:2=R,shard:2=S", 1, 2, ())
+TP = Seat("dp:2=S,tp:2=R", 1, 2, ("tp",))
+
+
+def _with(row: list[int], *columns: int) -> list[int]:
+    return row + list(columns)
+
+
 def test_replicas_are_compared_only_among_ranks_holding_the_same_shards():
-    rows = [_row(REPLICA_OF=1, REPLICA=7), _row(REPLICA_OF=2, REPLICA=8),
-            _row(REPLICA_OF=1, REPLICA=7), _row(REPLICA_OF=2, REPLICA=8)]
-    assert judge(rows, [0, 1, 2, 3], True) == (None, [])
-    rows[3][Field.REPLICA] = 9
-    error, _ = judge(rows, [0, 1, 2, 3], True, slices=16)
+    rows = [_with(_row(), 1, 7, 0), _with(_row(), 2, 8, 0),
+            _with(_row(), 1, 7, 0), _with(_row(), 2, 8, 0)]
+    assert judge(rows, [0, 1, 2, 3], True, replicas=_classes(HSDP)) == (None, [])
+    rows[3][len(Field) + Column.VALUE] = 9
+    error, _ = judge(rows, [0, 1, 2, 3], True, slices=16, replicas=_classes(HSDP),
+                     name=lambda finding: ["p0"])
     assert isinstance(error, ReplicaDivergence) and error.ranks == [1, 3]  # two replicas: both
-    assert "slice 3 of 16" in error.detail
+    assert "slice 3 of 16" in error.detail and error.params == ["p0"]
+
+
+def test_a_gradient_that_differs_across_tp_replicas_is_not_averaged_over_tp():
+    rows = [_with(_row(), 1, 7, 5), _with(_row(), 1, 7, 5), _with(_row(), 2, 8, 6),
+            _with(_row(), 2, 8, 6)]
+    assert judge(rows, [0, 1, 2, 3], True, replicas=_classes(TP)) == (None, [])
+    rows[1][len(Field) + Column.GRAD] = 4
+    error, _ = judge(rows, [0, 1, 2, 3], True, replicas=_classes(TP), name=lambda f: ["w"])
+    assert isinstance(error, GradientsNotAveraged) and error.ranks == [0, 1]
+    assert "gradient not reduced over tp" in error.detail and error.params == ["w"]
+
+
+def test_hsdp_replicas_compare_values_only_never_gradients():
+    rows = [_with(_row(), 1, 7, 5), _with(_row(), 1, 7, 6)]
+    assert judge(rows, [0, 1], True, replicas=_classes(HSDP)) == (None, [])
+
+
+def test_a_scale_mismatch_is_judged_before_the_gradients_it_made_differ():
+    rows = [_with(_row(SCALE=to_bits(0.5)), 1, 7, 5), _with(_row(SCALE=to_bits(0.25)), 1, 7, 6)]
+    error, _ = judge(rows, [0, 1], True, replicas=_classes(TP))
+    assert isinstance(error, ScaleMismatch)
+
+
+def test_tp_ranks_fed_different_inputs_are_an_input_mismatch_before_any_gradient():
+    rows = [_with(_row(INPUT_OF=1, INPUT=3), 1, 7, 5), _with(_row(INPUT_OF=1, INPUT=4), 1, 7, 6),
+            _with(_row(INPUT_OF=3, INPUT=9), 2, 7, 5), _with(_row(INPUT_OF=3, INPUT=9), 2, 7, 5)]
+    error, _ = judge(rows, [0, 1, 2, 3], True, replicas=_classes(TP))
+    assert isinstance(error, InputMismatch) and error.ranks == [0, 1]
 
 
 def test_an_extra_forward_exchange_never_judges_the_optimizer():

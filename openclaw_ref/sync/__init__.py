@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         ComputeMismatch,
         ConsistencyError,
         GradientsNotAveraged,
+        InputMismatch,
         JobFailed,
         MissingGradient,
         NonFiniteGradient,
@@ -51,9 +52,10 @@ _HOME = {
     # errors.py imports only the standard library: catching one of these loads no torch
     **dict.fromkeys(("BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch",
                      "CollectiveFailed", "ComputeMismatch", "ConsistencyError",
-                     "GradientsNotAveraged", "JobFailed", "MissingGradient", "NonFiniteGradient",
-                     "OpenClawError", "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence",
-                     "ScaleMismatch", "ShapeMismatch", "SyncTimeout"),
+                     "GradientsNotAveraged", "InputMismatch", "JobFailed", "MissingGradient",
+                     "NonFiniteGradient", "OpenClawError", "OptimizerMismatch",
+                     "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch", "ShapeMismatch",
+                     "SyncTimeout"),
                     "errors"),
 }
 
@@ -70,7 +72,8 @@ __all__ = [
     "HardenState", "SyncConfig", "harden",
     "BadInput", "BucketMisalignment", "CheckpointMismatch", "ClockMismatch", "CollectiveFailed",
     "ComputeMismatch", "ConsistencyError",
-    "GradientsNotAveraged", "JobFailed", "MissingGradient", "NonFiniteGradient", "OpenClawError",
+    "GradientsNotAveraged", "InputMismatch", "JobFailed", "MissingGradient", "NonFiniteGradient",
+    "OpenClawError",
     "OptimizerMismatch", "ParameterMismatch", "ReplicaDivergence", "ScaleMismatch",
     "ShapeMismatch", "SyncTimeout",
 ]

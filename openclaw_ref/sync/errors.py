@@ -139,6 +139,11 @@ class ReplicaDivergence(ConsistencyError):
     """Parameters that must be bitwise equal on all ranks differ."""
 
 
+class InputMismatch(ConsistencyError):
+    """The tensor-parallel ranks of one data-parallel group were fed different inputs where the
+    plan takes its input replicated over tp (``fsdp/inputs.py``)."""
+
+
 class ComputeMismatch(ConsistencyError):
     """The compute canary (``canary.schedule``): every rank ran the same probe — the same
     parameters, input, dropout seed and cotangent — and some rank's gradients differ bitwise

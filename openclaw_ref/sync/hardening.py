@@ -39,11 +39,12 @@ from openclaw_ref.sync.ddp.bucket_guard import harden_buckets
 from openclaw_ref.sync.ddp.replicate import replicate_state, replicated
 from openclaw_ref.sync.ddp.step_guard import StepGuard
 from openclaw_ref.sync.ddp.step_setup import refuse_unsupported, register_wire
-from openclaw_ref.sync.errors import BadInput
+from openclaw_ref.sync.errors import BadInput, Event
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.guard import GuardBase
 from openclaw_ref.sync.target import bucket_sizes, validate_target
 
+CANARY_OFF = "CanaryOff"  # Event kind: the default-on canary cannot run on this model (why)
 # the oldest torch the FSDP2 adapter (fsdp/) is tested on: tox -e torch-floor-fsdp2
 FSDP2_FLOOR = (2, 12)
 
@@ -91,6 +92,7 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
     cfg = cfg or SyncConfig()
     if is_fsdp2(ddp_model):
         refuse_old_fsdp2(torch.__version__)
+    by_default = cfg.canary_every is None
     every, canary_off = canary_interval(ddp_model, cfg)
     cfg = dataclasses.replace(cfg, canary_every=every)
     if is_fsdp2(ddp_model):
@@ -100,6 +102,8 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
         guard = harden_fsdp(ddp_model, cfg, optimizer, ctx)
         guard.canary = fsdp_canary_for(guard, every)
         guard.canary_off = canary_off
+        if by_default and canary_off:
+            guard.events.append(Event(CANARY_OFF, None, detail=canary_off))
         return guard
     if replicate_state(ddp_model) is not None and cfg.guard is not Guard.STEP:
         raise BadInput("a module given to replicate() takes the step guard only (the per-bucket "
@@ -146,6 +150,15 @@ def canary_interval(model: DDP | FSDPModule, cfg: SyncConfig) -> tuple[int, str]
     asked = cfg.canary_every
     if asked == 0:
         return 0, "off: canary_every=0"
+    tp = _tensor_parallel_dims(model) if is_fsdp2(model) else ()
+    if tp:
+        if asked is None:
+            return 0, (f"off: tensor parallel (mesh dims {', '.join(tp)}): the probe runs the "
+                       "model on plain tensors, which a module sharded by a TP plan cannot take")
+        raise BadInput(f"the compute canary (canary_every) does not run on a tensor-parallel "
+                       f"model (mesh dims {', '.join(tp)}): its probe runs the model on plain "
+                       "tensors, which a module sharded by a TP plan cannot take; pass "
+                       "canary_every=0")
     if is_fsdp2(model) and not _fsdp_hooks_found(model):
         if asked is None:
             return 0, "off: FSDP2's forward hooks are not where this torch keeps them"
@@ -179,6 +192,14 @@ def refuse_old_fsdp2(version: str) -> None:
                        f"(the oldest it is tested on); this is torch {version}: upgrade torch, "
                        "or wrap the model in DistributedDataParallel, which harden() guards on "
                        "this torch")
+
+
+def _tensor_parallel_dims(model: FSDPModule) -> tuple[str, ...]:
+    """``fsdp/mesh.py``'s mesh dims FSDP2 does not own (tp), imported only for an FSDP2
+    model."""
+    from openclaw_ref.sync.fsdp.mesh import tensor_parallel_dims
+
+    return tensor_parallel_dims(model)
 
 
 def _fsdp_hooks_found(model: FSDPModule) -> bool:

@@ -133,7 +133,9 @@ def refuse_python_reducer(ddp_model: DDP) -> None:
 def validate_fsdp_target(model: FSDPModule, cfg: SyncConfig) -> None:
     """What ``harden()`` refuses on an FSDP2 module, before anything is registered: a second
     hardening, a guard or wire other than the step guard's native one (FSDP2's own
-    ``MixedPrecisionPolicy`` chooses its wire), no sharded parameter, a mesh of over 2 dims."""
+    ``MixedPrecisionPolicy`` chooses its wire), no sharded parameter, a mesh whose replicas
+    cannot be read from the placements (``fsdp/mesh.py``: a ``Partial`` parameter, meshes not
+    sliced from one)."""
     from torch.distributed.tensor import DTensor  # here: a DDP user's torch may lack it
 
     if getattr(model, HARDENED_MARK, None) is not None:
@@ -143,10 +145,11 @@ def validate_fsdp_target(model: FSDPModule, cfg: SyncConfig) -> None:
         raise BadInput("an FSDP2 module takes the step guard with the native wire only "
                        "(FSDP2's MixedPrecisionPolicy sets its reduce dtype); got guard "
                        f"{cfg.guard.value}, wire {cfg.wire.value}")
-    meshes = {p.device_mesh.ndim for p in model.parameters() if isinstance(p, DTensor)}
-    if not meshes:
+    tracked = [(n, p) for n, p in model.named_parameters()
+               if p.requires_grad and isinstance(p, DTensor)]
+    if not tracked:
         raise BadInput("this FSDP2 module has no sharded (DTensor) parameter to guard: harden "
                        "the root module that fully_shard was applied to last")
-    if max(meshes) > 2:
-        raise BadInput(f"harden() guards FSDP2 on a 1-D mesh or HSDP's 2-D mesh; got a "
-                       f"{max(meshes)}-D mesh")
+    from openclaw_ref.sync.fsdp.mesh import seats
+
+    seats(model, tracked)  # BadInput where the mesh cannot be read (fsdp/mesh.py)

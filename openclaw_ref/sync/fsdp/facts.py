@@ -6,14 +6,19 @@ int64 block in which each rank wrote only its own row, so every rank receives ev
 (a sum of one value and zeros), and judges the same rows the same way: the same error, naming
 the same ranks, is raised on every rank. Digests are 62-bit (a sum never overflows int64).
 
-Invariant: ``judge`` reads nothing but the rows, so its verdict cannot differ between ranks.
+After the fixed fields (``Field``) come the replica classes' columns (``replicas``: HSDP's,
+``replicate_with_fsdp``'s and tensor parallelism's replicas, one rule).
+
+Invariant: ``judge`` reads nothing but the rows, so its verdict cannot differ between ranks;
+the one collective it may start (naming a replica class's parameters) is started on every rank
+alike.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -23,13 +28,14 @@ from openclaw_ref.sync.errors import (
     ConsistencyError,
     Event,
     GradientsNotAveraged,
+    InputMismatch,
     MissingGradient,
     NonFiniteGradient,
     OptimizerMismatch,
-    ReplicaDivergence,
     ScaleMismatch,
 )
 from openclaw_ref.sync.evidence.vote import majority, tie_caveat
+from openclaw_ref.sync.fsdp.replicas import Column, Finding, Replicas, differing
 from openclaw_ref.sync.fsdp.scale import FACTOR, factor_text, from_bits, judge_scales
 
 DIGEST_BITS = 62
@@ -46,8 +52,8 @@ class Field(enum.IntEnum):
     NONFINITE = 5  # 1: a NaN/inf in this rank's own gradients, before the reduce-scatter
     OPT_OWNS = 6  # 1: the stepping optimizer holds this model's (sharded) parameters
     HYPER = 7  # digest of the optimizer's hyperparameters (every param group, no tensors)
-    REPLICA_OF = 8  # HSDP: 1 + this rank's shard coordinate (its replicas share it); 0: none
-    REPLICA = 9  # HSDP: digest of slice (OPT_STEPS mod K) of its local shards, before the step
+    INPUT_OF = 8  # TP: 1 + the lowest rank of this rank's tp group (its peers share it); 0: off
+    INPUT = 9  # TP: chained digest of the root's inputs since the last optimizer step
     LOADS = 10  # load_state_dict calls into the model since harden()
     SCALE = 11  # float64 bits: the uniform factor applied to the reduced shards (NaN: none)
 
@@ -95,14 +101,16 @@ def hyper_digest(optimizer: torch.optim.Optimizer) -> int:
 
 
 def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: bool,
-          slices: int = 1, scale_tol: float = FACTOR
+          slices: int = 1, scale_tol: float = FACTOR, replicas: Replicas | None = None,
+          name: Callable[[Finding], list[str]] = lambda finding: []
           ) -> tuple[ConsistencyError | None, list[Event]]:
     """The verdict of one exchange: the first error (clock, loads, what was reduced, replicas,
     non-finite, scale, optimizer), with the ranks that differ from the majority named by their
     global rank (every rank on a tie), and the non-fatal findings
     (a non-finite gradient under ``nonfinite="skip"``). ``slices``: K, the replica digest's
     slice count (for the message); ``scale_tol``: the scale check's relative tolerance
-    (``scale.tolerance``)."""
+    (``scale.tolerance``); ``replicas``: the guard's replica classes, whose columns follow
+    the fixed fields, and ``name`` the parameters of a class that differs (a collective)."""
     def ranks(group_ranks: Iterable[int]) -> list[int]:
         return [global_ranks[r] for r in group_ranks]
 
@@ -133,15 +141,9 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
                                step=step,
                                ranks=ranks(reduced.differing)), []
     if kind is Exchange.OPTIMIZER_STEP:
-        diverged = replica_divergence(rows)
-        if diverged:
-            return ReplicaDivergence(
-                f"replicas of the same shards (HSDP, replicate_with_fsdp) differ bitwise (slice "
-                f"{step % slices} of "
-                f"{slices}, digested before this optimizer step); a rank is named when its "
-                "digest differs from the majority of its replicas; with no majority (two "
-                "replicas) every replica is named: either may be the faulty one", step=step,
-                ranks=ranks(diverged)), []
+        error = _replica_verdict(rows, ranks, step, slices, replicas, name, Column.VALUE)
+        if error is not None:
+            return error, []
     unreduced = [r for r, row in enumerate(rows) if row[Field.NOT_REDUCED]]
     if kind is Exchange.OPTIMIZER_STEP and unreduced:
         return GradientsNotAveraged("backwards ran since the last optimizer step but FSDP "
@@ -165,6 +167,10 @@ def judge(rows: list[list[int]], global_ranks: Sequence[int], raise_nonfinite: b
                                  "rank's local norm? Clip by the global norm "
                                  "(clip_grad_norm_ on the DTensor gradients)", step=step,
                                  ranks=ranks(scaled)), events
+        if not nonfinite:  # NaN bits need not agree; the non-finite verdict stands for them
+            error = _replica_verdict(rows, ranks, step, slices, replicas, name, Column.GRAD)
+            if error is not None:
+                return error, events
         error = _optimizer_verdict(rows, ranks, step)
         if error is not None:
             return error, events
@@ -181,18 +187,27 @@ def _loaders(counts: Sequence[int]) -> list[int]:
     return [r for r, c in enumerate(counts) if c > min(counts)]
 
 
-def replica_divergence(rows: list[list[int]]) -> list[int]:
-    """The ranks whose replica digest differs from the majority of the ranks holding the same
-    shards (same ``REPLICA_OF``); 1-D FSDP has no replicas, and nothing is compared."""
-    peers: dict[int, list[int]] = {}
-    for r, row in enumerate(rows):
-        if row[Field.REPLICA_OF]:
-            peers.setdefault(row[Field.REPLICA_OF], []).append(r)
-    off: list[int] = []
-    for members in peers.values():
-        vote = majority([rows[r][Field.REPLICA] for r in members])
-        off += [members[i] for i in vote.differing]
-    return sorted(off)
+def _replica_verdict(rows: list[list[int]], ranks, step: int, slices: int,
+                     replicas: Replicas | None, name: Callable[[Finding], list[str]],
+                     column: Column) -> ConsistencyError | None:
+    """VALUE: the inputs of a tp group, then each replica class's values; GRAD: each class's
+    gradients — judged after the scale check, whose verdict names the cause when clipping
+    by local norms made them differ."""
+    fed, tie = differing(rows, Field.INPUT_OF, Field.INPUT)
+    if fed and column is Column.VALUE:
+        either = "; two ranks disagree: either may be the one fed wrongly" if tie else ""
+        return InputMismatch("the tensor-parallel ranks of one data-parallel group were fed "
+                             "different inputs since the last optimizer step, where the plan's "
+                             "first module takes its input replicated over tp (a data loader "
+                             f"sharded by global rank instead of by data-parallel rank?){either}",
+                             step=step, ranks=ranks(fed))
+    if replicas is None:
+        return None
+    findings = [f for f in replicas.findings(rows, len(Field)) if f.column is column]
+    if not findings:
+        return None
+    return replicas.error(findings[0], name(findings[0]), step, ranks(findings[0].ranks),
+                          slices)
 
 
 def _optimizer_verdict(rows: list[list[int]], ranks, step: int) -> ConsistencyError | None:

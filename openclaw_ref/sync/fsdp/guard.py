@@ -64,7 +64,6 @@ from openclaw_ref.sync.errors import ConsistencyError
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.heartbeat import STEP_EXCHANGE
 from openclaw_ref.sync.evidence.precision import nonfinite_flags
-from openclaw_ref.sync.evidence.replica_slices import ReplicaSlices
 from openclaw_ref.sync.fsdp.close import close_replica_check
 from openclaw_ref.sync.fsdp.facts import Exchange, Field, hyper_digest, judge, reduced_digest
 from openclaw_ref.sync.fsdp.hooks import (
@@ -73,8 +72,15 @@ from openclaw_ref.sync.fsdp.hooks import (
     LoadCounter,
     Restore,
 )
+from openclaw_ref.sync.fsdp.inputs import InputDigest
 from openclaw_ref.sync.fsdp.last_words import Clock, GroupPlan, LastWords, group_plan
-from openclaw_ref.sync.fsdp.mesh import exchange_group, policy_manifest, replica_coordinate
+from openclaw_ref.sync.fsdp.mesh import (
+    exchange_group,
+    policy_manifest,
+    seats,
+    tensor_parallel_dims,
+)
+from openclaw_ref.sync.fsdp.replicas import Finding, Replicas
 from openclaw_ref.sync.fsdp.scale import ScaleRecord, to_bits, tolerance, unit_roundoff
 from openclaw_ref.sync.guard import GuardBase
 from openclaw_ref.sync.target import validate_fsdp_target
@@ -107,9 +113,10 @@ class FSDPGuard(GuardBase):
         self.names = [n for n, _ in self.tracked]
         self._ids = {id(p) for _, p in self.tracked}
         self._full_shapes = Counter(tuple(p.shape) for _, p in self.tracked)
-        self.replica_of = replica_coordinate(model)
-        self.replicas = ReplicaSlices(self._local_shards(),
-                                      cfg.replica_slices if self.replica_of else 0)
+        tp = tensor_parallel_dims(model)
+        self.seats = seats(model, self.tracked)
+        self.replicas = Replicas(self.seats, self._local_shards(), cfg.replica_slices)
+        self.inputs = InputDigest(model, bool(tp))
         self.counts = [0] * len(self.tracked)  # reductions since the last optimizer step
         u = unit_roundoff([p.dtype for _, p in self.tracked])
         self.scales = ScaleRecord([p.numel() for _, p in self.tracked], u)
@@ -117,7 +124,8 @@ class FSDPGuard(GuardBase):
         self.loads: LoadCounter | None = None
         self.local_sums: list[torch.Tensor] = []
         self.backwards = self.backwards_at_step = 0
-        self.block = torch.zeros(self.world_size, len(Field), dtype=torch.int64)
+        self.block = torch.zeros(self.world_size, len(Field) + self.replicas.width,
+                                 dtype=torch.int64)
         self.last_words: LastWords | None = None
         self._fsdp_groups: list = []  # every FSDP param group (``reduce_grads``: syncing)
         self.exchanges = self.passed = self.extra_forward_exchanges = 0
@@ -138,8 +146,8 @@ class FSDPGuard(GuardBase):
         if self.watchdog is not None:
             self.last_words = LastWords(self.watchdog.store, self.watchdog.namespace, self.rank,
                                         self.global_ranks, plans, len(self._fsdp_groups))
-        self.handles.append(self.module.register_forward_pre_hook(self._forward_pre,
-                                                                 prepend=True))
+        self.handles.append(self.module.register_forward_pre_hook(
+            self._forward_pre, prepend=True, with_kwargs=True))
         self.handles.append(self.module.register_forward_hook(self._forward_post))
         self.handles.append(register_optimizer_step_pre_hook(self._optimizer_step))
 
@@ -204,12 +212,13 @@ class FSDPGuard(GuardBase):
         return reduced
 
     # -- the step -------------------------------------------------------------------------------
-    def _forward_pre(self, module, args) -> None:
+    def _forward_pre(self, module, args, kwargs) -> None:
         """Ahead of FSDP2's own pre-forward (its all-gathers): the extra forward's exchange
         (module docstring, 5), and a watchdog diagnosis left from the last exchange."""
         if self.closed or not torch.is_grad_enabled():
             return
         self._check_watchdog()
+        self.inputs.forward((args, kwargs))
         if any(self.counts):  # a reduced backward, and no optimizer step since
             self.extra_forward_exchanges += 1
             self._exchange(Exchange.EXTRA_FORWARD, None, True)
@@ -247,6 +256,7 @@ class FSDPGuard(GuardBase):
         self.clock += 1
         self.backwards_at_step = self.backwards
         self.counts[:] = [0] * len(self.counts)
+        self.inputs.reset()
         self.scales.clear()
         self.local_sums.clear()
 
@@ -271,11 +281,13 @@ class FSDPGuard(GuardBase):
             row[Field.SCALE] = to_bits(self.scales.factor(
                 [_local_grad(p) if i in watched else None for i, (_, p) in
                  enumerate(self.tracked)]))
-        if kind is Exchange.OPTIMIZER_STEP and self.replicas.enabled:
-            self.replicas.named = self._local_shards()  # FSDP2 may re-seat them (lazy init)
-            row[Field.REPLICA_OF] = self.replica_of
-            row[Field.REPLICA] = int(self.replicas.digest_slice(self.clock))
-        return row
+        if kind is not Exchange.OPTIMIZER_STEP:
+            return row + [0] * self.replicas.width
+        row[Field.INPUT_OF], row[Field.INPUT] = self.inputs.column()
+        return row + self.replicas.columns(self.clock, self._local_shards(), self._grads())
+
+    def _grads(self) -> list[torch.Tensor | None]:
+        return [_local_grad(p) for _, p in self.tracked]
 
     def manifest(self) -> list[tuple[str, torch.Tensor]]:
         return policy_manifest(self.module, self.tracked)
@@ -304,11 +316,18 @@ class FSDPGuard(GuardBase):
         self.exchanges += 1
         error, events = judge(self.block.tolist(), self.global_ranks,
                               self.cfg.nonfinite is NonFinitePolicy.RAISE,
-                              max(self.replicas.k, 1), self.scale_tol)
+                              max(self.replicas.k, 1), self.scale_tol, self.replicas,
+                              self._name_parameters)
         self.events.extend(events)
         if error is not None:
             self.fail(error)
         self.passed += 1
+
+    def _name_parameters(self, finding: Finding) -> list[str]:
+        """The parameters of a replica class that differ (``replicas.name_parameters``: one
+        gather, on every rank, on the failure path)."""
+        return self.replicas.name_parameters(finding, self._local_shards(), self._grads(),
+                                             self.group)
 
     def fail(self, error: ConsistencyError) -> NoReturn:
         """Raise ``error``, a check of this guard's (its canary's too), as the guard's own:
@@ -338,13 +357,14 @@ class FSDPGuard(GuardBase):
                 "extra_forward_exchanges": self.extra_forward_exchanges,
                 "notes": dict(self.last_words.written) if self.last_words else {},
                 "nonfinite": self.cfg.nonfinite.value,
+                "replicas": self.replicas.summary(), "input_check": self.inputs.off or "on",
                 "canary": canary_summary(self.canary, self.canary_off)}
 
     def _verify_replicas(self) -> None:
         """On HSDP, every shard compared once more across its replicas, over the whole mesh
         (module docstring, 7); ``GuardBase.close`` runs it where due, then the teardown puts
         FSDP2's own comms back."""
-        close_replica_check(self, self._local_shards(), self.replica_of)
+        close_replica_check(self, self._local_shards(), self.replicas.keys)
 
 
 def _local_grad(p: torch.Tensor) -> torch.Tensor | None:
