@@ -12,21 +12,24 @@ import torch
 from tests.tp_model import Bug, Plan, train
 
 
-def _recorded(plan: Plan, bug: Bug, hardened: bool) -> tuple[dict, set[str]]:
+def _recorded(plan: Plan, bug: Bug, hardened: bool, **kw) -> tuple[dict, set[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        reply = train(plan, bug, hardened)
+        reply = train(plan, bug, hardened, **kw)
     return reply, {str(w.message) for w in caught}
 
 
-def tp_task(ctx, plan: str, bug: str) -> dict:
+def tp_task(ctx, plan: str, bug: str, shape: tuple[int, ...] = (2, 2),
+            compiled: bool = False) -> dict:
     """This rank's account of the script hardened; healthy: beside it, the same script
-    without ``harden()`` (bitwise equal, and the warnings ``harden()`` added)."""
+    without ``harden()`` run first (so that a warning torch gives once per process, at a first
+    compile, falls to stock): bitwise equal, and the warnings ``harden()`` added."""
     plan, bug = Plan(plan), Bug(bug)
-    hardened, caught = _recorded(plan, bug, True)
+    kw = {"mesh_shape": tuple(shape), "compiled": compiled}
+    stock, stock_caught = _recorded(plan, bug, False, **kw) if bug is Bug.NONE else ({}, set())
+    hardened, caught = _recorded(plan, bug, True, **kw)
     reply = {k: v for k, v in hardened.items() if k != "full"}
     if bug is Bug.NONE:
-        stock, stock_caught = _recorded(plan, bug, False)
         reply["added_warnings"] = sorted(caught - stock_caught)
         reply["bitwise"] = bool(hardened["full"]) and all(
             torch.equal(hardened["full"][n], stock["full"][n]) for n in stock["full"])
@@ -37,13 +40,50 @@ def _run(pools, plan: Plan, bug: Bug) -> list[dict]:
     return pools.get(4).run(tp_task, plan.value, bug.value, timeout_s=240)
 
 
-@pytest.mark.parametrize("plan", list(Plan))
-def test_a_healthy_tensor_parallel_job_trains_bitwise_without_a_warning(pools, plan):
-    for reply in _run(pools, plan, Bug.NONE):
+def _assert_healthy(replies: list[dict]) -> None:
+    for reply in replies:
         assert reply["outcome"] is None, reply["outcome"]
         assert reply["bitwise"]
         assert reply["added_warnings"] == []
         assert reply["summary"]["checks_passed"] == 3
+
+
+# what each plan's placements say is replicated over tp: (pattern, parameters), read by harden()
+OVER_TP = {Plan.SEQUENCE_PARALLEL: {"dp:2=S,tp:2=R": 6},  # the norms and w2's biases
+           Plan.PLAIN: {"dp:2=S": 6, "dp:2=S,tp:2=R": 2}}  # norms and head left out; w2.bias
+
+
+@pytest.mark.parametrize("plan", [Plan.SEQUENCE_PARALLEL, Plan.PLAIN])
+def test_a_healthy_tensor_parallel_job_trains_bitwise_without_a_warning(pools, plan):
+    replies = _run(pools, plan, Bug.NONE)
+    _assert_healthy(replies)
+    for reply in replies:
+        classes = reply["summary"]["replicas"]
+        assert {c["pattern"]: c["params"] for c in classes} == OVER_TP[plan]
+        assert all(c["beyond"] == ["tp"] and c["slices"] == 1 for c in classes)
+
+
+@pytest.mark.slow
+def test_loss_parallel_trains_bitwise_without_a_warning(pools):
+    _assert_healthy(_run(pools, Plan.LOSS_PARALLEL, Bug.NONE))
+
+
+@pytest.mark.slow
+def test_compiled_blocks_train_bitwise_without_a_warning(pools):
+    """The plain plan: torch 2.13's dynamo cannot trace a LayerNorm on a sequence-sharded
+    DTensor (SequenceParallel) on CPU, with or without harden()."""
+    _assert_healthy(pools.get(4).run(tp_task, Plan.PLAIN.value, Bug.NONE.value,
+                                     (2, 2), True, timeout_s=600))
+
+
+@pytest.mark.slow
+def test_hsdp_by_tp_on_a_3d_mesh_trains_bitwise_without_a_warning(pools):
+    replies = pools.get(8).run(tp_task, Plan.SEQUENCE_PARALLEL.value, Bug.NONE.value,
+                               (2, 2, 2), timeout_s=600)
+    _assert_healthy(replies)
+    classes = {c["pattern"]: c["beyond"] for c in replies[0]["summary"]["replicas"]}
+    assert classes["replicate:2=R,shard:2=S,tp:2=R"] == ["tp"]  # the norms: over tp
+    assert classes["replicate:2=R,shard:2=S,tp:2=S"] == []  # TP's shards: HSDP's replicas
 
 
 NORMS = ["blocks.0.norm.weight", "blocks.0.norm.bias", "blocks.1.norm.weight",
@@ -96,3 +136,26 @@ def test_clipping_by_each_rank_local_norm_is_a_scale_mismatch_not_a_gradient_one
 def test_an_extra_micro_batch_on_one_tp_rank_is_a_clock_mismatch_naming_it(pools):
     assert _outcomes(_run(pools, Plan.PLAIN, Bug.EXTRA_MICROBATCH)) == \
         [("ClockMismatch", 1, [3], [])] * 4
+
+
+def partial_task(ctx) -> str:
+    """A parameter whose placement is ``Partial``: which ranks hold its replicas cannot be read
+    from it."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, distribute_tensor
+
+    from openclaw_ref.sync.errors import BadInput
+    from openclaw_ref.sync.fsdp.mesh import seat_of
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    p = distribute_tensor(torch.zeros(4), mesh, [Partial()])
+    try:
+        seat_of("w", p, mesh, None)
+    except BadInput as exc:
+        return str(exc)
+    return "read"
+
+
+def test_a_parameter_that_is_partial_is_refused_naming_it(pools):
+    for told in pools.get(2).run(partial_task, timeout_s=120):
+        assert told.startswith("parameter w has placement") and "Partial" in told

@@ -26,6 +26,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 
@@ -39,6 +40,7 @@ DIM, SEQ, BATCH, STEPS = 16, 8, 4, 3
 class Plan(enum.StrEnum):
     SEQUENCE_PARALLEL = "sp"
     PLAIN = "plain"
+    LOSS_PARALLEL = "loss-parallel"  # sequence parallel; the head's logits stay vocab-sharded
 
 
 class Bug(enum.StrEnum):
@@ -77,6 +79,7 @@ class Net(nn.Module):
 
 
 def _plan(plan: Plan, norms: bool) -> dict:
+    """A block's TP plan (module docstring)."""
     if plan is Plan.PLAIN:
         return {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
     out = {"w1": ColwiseParallel(input_layouts=Shard(1)),
@@ -84,17 +87,24 @@ def _plan(plan: Plan, norms: bool) -> dict:
     return {"norm": SequenceParallel(), **out} if norms else out
 
 
-def build(plan: Plan, bug: Bug, mesh: DeviceMesh, dp: DeviceMesh | None = None) -> Net:
-    """The model under the plan on ``mesh["tp"]``, ``fully_shard`` on ``dp`` (default
-    ``mesh["dp"]``) per block and on the root."""
+def build(plan: Plan, bug: Bug, mesh: DeviceMesh, dp: DeviceMesh | None = None,
+          compiled: bool = False) -> Net:
+    """The model under the plan on ``mesh["tp"]``, each block compiled (as torchtitan does:
+    ``block.compile()`` after the plan, before ``fully_shard``) if asked, ``fully_shard`` on
+    ``dp`` (default ``mesh["dp"]``) per block and on the root."""
     torch.manual_seed(0)
     model = Net()
     for block in model.blocks:
         parallelize_module(block, mesh["tp"], _plan(plan, bug is not Bug.NORMS_LEFT_OUT))
+        if compiled:
+            block.compile()
         fully_shard(block, mesh=dp if dp is not None else mesh["dp"])
     if plan is Plan.SEQUENCE_PARALLEL:  # the head gathers the sequence: its output replicated
         parallelize_module(model.head, mesh["tp"], ColwiseParallel(
             input_layouts=Shard(1), output_layouts=Replicate()))
+    if plan is Plan.LOSS_PARALLEL:  # the logits stay sharded over the classes (loss_parallel)
+        parallelize_module(model.head, mesh["tp"], ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False))
     fully_shard(model, mesh=dp if dp is not None else mesh["dp"])
     return model
 
@@ -106,21 +116,32 @@ def batch(step: int, micro: int, dp_rank: int, tp_rank: int, plan: Plan
     g = torch.Generator().manual_seed(1000 * step + 10 * micro + dp_rank)
     x = torch.randn(BATCH, SEQ, DIM, generator=g)
     y = x[..., :4].sin()
-    if plan is Plan.SEQUENCE_PARALLEL:
+    if plan is Plan.LOSS_PARALLEL:
+        y = (x[..., 0] > 0).long() + 2 * (x[..., 1] > 0).long()  # (B, T) class indices
+    if plan is not Plan.PLAIN:
         part = SEQ // 2
         return x[:, tp_rank * part:(tp_rank + 1) * part], y
     return x, y
 
 
+def loss_of(plan: Plan, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Forward and backward (under ``loss_parallel`` for the vocab-sharded logits)."""
+    if plan is Plan.LOSS_PARALLEL:
+        with loss_parallel():
+            F.cross_entropy(model(x).flatten(0, 1), y.flatten(0, 1)).backward()
+        return
+    F.mse_loss(model(x), y).backward()
+
+
 def train(plan: Plan, bug: Bug, hardened: bool, mesh_shape: tuple[int, ...] = (2, 2),
-          cfg: SyncConfig | None = None) -> dict:
+          cfg: SyncConfig | None = None, compiled: bool = False) -> dict:
     """The user's loop; this rank's account: the full parameters it ends with, or the error it
     stopped on, and the guard's summary and events."""
     rank = dist.get_rank()
     names = ("dp", "tp") if len(mesh_shape) == 2 else ("replicate", "shard", "tp")
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     dp = mesh["dp"] if len(mesh_shape) == 2 else mesh["replicate", "shard"]
-    model = build(plan, bug, mesh, dp)
+    model = build(plan, bug, mesh, dp, compiled)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     guard = harden(model, cfg) if hardened else None
     tp_rank = mesh["tp"].get_local_rank()
@@ -136,7 +157,7 @@ def train(plan: Plan, bug: Bug, hardened: bool, mesh_shape: tuple[int, ...] = (2
                     model.blocks[0].norm.weight.to_local().add_(1e-3)
             for micro in range(micros):
                 x, y = batch(step, micro, dp_rank, tp_rank, plan)
-                F.mse_loss(model(x), y).backward()
+                loss_of(plan, model, x, y)
             if bug is Bug.LOCAL_NORM_CLIP:
                 _clip_by_local_norm(model, 0.05)
             for group in opt.param_groups:
