@@ -20,12 +20,12 @@ def _recorded(plan: Plan, bug: Bug, hardened: bool, **kw) -> tuple[dict, set[str
 
 
 def tp_task(ctx, plan: str, bug: str, shape: tuple[int, ...] = (2, 2),
-            compiled: bool = False) -> dict:
+            compiled: bool = False, clip: bool = False) -> dict:
     """This rank's account of the script hardened; healthy: beside it, the same script
     without ``harden()`` run first (so that a warning torch gives once per process, at a first
     compile, falls to stock): bitwise equal, and the warnings ``harden()`` added."""
     plan, bug = Plan(plan), Bug(bug)
-    kw = {"mesh_shape": tuple(shape), "compiled": compiled}
+    kw = {"mesh_shape": tuple(shape), "compiled": compiled, "clip": clip}
     stock, stock_caught = _recorded(plan, bug, False, **kw) if bug is Bug.NONE else ({}, set())
     hardened, caught = _recorded(plan, bug, True, **kw)
     reply = {k: v for k, v in hardened.items() if k != "full"}
@@ -61,6 +61,12 @@ def test_a_healthy_tensor_parallel_job_trains_bitwise_without_a_warning(pools, p
         classes = reply["summary"]["replicas"]
         assert {c["pattern"]: c["params"] for c in classes} == OVER_TP[plan]
         assert all(c["beyond"] == ["tp"] and c["slices"] == 1 for c in classes)
+
+
+@pytest.mark.slow
+def test_clipping_by_the_global_norm_across_two_meshes_trains_bitwise_without_a_warning(pools):
+    _assert_healthy(pools.get(4).run(tp_task, Plan.PLAIN.value, Bug.NONE.value, (2, 2), False,
+                                     True, timeout_s=240))
 
 
 @pytest.mark.slow

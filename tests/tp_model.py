@@ -134,7 +134,7 @@ def loss_of(plan: Plan, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> N
 
 
 def train(plan: Plan, bug: Bug, hardened: bool, mesh_shape: tuple[int, ...] = (2, 2),
-          cfg: SyncConfig | None = None, compiled: bool = False) -> dict:
+          cfg: SyncConfig | None = None, compiled: bool = False, clip: bool = False) -> dict:
     """The user's loop; this rank's account: the full parameters it ends with, or the error it
     stopped on, and the guard's summary and events."""
     rank = dist.get_rank()
@@ -160,6 +160,8 @@ def train(plan: Plan, bug: Bug, hardened: bool, mesh_shape: tuple[int, ...] = (2
                 loss_of(plan, model, x, y)
             if bug is Bug.LOCAL_NORM_CLIP:
                 _clip_by_local_norm(model, 0.05)
+            elif clip:
+                clip_by_global_norm(list(model.parameters()), 0.05)
             for group in opt.param_groups:
                 group["lr"] = 2e-2 if bug is Bug.LR_ONE_RANK and rank == BUG_RANK else 1e-2
             opt.step()
@@ -177,6 +179,22 @@ def train(plan: Plan, bug: Bug, hardened: bool, mesh_shape: tuple[int, ...] = (2
         reply["summary"] = guard.summary()
         reply["events"] = [(e.kind, e.step, e.ranks, e.detail) for e in guard.events]
     return reply
+
+
+def clip_by_global_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """The recipe docs/meshes.md gives for FSDP2 × TP: the gradients' norm per mesh (DTensor's
+    norm counts a replicated dim once), the meshes' norms combined, one factor for all.
+    ``torch.nn.utils.clip_grad_norm_`` raises when the parameters live on two meshes."""
+    by_mesh: dict = {}
+    for p in params:
+        if p.grad is not None:
+            by_mesh.setdefault(p.grad.device_mesh, []).append(p)
+    norms = [torch.nn.utils.get_total_norm([p.grad for p in group])
+             for group in by_mesh.values()]
+    total = torch.linalg.vector_norm(torch.stack([n.full_tensor() for n in norms]))
+    for group in by_mesh.values():  # one mesh at a time: torch's foreach ops take one
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total
 
 
 def _clip_by_local_norm(model: nn.Module, max_norm: float) -> None:
