@@ -70,20 +70,24 @@ def test_every_hook_cost_figure_is_the_median_of_three_cached_jobs(tmp_path):
                                               "ratio": pytest.approx(1.00)}
 
 
-def test_every_fsdp_cost_figure_is_the_median_of_three_cached_jobs_of_its_world_size(tmp_path):
-    """The FSDP2 arms' figures are made the same way, one set of three jobs per world size;
-    a world size over the run's maximum is asv's skip."""
+def test_every_fsdp_cost_figure_is_the_median_of_three_cached_jobs_of_its_mesh(tmp_path):
+    """The FSDP2 arms' figures are made the same way, one set of three jobs per world size and
+    mesh; a world size over the run's maximum, or a (dp, tp) mesh those ranks cannot make, is
+    asv's skip."""
     from openclaw_ref.bench.cache import fsdp_cost_figures
     from openclaw_ref.core.jsonio import write_json_atomic
 
-    settings = BenchSettings(max_world=2)
-    for world_size, ratios in ((1, [0.9, 0.8, 0.7]), (2, [1.04, 1.01, 0.99])):
+    settings = BenchSettings(max_world=4)
+    for name, ratios in (("1r", [0.9, 0.8, 0.7]), ("4r", [1.04, 1.01, 0.99]),
+                         ("4r-tp2", [1.2, 1.06, 1.1])):
         for job, ratio in enumerate(ratios):
-            write_json_atomic(
-                tmp_path / f"fsdpcost-mlp-{world_size}-{settings.digest()}-{job}.json",
-                {"figures": {"hardened-fsdp": {"ratio": ratio}}})
+            write_json_atomic(tmp_path / f"fsdpcost-mlp-{name}-{settings.digest()}-{job}.json",
+                              {"figures": {"hardened-fsdp": {"ratio": ratio}}})
     cache = CaseCache(tmp_path)
     assert fsdp_cost_figures("mlp", 1, settings, cache)["hardened-fsdp"]["ratio"] == 0.8
-    assert fsdp_cost_figures("mlp", 2, settings, cache)["hardened-fsdp"]["ratio"] == 1.01
+    assert fsdp_cost_figures("mlp", 4, settings, cache)["hardened-fsdp"]["ratio"] == 1.01
+    assert fsdp_cost_figures("mlp", 4, settings, cache, tp=2)["hardened-fsdp"]["ratio"] == 1.1
+    with pytest.raises(NotImplementedError, match="no \\(dp, tp\\) mesh of tp 2 on 2 ranks"):
+        fsdp_cost_figures("mlp", 2, settings, cache, tp=2)
     with pytest.raises(NotImplementedError, match="maximum world size"):
-        fsdp_cost_figures("mlp", 4, settings, cache)
+        fsdp_cost_figures("mlp", 4, BenchSettings(max_world=2), cache)

@@ -86,7 +86,9 @@ def test_asv_quick_smoke_on_two_ranks_saves_a_value_for_every_runnable_benchmark
     assert len(gate) == 2 and all(v is not None and v > 0 for v in gate)
     over_floor = values("bench_hooks.HookCost.track_hardened_over_floor")
     assert len(over_floor) == 2 and all(v is not None and v > 0 for v in over_floor)
-    fsdp = values("bench_hooks.FSDPCost.track_hardened_over_stock")  # mlp at 1 and 2 ranks
-    assert len(fsdp) == 2 and all(v is not None and v > 0 for v in fsdp)
+    # mlp at 1 and 2 ranks × tp 1 and 2: the 1-D mesh measured, (dp, tp) skipped (needs 4 ranks)
+    fsdp = values("bench_hooks.FSDPCost.track_hardened_over_stock")
+    assert len(fsdp) == 4 and all(v is not None and v > 0 for v in fsdp[::2])
+    assert all(v is None or math.isnan(v) for v in fsdp[1::2])
     assert all(v is not None and v > 0
                for v in values("bench_hooks.VerifyScale.time_check_blocks_16_buckets"))

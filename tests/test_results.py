@@ -299,3 +299,18 @@ def test_a_version_5_sdc_rate_reads_as_what_a_canary_raising_on_every_mismatch_c
     (rate,) = upgrade(old, 5)["sdc"]["rates"]
     assert rate == {"fault": "sdc-flip-high", "value": "0.2", "probes": 40, "named": 9,
                     "reported": 0, "right_rank": 7, "wrong_rank": 2, "fired": 90}
+
+
+def test_a_version_6_fsdp_cost_job_is_the_1d_one_keyed_by_its_mesh_and_ranks_unchanged():
+    from openclaw_ref.reporting.record import parse_record
+
+    job = {"config": {"model": "mlp", "world_size": 2, "steps": 150}, "baseline": "fsdp",
+           "summary": {"fsdp": {"ratio": 1.0}, "hardened-fsdp": {"ratio": 1.05}}, "events": 0}
+    doc = {"schema_version": 6,
+           "meta": {"environment": {"backend": "gloo", "cpu_count": 2, "gpu_count": 0,
+                                    "torch": "2"}, "compare_config": {}},
+           "fsdp_cost": {"jobs": {"mlp": job}}}
+    jobs = parse_record(doc).doc["fsdp_cost"]["jobs"]
+    assert list(jobs) == ["mlp-2r"]
+    assert jobs["mlp-2r"] == {**job, "config": {**job["config"], "tp": 1}}
+    assert "tp" not in job["config"]  # the loaded document itself is left as it was

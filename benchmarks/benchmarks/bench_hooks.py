@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from openclaw_ref.arms.blocks import check_blocks
+from openclaw_ref.experiments.fsdp_cost import mesh_fits
 from openclaw_ref.experiments.hook_cost import pair_name
 from openclaw_ref.experiments.verify_scale import (
     BUCKETS,
@@ -174,16 +175,20 @@ class CanaryCost(common.JobBenchmark):
 class FSDPCost(common.JobBenchmark):
     """harden() on FSDP2 beside stock ``fully_shard``: the two arms interleaved step by step in
     one job on the MLP (``openclaw_ref.experiments.fsdp_cost``), each figure the median over
-    three fresh jobs. At 4 ranks on 2 cores the ranks time-share."""
+    three fresh jobs; ``tp`` 1 on the 1-D mesh, 2 on a (dp, tp) = (2, 2) mesh with a
+    tensor-parallel plan (4 ranks only: skipped elsewhere). At 4 ranks on 2 cores the ranks
+    time-share."""
 
-    params = [["mlp"], common.FSDP_WORLD_SIZES]
-    param_names = ["model", "world_size"]
+    params = [["mlp"], common.FSDP_WORLD_SIZES, common.FSDP_TP_DEGREES]
+    param_names = ["model", "world_size", "tp"]
 
-    def setup(self, cache_dir, model, world_size):
-        self.cache_dir, self.model, self.world_size = cache_dir, model, world_size
+    def setup(self, cache_dir, model, world_size, tp):
+        if not mesh_fits(world_size, tp):
+            raise NotImplementedError(f"no (dp, tp) mesh of tp {tp} on {world_size} ranks")
+        self.cache_dir, self.model, self.world_size, self.tp = cache_dir, model, world_size, tp
 
     def _arm(self, arm, key):
-        summary = common.fsdp_cost(self.cache_dir, self.model, self.world_size)
+        summary = common.fsdp_cost(self.cache_dir, self.model, self.world_size, self.tp)
         return need(summary.get(arm, {}), key)
 
     def track_hardened_over_stock(self, *_):

@@ -25,6 +25,7 @@ from openclaw_ref.bench import cache
 from openclaw_ref.bench.jobs import Case
 from openclaw_ref.bench.settings import PRECISIONS, STRATEGY_CASES, BenchSettings
 from openclaw_ref.experiments.fsdp_cost import MAX_WORLD_SIZE as FSDP_MAX_WORLD
+from openclaw_ref.experiments.fsdp_cost import TP_DEGREES as FSDP_TP
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,6 +38,7 @@ BACKENDS = list(settings().backend_params())
 STRATEGIES = list(STRATEGY_CASES)
 SEED004_PRECISIONS = list(PRECISIONS)
 FSDP_WORLD_SIZES = [w for w in WORLD_SIZES if w <= FSDP_MAX_WORLD]  # 1, 2, 4
+FSDP_TP_DEGREES = list(FSDP_TP)  # 1: the 1-D mesh; 2: (dp, tp) = (2, 2), at 4 ranks only
 
 
 def case_figures(cache_dir: str, kind: str, label: str, world_size: int, backend: str) -> dict:
@@ -57,11 +59,12 @@ def canary_cost(cache_dir: str, model: str) -> dict:
     return cache.canary_cost_figures(model, settings(), cache.CaseCache(cache_dir))
 
 
-def fsdp_cost(cache_dir: str, model: str, world_size: int) -> dict:
+def fsdp_cost(cache_dir: str, model: str, world_size: int, tp: int) -> dict:
     """The FSDP2 cost summary (stock ``fully_shard`` and ``harden()`` on it) for ``model`` on
-    ``world_size`` ranks: each figure the median of three fresh interleaved jobs
-    (``cache.fsdp_cost_figures``)."""
-    return cache.fsdp_cost_figures(model, world_size, settings(), cache.CaseCache(cache_dir))
+    ``world_size`` ranks, tensor-parallel degree ``tp`` (1: the 1-D mesh): each figure the
+    median of three fresh interleaved jobs (``cache.fsdp_cost_figures``)."""
+    return cache.fsdp_cost_figures(model, world_size, settings(), cache.CaseCache(cache_dir),
+                                   tp)
 
 
 def need(figures: dict, key: str) -> float:

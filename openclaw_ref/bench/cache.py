@@ -107,17 +107,21 @@ def canary_cost_figures(model: str, settings: BenchSettings, cache: CaseCache) -
 
 
 def fsdp_cost_figures(model: str, world_size: int, settings: BenchSettings,
-                      cache: CaseCache) -> dict:
+                      cache: CaseCache, tp: int = 1) -> dict:
     """As ``hook_cost_figures``, for the FSDP2 arms (stock ``fully_shard`` and ``harden()`` on
-    it, ``experiments/fsdp_cost.py``) on ``world_size`` ranks: the median over
-    ``HOOK_COST_JOBS`` fresh interleaved jobs of ``settings.hook_steps`` steps per arm."""
-    from openclaw_ref.experiments.fsdp_cost import FSDPCostConfig, run
+    it, ``experiments/fsdp_cost.py``) on ``world_size`` ranks and tensor-parallel degree
+    ``tp`` (1: the 1-D mesh): the median over ``HOOK_COST_JOBS`` fresh interleaved jobs of
+    ``settings.hook_steps`` steps per arm. A mesh the experiment refuses (tp 2 needs 4 ranks)
+    is asv's skip."""
+    from openclaw_ref.experiments.fsdp_cost import FSDPCostConfig, job_name, mesh_fits, run
 
     if world_size > settings.max_world:
         raise NotImplementedError(f"{world_size} ranks is over the run's maximum world size")
-    cfg = FSDPCostConfig(model=model, world_size=world_size, steps=settings.hook_steps,
+    if not mesh_fits(world_size, tp):
+        raise NotImplementedError(f"no (dp, tp) mesh of tp {tp} on {world_size} ranks")
+    cfg = FSDPCostConfig(model=model, world_size=world_size, tp=tp, steps=settings.hook_steps,
                          warmup=hook_warmup(settings), seed=settings.seed)
-    key = f"fsdpcost-{model}-{world_size}-{settings.digest()}"
+    key = f"fsdpcost-{job_name(cfg)}-{settings.digest()}"
     return median_summary([
         cache.get(f"{key}-{job}", lambda: run(cfg, threads_per_rank=settings.threads or 1)
                   ["summary"]) for job in range(HOOK_COST_JOBS)])

@@ -122,11 +122,15 @@ def plain_mlp(seed: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def mlp_loss(seed: int, ctx: RankContext) -> Callable[[nn.Module, int], torch.Tensor]:
-    """``loss(model, step)`` of the MLP: a rank-dependent batch per step, the same for every
-    arm (and every job of the same seed)."""
+def mlp_loss(seed: int, ctx: RankContext, data_rank: int | None = None
+             ) -> Callable[[nn.Module, int], torch.Tensor]:
+    """``loss(model, step)`` of the MLP: a batch per step and ``data_rank`` (default this
+    rank; under tensor parallelism its dp rank, so the tp ranks of a dp group see the same
+    batch), the same for every arm (and every job of the same seed)."""
+    data_rank = ctx.rank if data_rank is None else data_rank
+
     def loss(model: nn.Module, step: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + ctx.rank)
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + data_rank)
         x = torch.randn(MLP_BATCH, MLP_WIDTH, generator=g).to(ctx.device)
         return F.mse_loss(model(x), x)
 

@@ -80,7 +80,9 @@ SECTIONS: dict[str, Section] = {
     "sdc": _plain("silent data corruption × (stock DDP, harden() canary off, on) at 2 and 4 "
                   "ranks, the canary's detection rates, healthy jobs on/off", sdc, 2.2),
     "fsdp_cost": _plain("harden() on FSDP2 beside stock fully_shard per step (arms "
-                        "interleaved)", fsdp_cost, 44.5),  # measured at load average ~3
+                        "interleaved), 1-D and (dp, tp)", fsdp_cost, 104.0),
+    # 3 jobs (1-D at 2 and 4 ranks, (dp, tp) at 4) in 312 s at load average 14-30, 2026-12-07;
+    # the 2-rank job alone took 44.5 s at load average ~3
     "fsdp_corpus": _plain("published FSDP2 mistakes × (stock FSDP2, harden() defaults), "
                           "1-D at 2 ranks, HSDP at 4, torchrun", fsdp_corpus, 99.5),
     "tp_corpus": _plain("FSDP2 × tensor parallel: healthy set-ups and published TP/SP mistakes "

@@ -1,41 +1,73 @@
 """The captioned tables of the two FSDP2 sections: ``fsdp_cost`` (hardened ÷ stock FSDP2,
-interleaved, with the job's correctness in the caption) and ``fsdp_corpus`` (published FSDP2
-mistakes, stock FSDP2 beside harden()'s defaults). Every word is written here, from the figures
-the sections stored."""
+interleaved, one row per mesh and world size with the job's correctness beside it) and
+``fsdp_corpus`` (published FSDP2 mistakes, stock FSDP2 beside harden()'s defaults). Every word
+is written here, from the figures the sections stored."""
 
 from __future__ import annotations
 
 from openclaw_ref.reporting.table import Figures, Table, fixed, ratio_cell, yes
 
 
-def fsdp_cost_table(model: str, job: Figures) -> Table:
-    """One interleaved FSDP2 job: each arm's step and its ratio to stock FSDP2, with the
-    job's correctness (bitwise-equal arms, the guard's exchanges and events) in the caption."""
-    summary, fcfg = job["summary"], job["config"]
-    rows = [[arm, fixed(summary[arm]["median_step_ms"], 2),
-             "1" if arm == job["baseline"] else
-             ratio_cell(summary[arm]["ratio"], summary[arm]["ratio_low"],
-                        summary[arm]["ratio_high"])]
-            for arm in sorted(summary, key=lambda a: a != job["baseline"])]
+def fsdp_cost_mesh(config: Figures) -> str:
+    """A job's mesh in words: 1-D, or its (dp, tp) shape."""
+    tp = config.get("tp", 1)
+    return "1-D" if tp == 1 else f"(dp, tp) = ({config['world_size'] // tp}, {tp})"
+
+
+def fsdp_cost_events(job: Figures) -> str:
+    """The guard's events: their count, and by kind where the record has them."""
+    kinds = job.get("event_kinds") or {}
+    return str(job["events"]) + (" (" + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ")"
+                                 if kinds else "")
+
+
+def fsdp_cost_row(job: Figures) -> list[str]:
+    """One job: its mesh and ranks, both arms' median steps, hardened ÷ stock with its
+    interval, and the same job's correctness and load."""
+    summary, base = job["summary"], job["baseline"]
+    (arm,) = [a for a in summary if a != base]
+    s, load = summary[arm], job.get("load_average")
+    return [fsdp_cost_mesh(job["config"]), str(job["config"]["world_size"]),
+            fixed(summary[base]["median_step_ms"], 2), fixed(s["median_step_ms"], 2),
+            ratio_cell(s["ratio"], s["ratio_low"], s["ratio_high"]),
+            yes(job["bitwise_equal"], "NO"), f"{job['exchanges']} / {job['optimizer_steps']}",
+            fsdp_cost_events(job),
+            "" if load is None else f"{fixed(load[0], 1)} → {fixed(load[1], 1)}"]
+
+
+def fsdp_cost_table(jobs: Figures) -> Table:
+    """Every interleaved FSDP2 job of the section, one row each, so the 2-D mesh's ratio
+    stands beside the 1-D mesh's at the same world size."""
+    first = next(iter(jobs.values()))
+    fcfg, model = first["config"], first["config"]["model"]
     return Table(
-        f"Per-step cost of harden() on FSDP2, model {model} (8 × Linear(512, 512), fully_shard "
-        f"on each Linear and the root, SGD), {fcfg['world_size']} gloo ranks × 1 thread, "
-        f"{fcfg['steps']} steps per arm after {fcfg['warmup']} warm-up, the two arms "
-        "interleaved step by step in one job (order rotating); a step = forward, backward, "
-        "optimizer step, zero_grad. fsdp = stock FSDP2; hardened-fsdp = harden(model) with its "
-        "defaults (FSDP2's own reduce-scatter wrapped, one small int64 allreduce of world × "
-        "its fields at the optimizer step). Ratio = median of the per-step ratios to fsdp's "
-        "step with a 95 % bootstrap interval; where it contains 1 the difference is inside the "
-        "noise here. Same "
-        f"job: parameters bitwise equal between the arms at the end: "
-        f"{yes(job['bitwise_equal'], 'NO')}; the guard's exchanges {job['exchanges']} for "
-        f"{job['optimizer_steps']} optimizer steps; events (false alarms) {job['events']}.",
-        ["arm", "median step ms", "÷ fsdp [95 %]"],
-        rows)
+        f"Per-step cost of harden() on FSDP2, model {model} (8 × Linear(512, 512), SGD), "
+        f"gloo ranks × 1 thread, {fcfg['steps']} steps per arm after {fcfg['warmup']} "
+        "warm-up, the two arms interleaved step by step in one job per row (order rotating); "
+        "a step = forward, backward, optimizer step, zero_grad. Mesh 1-D: fully_shard on each "
+        "Linear and the root over every rank. Mesh (dp, tp): ColwiseParallel then "
+        "RowwiseParallel on the 1st and 3rd pairs of Linear layers, the other four layers left "
+        "out of the plan (plain parameters replicated over tp), fully_shard over dp; the tp "
+        "ranks of a dp group fed the same batch. stock = fully_shard as shipped; hardened = "
+        "harden(model) with its defaults (FSDP2's own reduce-scatter wrapped, one small int64 "
+        "allreduce of world × its fields at the optimizer step; on the (dp, tp) mesh the same "
+        "exchange also compares the parameters replicated over tp and the digest of the "
+        "batch across the tp group). Ratio = median of the per-step ratios to stock's step "
+        "with a 95 % bootstrap interval; where it contains 1 the difference is inside the "
+        "noise here. Where the ranks outnumber the host's cores they time-share, and each "
+        "step measures the host as much as the guard. Same job: parameters bitwise equal "
+        "between the arms at the end; the guard's exchanges / optimizer steps (warm-up "
+        "included); the guard's events by kind (CanaryOff, said once at harden() on the "
+        "(dp, tp) mesh, is the compute canary turning itself off: its probe cannot run a "
+        "TP-sharded model, so neither arm pays for it there; any other kind would be a false "
+        "alarm); the host's 1-minute load average before → after the job.",
+        ["mesh", "ranks", "stock ms", "hardened ms", "hardened ÷ stock [95 %]",
+         "bitwise equal", "exchanges / steps", "events", "load"],
+        [fsdp_cost_row(job) for job in jobs.values()])
 
 
 def fsdp_cost_tables(sec: Figures, cfg: Figures) -> list[Table]:
-    return [fsdp_cost_table(model, job) for model, job in sec["jobs"].items()]
+    return [fsdp_cost_table(sec["jobs"])] if sec.get("jobs") else []
 
 
 FSDP_COLUMN_TITLES = {"stock": "stock FSDP2", "hardened": "harden() defaults"}

@@ -33,7 +33,8 @@ Versions:
   (``experiments.merge``), that run's ``environment``, ``compare_config``, ``placements`` and
   the section's ``seconds``; a section without an entry was measured by the run ``meta``
   describes. ``fsdp_cost`` (optional; absent = not run): harden() on FSDP2 beside stock
-  ``fully_shard``, one interleaved job per model (``experiments.fsdp_cost.job_figures``).
+  ``fully_shard``, one interleaved job per model (``experiments.fsdp_cost.job_figures``;
+  keyed by job since version 7).
   ``fsdp_corpus`` (optional; absent = not run): the published FSDP2 mistakes under stock FSDP2
   and ``harden()``'s defaults, per pattern × column the outcome, error class, step and ranks
   named (``experiments.sections.fsdp_corpus.case_figures``). ``sync_last.buckets[].elements``
@@ -57,6 +58,13 @@ Versions:
   parallel, healthy set-ups and published TP/SP mistakes under the script as written and
   ``harden()``'s defaults, per case × column the outcome, error class, step, ranks and
   parameters named, the replica drift (``experiments.sections.tp_corpus.case_figures``).
+- 7: ``fsdp_cost`` runs one job per mesh and world size: its ``jobs`` are keyed by
+  :func:`fsdp_cost_job_key` (``mlp-2r``, ``mlp-4r``, ``mlp-4r-tp2``) in place of the model, and
+  each job's ``config.tp`` is its tensor-parallel degree (1: the 1-D mesh; 2: a (dp, tp) mesh,
+  ``experiments.fsdp_cost``); a job may carry ``event_kinds`` (its ``events`` by kind) and
+  ``load_average`` (the host's 1-minute load average before and after it). Versions 1 to 6
+  are upgraded on load: each of their jobs ran on the 1-D mesh, so it gets ``tp`` 1 and its
+  key; no figure changes.
 """
 
 from __future__ import annotations
@@ -72,8 +80,8 @@ from typing import Any
 from openclaw_ref.sync.errors import BadInput
 
 RAW_NAME = "raw.json"  # the record's file name in every results/<machine>/ directory
-SCHEMA_VERSION = 6
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+SCHEMA_VERSION = 7
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 REGENERATE = "regenerate it with `openclaw-bench compare`"
 
 # Every top-level key a record may hold besides ``schema_version`` and ``meta``.
@@ -284,9 +292,25 @@ def upgrade(doc: Mapping[str, Any], version: int) -> dict[str, Any]:
     if version < 6 and isinstance(out.get("sdc"), dict):
         out["sdc"] = {**out["sdc"], "rates": [_confirmed_rate(r)
                                               for r in out["sdc"].get("rates", [])]}
+    if version < 7 and isinstance(out.get("fsdp_cost"), dict):
+        out["fsdp_cost"] = {**out["fsdp_cost"], "jobs": dict(
+            _one_d_fsdp_cost_job(job) for job in out["fsdp_cost"].get("jobs", {}).values())}
     if "schema_version" in out:
         out["schema_version"] = SCHEMA_VERSION
     return out
+
+
+def fsdp_cost_job_key(model: str, world_size: int, tp: int) -> str:
+    """An ``fsdp_cost`` job's key: its model, ranks and, on a (dp, tp) mesh, its tp degree."""
+    return f"{model}-{world_size}r" + (f"-tp{tp}" if tp > 1 else "")
+
+
+def _one_d_fsdp_cost_job(job: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A version ≤ 6 ``fsdp_cost`` job (the 1-D mesh) as version 7's: (its key, the job with
+    ``config.tp`` 1)."""
+    config = {**job["config"], "tp": 1}
+    return (fsdp_cost_job_key(config["model"], config["world_size"], 1),
+            {**job, "config": config})
 
 
 def _confirmed_rate(rate: Mapping[str, Any]) -> dict[str, Any]:

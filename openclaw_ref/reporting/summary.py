@@ -76,11 +76,12 @@ def canary_cost(doc: Figures) -> str:
 
 
 def fsdp_cost(doc: Figures) -> str:
-    for model, job in ((doc.get("fsdp_cost") or {}).get("jobs") or {}).items():
+    """The first FSDP2 cost job's ratio (the 1-D mesh at 2 ranks)."""
+    for job in ((doc.get("fsdp_cost") or {}).get("jobs") or {}).values():
         s = job["summary"].get("hardened-fsdp")
         if s:
             return (f"{ratio_cell(s['ratio'], s['ratio_low'], s['ratio_high'])} × a stock "
-                    f"FSDP2 step ({model})")
+                    f"FSDP2 step ({job['config']['model']})")
     return NOT_RUN
 
 
