@@ -242,6 +242,26 @@ def _clip(model: nn.Module, local: bool) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
 
 
+def keep_state(record: RunRecord, model: nn.Module) -> None:
+    """Append the full state after a step (a collective) and its parameter digests."""
+    state = full_state(model)
+    record.states.append(state)
+    record.param_digests.append(tuple(tensor_digest(state[n])
+                                       for n, _ in model.named_parameters()))
+
+
+def fill_record(record: RunRecord, train: Callable[[], Trained]) -> None:
+    """Run ``train`` into ``record``: where it started, its parameter names and the subject's
+    events, or the ``ConsistencyError`` that stopped it (any other error propagates)."""
+    try:
+        trained = train()
+        record.start = trained.start
+        record.param_names = tuple(n for n, _ in trained.model.named_parameters())
+        record.events = [e.to_json() for e in trained.events]
+    except ConsistencyError as exc:
+        record.error, record.error_text = exc.event().to_json(), str(exc)
+
+
 def record_fsdp_run(ctx, spec: TargetSpec, options: FsdpOptions,
                     one_process: bool = False) -> RunRecord:
     """``user_record.record_run`` under FSDP2: the full state after each step, its digests,
@@ -250,20 +270,8 @@ def record_fsdp_run(ctx, spec: TargetSpec, options: FsdpOptions,
     from openclaw_ref.conformance.user_run import LoopOptions, train_reference
 
     record = RunRecord(ctx.rank, hooked=spec.hook is not None)
-
-    def keep(step: int, model: nn.Module) -> None:
-        state = full_state(model)
-        record.states.append(state)
-        record.param_digests.append(tuple(tensor_digest(state[n])
-                                           for n, _ in model.named_parameters()))
-
-    try:
-        trained = train_fsdp(ctx, spec, options, after_step=keep)
-        record.start = trained.start
-        record.param_names = tuple(n for n, _ in trained.model.named_parameters())
-        record.events = [e.to_json() for e in trained.events]
-    except ConsistencyError as exc:
-        record.error, record.error_text = exc.event().to_json(), str(exc)
+    fill_record(record, lambda: train_fsdp(ctx, spec, options,
+                                           after_step=lambda _, m: keep_state(record, m)))
     if one_process and ctx.rank == 0 and record.start:
         reference = LoopOptions(steps=options.steps, accumulate=options.accumulate)
         record.one_process = train_reference(spec, reference, ctx.world_size, record.start)

@@ -39,7 +39,8 @@ from openclaw_ref.core.launch import RankPool
 from openclaw_ref.sync.base import Wire
 
 STOCK_DDP = "stock DDP"
-STOCK_WRAPPER = {"ddp": STOCK_DDP, "fsdp2": "stock FSDP2", "hsdp": "stock HSDP"}
+STOCK_WRAPPER = {"ddp": STOCK_DDP, "fsdp2": "stock FSDP2", "hsdp": "stock HSDP",
+                 "fsdp2-tp": "stock FSDP2 x TP"}
 RUN_TIMEOUT_S = 180.0
 
 

@@ -4,7 +4,7 @@ options, fixtures and report, in any environment where ``openclaw-sync`` is inst
     pytest -m conformance --pyargs openclaw_ref.conformance.suite \
         [--openclaw-model MODULE:FACTORY] [--openclaw-hook MODULE:CALLABLE] \
         [--openclaw-world-size N] [--openclaw-wire native|fp32|fp16|bf16] \
-        [--openclaw-wrapper ddp|fsdp2|hsdp]
+        [--openclaw-wrapper ddp|fsdp2|hsdp|fsdp2-tp]
 
 Without options the suite runs on the openclaw model, and proves itself on its zoo of models
 and hooks (``zoo``). With ``--openclaw-model`` or ``--openclaw-hook``, the tests marked
@@ -14,9 +14,11 @@ user's model (default: the openclaw model) and hook, judged against stock DDP on
 shards. With ``--openclaw-wrapper fsdp2``/``hsdp`` the tests marked ``ddp_hook`` (a DDP comm
 hook's checks) skip too, and those marked ``fsdp_wrapper`` (``suite/test_fsdp_target.py``:
 ``harden()`` of ``fully_shard``, or the ``--openclaw-hook`` subject, against stock
-``fully_shard``) run; without it, those skip. Bad options are a usage error, in one line,
-before any rank starts (``target.validate_spec``; a bad wrapper name: pytest's own choice
-check).
+``fully_shard``) run; without it, those skip. With ``--openclaw-wrapper fsdp2-tp`` (FSDP2 ×
+tensor parallel on a (W/2, 2) (dp, tp) mesh, 4 ranks by default) only the tests marked
+``tp_wrapper`` (``suite/test_tp_target.py``) run of those three kinds. Bad options are a usage
+error, in one line, before any rank starts (``target.validate_spec``; a bad wrapper name:
+pytest's own choice check).
 
 A test marked both ``conformance`` and ``slow`` runs only when the ``-m`` expression names
 ``slow`` (``-m "conformance or slow"``, ``tox -e slow``): ``pytest -m conformance`` is the
@@ -47,11 +49,15 @@ MARKERS = (
     "conformance: the conformance suite users run on their own cluster (pytest -m conformance)",
     "openclaw_model: needs the openclaw model; skipped under --openclaw-model",
     "zoo: the suite's proof on its own models and hooks; skipped under --openclaw-model/-hook",
-    "ddp_hook: checks of a DDP comm hook; skipped under --openclaw-wrapper fsdp2/hsdp",
-    "fsdp_wrapper: checks of --openclaw-wrapper fsdp2/hsdp; skipped under ddp (the default)",
+    "ddp_hook: checks of a DDP comm hook; skipped under --openclaw-wrapper fsdp2/hsdp/fsdp2-tp",
+    "fsdp_wrapper: checks of --openclaw-wrapper fsdp2/hsdp; skipped under any other wrapper",
+    "tp_wrapper: checks of --openclaw-wrapper fsdp2-tp; skipped under any other wrapper",
     "slow: long cases (world size 8, nightly profile); run by `tox -e slow`, not in CI",
 )
 SUITE_OWN = ("openclaw_model", "zoo")
+# the wrappers each wrapper-specific marker's tests apply to (the others skip them)
+WRAPPER_MARKERS = {"ddp_hook": ("ddp",), "fsdp_wrapper": ("fsdp2", "hsdp"),
+                   "tp_wrapper": ("fsdp2-tp",)}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,14 +68,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--openclaw-hook", metavar="MODULE:CALLABLE", default=None,
                     help="CALLABLE(ddp_model, process_group) registers your comm hook "
                          "(default: stock DDP)")
-    group.addoption("--openclaw-world-size", metavar="N", type=int, default=2,
-                    help="ranks the model-agnostic checks spawn (default 2)")
+    group.addoption("--openclaw-world-size", metavar="N", type=int, default=None,
+                    help="ranks the model-agnostic checks spawn (default 2; fsdp2-tp: 4)")
     group.addoption("--openclaw-wire", choices=WIRES, default="fp32",
                     help="the dtype your hook sends; sets the equivalence tolerance")
     group.addoption("--openclaw-wrapper", choices=WRAPPERS, default="ddp",
-                    help="ddp: your comm hook against stock DDP (default); fsdp2 / hsdp: "
-                         "harden() (or --openclaw-hook CALLABLE(fsdp_model, mesh)) of "
-                         "fully_shard on a 1-D / (W/2, 2) mesh, against stock fully_shard")
+                    help="ddp: your comm hook against stock DDP (default); fsdp2 / hsdp / "
+                         "fsdp2-tp: harden() (or --openclaw-hook CALLABLE(fsdp_model, mesh)) of "
+                         "fully_shard on a 1-D / (W/2, 2) mesh / your Target's tp_plan on a "
+                         "(W/2, 2) (dp, tp) mesh, against the same stock job")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -89,19 +96,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _spec(config: pytest.Config):
-    from openclaw_ref.conformance.target import TargetSpec, with_default_subject
+    from openclaw_ref.conformance.target import (
+        TargetSpec,
+        default_world_size,
+        with_default_subject,
+    )
 
     opt = config.option
+    wrapper = getattr(opt, "openclaw_wrapper", "ddp")
+    world_size = getattr(opt, "openclaw_world_size", None)
+    world_size = default_world_size(wrapper) if world_size is None else world_size
     return with_default_subject(TargetSpec(
         getattr(opt, "openclaw_model", None), getattr(opt, "openclaw_hook", None),
-        getattr(opt, "openclaw_world_size", 2), getattr(opt, "openclaw_wire", "fp32"),
-        getattr(opt, "openclaw_wrapper", "ddp")))
+        world_size, getattr(opt, "openclaw_wire", "fp32"), wrapper))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _deselect_slow_conformance(config, items)
     wrapper = config.getoption("openclaw_wrapper", "ddp") or "ddp"
-    _skip_marked(items, "fsdp_wrapper" if wrapper == "ddp" else "ddp_hook",
+    _skip_marked(items, [m for m, wrappers in WRAPPER_MARKERS.items() if wrapper not in wrappers],
                  f"checks of another wrapper than --openclaw-wrapper {wrapper}")
     given = [f"--openclaw-{name} {value}" for name, value in
              (("model", config.getoption("openclaw_model", None)),

@@ -1,6 +1,6 @@
 """What one rank saw in one run of a user target (``RunRecord``): the record the DDP run
-(``user_record.record_run``) and the FSDP2 run (``fsdp_run.record_fsdp_run``) both fill and
-every check of ``user_checks`` reads.
+(``user_record.record_run``), the FSDP2 run (``fsdp_run.record_fsdp_run``) and the FSDP2 × TP
+run (``tp_run.record_tp_run``) fill and every check of ``user_checks`` reads.
 
 Why a module of its own: ``record_run`` hands an FSDP2 target to ``fsdp_run``, which fills the
 same record; here, below both, neither imports the other back.
@@ -34,6 +34,10 @@ class RunRecord:
     error: dict | None = None
     error_text: str = ""
     events: list[dict] = field(default_factory=list)  # FSDP2: the subject's events (fsdp_run)
+    warnings: list[str] = field(default_factory=list)  # fsdp2-tp: every warning the run gave
+    # fsdp2-tp, per step: each tp-replicated parameter's (replica key, digest of this rank's
+    # local values); ranks with the same key hold replicas (``sync.fsdp.mesh.Seat``)
+    tp_replicas: list[dict[str, tuple[int, str]]] = field(default_factory=list)
     one_process: dict[str, torch.Tensor] | None = None
 
     def light(self) -> RunRecord:

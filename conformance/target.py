@@ -7,6 +7,11 @@ The target protocol (the README's "Run the conformance suite on your own model")
   ``CALLABLE(ddp_model, process_group)``  registers the user's comm hook on the DDP model (or
                                        calls ``harden``); omitted = stock DDP.
 
+Under ``--openclaw-wrapper fsdp2-tp`` the ``Target`` also carries ``tp_plan(model, tp_mesh)``:
+the user's tensor-parallel plan (their ``parallelize_module`` calls), which returns the modules
+to ``fully_shard`` over dp before the root; ``batch`` is then called with the data-parallel
+index and size, so every tp rank of a dp group gets the same batch (``tp_run``).
+
 Both are named by ``"MODULE:NAME"`` strings, never passed as objects: every rank process is
 spawned and imports them itself. ``TargetSpec`` carries the strings; ``validate_spec`` imports
 and tries them in the parent, so bad input fails in one line (``BadInput``, exit 2; a pytest
@@ -38,13 +43,18 @@ Batch = tuple[Any, Any]  # (inputs: a tensor or a tuple of forward arguments, la
 class Target:
     """A model and how to train it: ``loss(module(*inputs), labels)`` on ``batch(step, rank,
     world_size)``. ``lr``: the SGD step the checks train with; ``find_unused_parameters``: what
-    DDP must be told (a model whose forward may skip parameters needs True)."""
+    DDP must be told (a model whose forward may skip parameters needs True). ``tp_plan``
+    (``--openclaw-wrapper fsdp2-tp`` only, where it is required): ``tp_plan(model, tp_mesh)``
+    applies the user's TP plan to the unsharded model in place and returns the modules to
+    ``fully_shard`` over dp before the root, in order (torchtitan: each block; empty or None:
+    the root alone)."""
 
     module: Any  # torch.nn.Module (not imported here: the pytest plugin loads this module)
     batch: Callable[[int, int, int], Batch]
     loss: Callable[[Any, Any], Any]
     lr: float = 0.05
     find_unused_parameters: bool = False
+    tp_plan: Callable[[Any, Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,7 @@ class TargetSpec:
     """What to test, as importable names: ``model`` (``MODULE:FACTORY``; None = the openclaw
     model), ``hook`` (``MODULE:CALLABLE``; None = stock DDP), the world size and the wire the
     hook sends (a ``sync.base.Wire`` value: it sets the equivalence tolerance), and the wrapper
-    (``ddp``; ``fsdp2``/``hsdp``: ``fully_shard``, and ``hook`` names
+    (``ddp``; ``fsdp2``/``hsdp``/``fsdp2-tp``: ``fully_shard``, and ``hook`` names
     ``CALLABLE(fsdp_model, mesh)`` that hardens it — ``with_default_subject`` fills in
     ``harden()`` — while None is the stock wrapper, the oracle)."""
 
@@ -72,15 +82,23 @@ class TargetSpec:
 
 
 OPENCLAW_FACTORY = "openclaw_ref.conformance.target:openclaw_target"
-# --openclaw-wrapper (ddp, fsdp2, hsdp; ddp is the default): ``cli.choices.WRAPPERS``
+# --openclaw-wrapper (ddp, fsdp2, hsdp, fsdp2-tp; ddp is the default): ``cli.choices.WRAPPERS``
 FSDP_WRAPPERS = ("fsdp2", "hsdp")
-FSDP_HARDEN = "openclaw_ref.conformance.fsdp_run:harden_defaults"  # fsdp2/hsdp's default subject
+TP_WRAPPER = "fsdp2-tp"  # FSDP2 x tensor parallel on a (W/2, 2) (dp, tp) mesh: ``tp_run``
+TP_SIZE = 2  # the tp dim of fsdp2-tp's mesh
+# the subject of every wrapper but ddp when --openclaw-hook names none
+FSDP_HARDEN = "openclaw_ref.conformance.fsdp_run:harden_defaults"
+
+
+def default_world_size(wrapper: str) -> int:
+    """``--openclaw-world-size``'s default: 4 under fsdp2-tp (a 2 x 2 mesh), else 2."""
+    return 2 * TP_SIZE if wrapper == TP_WRAPPER else 2
 
 
 def with_default_subject(spec: TargetSpec) -> TargetSpec:
-    """Under ``fsdp2``/``hsdp`` the subject is ``harden()`` with its defaults unless
-    ``--openclaw-hook`` names another; the stock wrapper (hook None) is the oracle."""
-    if spec.wrapper in FSDP_WRAPPERS and spec.hook is None:
+    """Under ``fsdp2``/``hsdp``/``fsdp2-tp`` the subject is ``harden()`` with its defaults
+    unless ``--openclaw-hook`` names another; the stock wrapper (hook None) is the oracle."""
+    if spec.wrapper != "ddp" and spec.hook is None:
         return replace(spec, hook=FSDP_HARDEN)
     return spec
 
@@ -186,7 +204,25 @@ def validate_spec(spec: TargetSpec) -> None:
         raise BadInput(f"--openclaw-wire must be one of {', '.join(Wire)}; got {spec.wire!r}")
     validate_wrapper(spec)
     load_hook(spec.hook)
-    check_fits(build_target(spec.factory), spec.factory, spec.world_size)
+    target = build_target(spec.factory)
+    if spec.wrapper == TP_WRAPPER:
+        check_tp_plan(target, spec.factory)
+    check_fits(target, spec.factory, data_parallel_size(spec))
+
+
+def data_parallel_size(spec: TargetSpec) -> int:
+    """How many batches a step takes: one per rank, or under fsdp2-tp one per dp group."""
+    return spec.world_size // TP_SIZE if spec.wrapper == TP_WRAPPER else spec.world_size
+
+
+def check_tp_plan(target: Target, factory: str) -> None:
+    """Under fsdp2-tp the target must say how it is split over tp (``Target.tp_plan``)."""
+    if target.tp_plan is None:
+        raise BadInput(f"--openclaw-wrapper {TP_WRAPPER} needs a tensor-parallel plan: "
+                       f"--openclaw-model {factory!r} returned a Target without tp_plan "
+                       f"(tp_plan(model, tp_mesh) calls parallelize_module and returns the "
+                       f"modules to fully_shard over dp; docs/conformance.md)")
+    _require_arity(target.tp_plan, 2, "the tp_plan of --openclaw-model", factory)
 
 
 def validate_wrapper(spec: TargetSpec) -> None:
@@ -204,6 +240,12 @@ def validate_wrapper(spec: TargetSpec) -> None:
         raise BadInput(f"--openclaw-wrapper hsdp shards over 2 ranks and replicates over "
                        f"world size / 2 (a (W/2, 2) mesh: 4 ranks give 2x2): it needs an even "
                        f"--openclaw-world-size >= 4; got {spec.world_size}")
+    if spec.wrapper == TP_WRAPPER and (spec.world_size < 2 * TP_SIZE
+                                       or spec.world_size % TP_SIZE):
+        raise BadInput(f"--openclaw-wrapper {TP_WRAPPER} splits the model over {TP_SIZE} tp "
+                       f"ranks and shards it over world size / {TP_SIZE} (a (W/{TP_SIZE}, "
+                       f"{TP_SIZE}) (dp, tp) mesh: 4 ranks give 2x2): it needs an even "
+                       f"--openclaw-world-size >= {2 * TP_SIZE}; got {spec.world_size}")
     if spec.wire not in ("native", "fp32"):
         raise BadInput(f"--openclaw-wire {spec.wire} does not apply to --openclaw-wrapper "
                        f"{spec.wrapper}: FSDP2's MixedPrecisionPolicy sets its reduce dtype "

@@ -23,7 +23,7 @@ from torch import nn
 from openclaw_ref.arms.config import ArmConfig
 from openclaw_ref.arms.strategy import SyncStrategy
 from openclaw_ref.conformance.run_record import RunRecord
-from openclaw_ref.conformance.target import TargetSpec
+from openclaw_ref.conformance.target import TP_WRAPPER, TargetSpec
 from openclaw_ref.conformance.user_run import LoopOptions, snapshot, train_reference, train_target
 from openclaw_ref.core.callbacks import Callback
 from openclaw_ref.core.digests import params_digest, tensor_digest
@@ -105,7 +105,12 @@ def record_run(ctx, spec: TargetSpec, options: LoopOptions, faults: tuple[FaultS
     ``ConsistencyError`` (a hook's own check firing) ends the run into the record; any other
     error propagates (the pool names the rank). ``one_process``: rank 0 also trains one
     process on the global batch from the state DDP started from. Under ``--openclaw-wrapper
-    fsdp2``/``hsdp`` the run is ``fsdp_run.record_fsdp_run`` (``options``: an ``FsdpOptions``)."""
+    fsdp2``/``hsdp`` the run is ``fsdp_run.record_fsdp_run`` (``options``: an ``FsdpOptions``),
+    under ``fsdp2-tp`` ``tp_run.record_tp_run`` (a ``TpOptions``; no one-process run)."""
+    if spec.wrapper == TP_WRAPPER:
+        from openclaw_ref.conformance.tp_run import record_tp_run
+
+        return record_tp_run(ctx, spec, options)
     if spec.wrapper != "ddp":
         from openclaw_ref.conformance.fsdp_run import record_fsdp_run
 

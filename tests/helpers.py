@@ -1,5 +1,6 @@
 """Helpers the test modules share: a short training run and its record on a rank, the smallest
-benchmark settings, and the CLI run as a user runs it.
+benchmark settings, the CLI run as a user runs it, and a collected test as the conformance
+plugin sees it.
 
 Imported as ``tests.helpers`` (the repository root is on ``sys.path``: pytest puts the root
 ``conftest.py``'s directory there, and pool workers inherit the path). Rank functions live in a
@@ -105,3 +106,17 @@ def loopback_store(timeout_s: float = 10.0) -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", listener.getsockname()[1], 1, True,
                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
                          master_listen_fd=listener.detach())
+
+
+class MarkedItem:
+    """A collected test as the conformance plugin reads it: its markers, and the markers (a
+    skip) the plugin adds to it."""
+
+    def __init__(self, *markers: str) -> None:
+        self.markers, self.added = set(markers), []
+
+    def get_closest_marker(self, name):
+        return object() if name in self.markers else None
+
+    def add_marker(self, marker):
+        self.added.append(marker)

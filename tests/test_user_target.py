@@ -21,6 +21,7 @@ from openclaw_ref.cli import main
 from openclaw_ref.conformance.target import Target, TargetSpec, load_hook, validate_spec
 from openclaw_ref.conformance.user_checks import check_bucket_layout, check_equivalence
 from openclaw_ref.sync.errors import BadInput
+from tests.helpers import MarkedItem
 
 REPO = Path(__file__).parents[1]
 MODEL = "examples.my_model:make_target"
@@ -95,17 +96,6 @@ def test_the_plugin_turns_bad_input_into_a_usage_error():
         pytest_configure(config)
 
 
-class _Item:
-    def __init__(self, *markers: str) -> None:
-        self.markers, self.added = set(markers), []
-
-    def get_closest_marker(self, name):
-        return object() if name in self.markers else None
-
-    def add_marker(self, marker):
-        self.added.append(marker)
-
-
 def _config(**options):
     hooks = SimpleNamespace(pytest_deselected=lambda items: None)
     return SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),
@@ -118,7 +108,7 @@ def _config(**options):
 def test_the_suites_own_tests_skip_only_under_a_user_target(model, hook, skipped):
     from openclaw_ref.conformance.plugin import pytest_collection_modifyitems
 
-    own, zoo, agnostic = _Item("openclaw_model"), _Item("zoo"), _Item()
+    own, zoo, agnostic = MarkedItem("openclaw_model"), MarkedItem("zoo"), MarkedItem()
     pytest_collection_modifyitems(_config(openclaw_model=model, openclaw_hook=hook),
                                   [own, zoo, agnostic])
     assert bool(own.added) == bool(zoo.added) == skipped and not agnostic.added
@@ -132,7 +122,7 @@ def test_the_suites_own_tests_skip_only_under_a_user_target(model, hook, skipped
 def test_slow_conformance_tests_run_only_when_the_marker_expression_names_slow(markexpr, kept):
     from openclaw_ref.conformance.plugin import pytest_collection_modifyitems
 
-    items = [_Item("conformance"), _Item("conformance", "slow"), _Item("slow")]
+    items = [MarkedItem("conformance"), MarkedItem("conformance", "slow"), MarkedItem("slow")]
     pytest_collection_modifyitems(_config(markexpr=markexpr), items)
     assert len(items) == kept
 

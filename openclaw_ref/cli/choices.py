@@ -12,7 +12,7 @@ PRESETS = ("tiny", "small", "base")  # core.model.PRESETS
 STRATEGIES = ("ddp", "ddp-allreduce", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "ddp-detail",
               "local", "hardened", "bucketed", "seed-f5")  # arms.registry.STRATEGIES
 WIRES = ("native", "fp32", "fp16", "bf16")  # sync.base.Wire
-WRAPPERS = ("ddp", "fsdp2", "hsdp")  # conformance.target: --openclaw-wrapper
+WRAPPERS = ("ddp", "fsdp2", "hsdp", "fsdp2-tp")  # conformance.target: --openclaw-wrapper
 GUARDS = ("step", "bucket")  # sync.base.Guard
 PLANNERS = ("static", "norm-ema", "norm-ema-agreed")  # arms.config.Planner
 NONFINITE_POLICIES = ("skip", "raise")  # sync.base.NonFinitePolicy
