@@ -63,6 +63,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from openclaw_ref.sync.attached import Appended
 from openclaw_ref.sync.base import RankInfo, SyncConfig
 from openclaw_ref.sync.ddp.harden_state import HardenState
 from openclaw_ref.sync.evidence import checks
@@ -232,6 +233,8 @@ def harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
     except BaseException:
         state.close()
         raise
+    # DDP's Python record of the hook (the C++ reducer keeps it, inert after close)
+    state.handles.append(Appended(ddp_model, "_comm_hooks", ddp_model._comm_hooks[-1]))
     required = checks.required_gradient_names(ddp_model.module)
     for name, p in named:
         if required is not None and name in required and p.requires_grad:
@@ -242,11 +245,15 @@ def harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
                                              functools.partial(_unissued_step, state, ddp_model))
 
     def wrapper_forward(module, args) -> None:
-        watch.wrapper_forward()
-        state.forward_started()
+        state.open_forward()
+
+    def module_pre_forward(module, args) -> None:
+        state.open_module_forward()
+        watch.module_pre_forward()
 
     state.complete_unissued = functools.partial(_complete_unissued, state, ddp_model)
     state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
+    state.handles.append(ddp_model.module.register_forward_pre_hook(module_pre_forward))
     if state.policy.pre_scales:  # opt-in pre-scale: refused under a GradScaler
         state.handles.append(register_optimizer_step_pre_hook(
             refuse_grad_scaler(state.policy, cfg.scale)))

@@ -89,7 +89,7 @@ def send_unissued(ddp: DDP, prepared: bool, present: dict[int, bool], wire: Wire
     backward, so that the other ranks' allreduces complete (DDP issues its buckets in index
     order, each once all its members are ready, so the issued ones are a prefix); returns the
     first such bucket's index. ``present``: id(parameter) → got a gradient, for the parameters
-    the guard tracks; ``prepared``: a forward through the wrapper armed the reducer."""
+    the guard tracks; ``prepared``: DDP's own forward prepared the reducer."""
     first = None
     issued = prepared
     for bucket in ddp.reducer._get_zeros_like_grad_buckets():
@@ -109,7 +109,7 @@ def why_unissued(module: nn.Module, tracked: list[tuple[str, nn.Parameter]], acc
     """Why this rank's DDP did not reduce every bucket of a backward, and the index in
     ``tracked`` of the first parameter concerned (None: not one in particular) — the evidence
     only this rank holds, which its slot carries so that every rank words the verdict alike
-    (``control.not_reduced``): no forward through the wrapper armed the reducer (the whole
+    (``control.not_reduced``): no forward of DDP's own prepared the reducer (the whole
     forward is concerned); parameters replaced after wrapping (another Parameter object under
     the name, or another gradient accumulator than the one DDP hooked, after a dtype/device
     conversion: the first replaced); else DDP waited for a parameter without a gradient (the

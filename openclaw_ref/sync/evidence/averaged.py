@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
 from openclaw_ref.sync.errors import GradientsNotAveraged
@@ -77,6 +78,18 @@ def _accumulates(p: nn.Parameter) -> bool:
         return False
 
 
+def ddp_forward(ddp: DDP) -> bool:
+    """Is the forward now running DDP's own, the one that prepares its reducer for the backward?
+    Asked from a forward pre-hook of the module DDP runs. DDP's forward, however it is reached —
+    ``ddp(x)``, ``ddp.forward(x)`` (which skips the DDP object's ``__call__`` and so its forward
+    pre-hooks), a compiled DDP, DDP inside another wrapper's forward — first prepares its
+    reducer (``_pre_forward``), then runs its module inside ``_inside_ddp_forward``, which names
+    it ``DistributedDataParallel._active_ddp_module`` (the status dynamo's DDPOptimizer reads);
+    ``replicate()`` names its DDP so in its forward pre-hook, before it prepares the reducer. A
+    forward through ``ddp.module`` runs outside both, with nothing prepared."""
+    return DDP._active_ddp_module is ddp
+
+
 def _queue(callback: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
@@ -98,11 +111,12 @@ class AveragingWatch:
         self.unissued = unissued
         self.hooked = {id(p): _accumulator(p) for _, p in synchronized  # what DDP hooked
                        if p.requires_grad}
-        self.via_wrapper = False  # set by the DDP wrapper's forward pre-hook
+        self.via_wrapper = False  # this forward is DDP's own (``ddp_forward``)
         self.closed = False
 
-    def wrapper_forward(self) -> None:
-        self.via_wrapper = True
+    def module_pre_forward(self) -> None:
+        """From the forward pre-hook of ``ddp.module``: is this forward DDP's own?"""
+        self.via_wrapper = ddp_forward(self.ddp)
 
     def module_forward(self, module: nn.Module, args, output) -> None:
         """Forward hook of ``ddp.module``: watch the backward of an output that needs one."""
