@@ -21,12 +21,24 @@ guard, so it is not hardened and knows it — ``harden()`` it again after loadin
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 STATE = "__getstate__"
+Hook = TypeVar("Hook", bound=Callable)
+
+
+def eager(hook: Hook) -> Hook:
+    """``hook``, to be registered on a user's module, run eagerly where dynamo compiles the
+    module's call: a compiled DDP (``torch.compile(ddp)``) traces its module's hooks, and the
+    guard's bookkeeping — clocks, autograd-node hooks, the canary's probe — is no graph; traced,
+    it would break the user's forward graph where stock DDP's is whole (and the compiled
+    kernels, so the bits, would differ). In eager mode a thin wrapper."""
+    return torch.compiler.disable(hook)
 
 
 class Unset:

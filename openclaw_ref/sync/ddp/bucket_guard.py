@@ -63,9 +63,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from openclaw_ref.sync.attached import Appended
+from openclaw_ref.sync.attached import Appended, eager
 from openclaw_ref.sync.base import RankInfo, SyncConfig
 from openclaw_ref.sync.ddp.harden_state import HardenState
+from openclaw_ref.sync.ddp.step_setup import send_used_map
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.averaged import AveragingWatch
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
@@ -202,9 +203,12 @@ def _complete_unissued(state: HardenState, ddp_model: DDP,
     """The step's buckets this rank's DDP never issued (DDP issues them in index order, so the
     issued ones are a prefix), sent as zeros by ``_unissued_allreduce``."""
     issued = state.issued_buckets()
-    for bucket in ddp_model.reducer._get_zeros_like_grad_buckets():
-        if bucket.index() not in issued:
-            _unissued_allreduce(state, bucket, why, concerned)
+    unissued = [b for b in ddp_model.reducer._get_zeros_like_grad_buckets()
+                if b.index() not in issued]
+    for bucket in unissued:
+        _unissued_allreduce(state, bucket, why, concerned)
+    if unissued:  # DDP never issued its last bucket, nor so its used-parameter map
+        send_used_map(ddp_model, state.group)
 
 
 def _unissued_step(state: HardenState, ddp_model: DDP, why: NotIssued,
@@ -252,11 +256,11 @@ def harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
         watch.module_pre_forward()
 
     state.complete_unissued = functools.partial(_complete_unissued, state, ddp_model)
-    state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
-    state.handles.append(ddp_model.module.register_forward_pre_hook(module_pre_forward))
+    state.handles.append(ddp_model.register_forward_pre_hook(eager(wrapper_forward)))
+    state.handles.append(ddp_model.module.register_forward_pre_hook(eager(module_pre_forward)))
     if state.policy.pre_scales:  # opt-in pre-scale: refused under a GradScaler
         state.handles.append(register_optimizer_step_pre_hook(
             refuse_grad_scaler(state.policy, cfg.scale)))
-    state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
+    state.handles.append(ddp_model.module.register_forward_hook(eager(watch.module_forward)))
     return state
 

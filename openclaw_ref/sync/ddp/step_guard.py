@@ -57,7 +57,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
-from openclaw_ref.sync.attached import Unset
+from openclaw_ref.sync.attached import Unset, eager
 from openclaw_ref.sync.base import SyncConfig, Wire
 from openclaw_ref.sync.canary.row import step_digests
 from openclaw_ref.sync.canary.schedule import canary_for
@@ -135,9 +135,9 @@ class StepGuard(DDPGuard):
             if as_view:  # the gradient is DDP's bucket, which it may reduce once its hook ran
                 self.handles.append(p.register_post_accumulate_grad_hook(self._summed))
         if self.entry is not self.module:  # DDP's __call__: the step opens before DDP's forward
-            self.handles.append(self.entry.register_forward_pre_hook(self._wrapper_forward))
-        self.handles.append(self.module.register_forward_pre_hook(self._module_pre_forward))
-        self.handles.append(self.module.register_forward_hook(self._module_forward))
+            self.handles.append(self.entry.register_forward_pre_hook(eager(self._wrapper_forward)))
+        self.handles.append(self.module.register_forward_pre_hook(eager(self._module_pre_forward)))
+        self.handles.append(self.module.register_forward_hook(eager(self._module_forward)))
         if self.canary is not None:
             self.handles.append(self.canary.install())
         original = self.ddp.join_hook

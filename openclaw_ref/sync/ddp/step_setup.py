@@ -83,6 +83,16 @@ def queue_callback(callback) -> None:
 
 
 
+def send_used_map(ddp: DDP, group: dist.ProcessGroup) -> None:
+    """Under ``find_unused_parameters`` (a dynamic graph) DDP allreduces its map of the
+    parameters this backward used once it has issued its last bucket. A rank whose DDP did not
+    issue every bucket (a forward through ``ddp.module``, parameters replaced) sends zeros of
+    that map after its zero buckets, so that the other ranks' map allreduce completes too
+    (gloo aborts on a collective left unpaired or paired with another size)."""
+    if ddp.find_unused_parameters and not getattr(ddp, "static_graph", False):
+        dist.all_reduce(torch.zeros_like(ddp.reducer._get_local_used_map()), group=group)
+
+
 def send_unissued(ddp: DDP, prepared: bool, present: dict[int, bool], wire: Wire,
                   group: dist.ProcessGroup) -> int:
     """Zeros, in DDP's wire format, for every bucket this rank's DDP did not issue this
@@ -101,7 +111,10 @@ def send_unissued(ddp: DDP, prepared: bool, present: dict[int, bool], wire: Wire
         if wire is Wire.FP16:
             buffer = buffer.to(torch.float16)
         dist.all_reduce(buffer, group=group)
-    return 0 if first is None else first
+    if first is None:
+        return 0
+    send_used_map(ddp, group)
+    return first
 
 
 def why_unissued(module: nn.Module, tracked: list[tuple[str, nn.Parameter]], accumulators: list,
