@@ -27,6 +27,13 @@ class Table(NamedTuple):
                            disable_numparse=True))
 
 
+def replace_block(page: str, begin: str, end: str, body: str) -> str:
+    """``page`` with the text between the markers ``begin`` and ``end`` replaced by ``body``:
+    a rendered table kept inside a hand-written page (never typed there)."""
+    start, stop = page.index(begin) + len(begin), page.index(end)
+    return f"{page[:start]}\n{body.rstrip()}\n{page[stop:]}"
+
+
 def fixed(x: float, digits: int, sign: bool = False) -> str:
     """``x`` to ``digits`` decimals (with its sign when ``sign``), as Python formats a float."""
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"

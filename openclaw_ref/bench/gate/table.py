@@ -12,6 +12,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from openclaw_ref.bench.gate.stat import SEE, TOLERANCE, Verdict
+from openclaw_ref.reporting.table import replace_block
 
 BEGIN = "<!-- gate-calibration: rendered from results/gate/calibration.json, do not edit -->"
 END = "<!-- /gate-calibration -->"
@@ -101,8 +102,7 @@ def render(record: dict) -> str:
 
 def with_block(page: str, body: str) -> str:
     """``page`` with the text between ``BEGIN`` and ``END`` replaced by ``body``."""
-    start, end = page.index(BEGIN) + len(BEGIN), page.index(END)
-    return f"{page[:start]}\n{body.rstrip()}\n{page[end:]}"
+    return replace_block(page, BEGIN, END, body)
 
 
 def block_of(page: str) -> str:
