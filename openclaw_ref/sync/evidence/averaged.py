@@ -2,8 +2,10 @@
 
 The invariant: a backward that accumulates a gradient into a parameter DDP synchronizes, after
 a forward DDP was asked to synchronize (``require_backward_grad_sync`` set, outside
-``no_sync()``: through the wrapper, or the inner module called directly), issues at least one
-bucket through the hardened comm hook. Two published silent errors break it on every rank at
+``no_sync()``: DDP's own forward, or the inner module called directly), issues at least one
+bucket through the hardened comm hook. DDP's own forward is however it is reached (``ddp(x)``,
+``ddp.forward(x)``, a compiled DDP, another wrapper's forward calling it): ``ddp_forward``,
+asked by a forward pre-hook on ``ddp.module``. Two published silent errors break it on every rank at
 once, with no collective to disagree on: a forward through ``ddp.module`` (DDP's reducer is
 never armed) and a dtype/device conversion after wrapping (``ddp.double(); ddp.float()``,
 ``.cpu()``/``.cuda()`` as in pytorch#104336: autograd replaces the gradient accumulators DDP
@@ -22,7 +24,7 @@ towards the inputs) is silent.
 
 A parameter replaced after wrapping is seen two ways: its gradient accumulator is not the one
 DDP hooked (a conversion), or the module holds another Parameter object under its name
-(``module.w = nn.Parameter(...)``). Through the wrapper, with no parameter replaced, "no
+(``module.w = nn.Parameter(...)``). In DDP's own forward, with no parameter replaced, "no
 bucket" has one cause: this rank's DDP
 stopped before bucket 0 (a parameter of that bucket got no gradient under
 ``find_unused_parameters=False``; DDP issues buckets in index order), while the other ranks may
