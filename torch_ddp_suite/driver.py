@@ -4,7 +4,7 @@ Driven as PyTorch's ``test/distributed/test_distributed_spawn.py`` drives it: a
 ``TestDistBackend`` subclass of ``_DistTestBase`` whose ``setUp`` spawns the ranks (env
 ``BACKEND``, ``WORLD_SIZE``, ``TEMP_DIR``, set by ``run.py``). The ranks are spawned processes
 that import this module again (as ``__mp_main__``): in the ``hardened`` arm, there and only
-there (``multiprocessing.parent_process()`` is set), ``DistributedDataParallel.__init__`` is
+there (``__name__ == "__mp_main__"``), ``DistributedDataParallel.__init__`` is
 wrapped so that every DDP a test constructs is handed to ``harden()`` with its defaults as its
 constructor returns. The library is imported unchanged; a copy or an unpickled DDP (which
 ``__init__`` does not build) is not hardened, as for a user.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import multiprocessing
 import os
 import sys
 import unittest
@@ -47,7 +46,9 @@ def harden_every_ddp() -> None:
     DistributedDataParallel.__init__ = init
 
 
-if multiprocessing.parent_process() is not None and os.environ.get(ARM_ENV) == "hardened":
+# a spawned rank runs this module as "__mp_main__" (while it is imported there,
+# ``multiprocessing.parent_process()`` is not set yet); the driver itself runs as "__main__"
+if __name__ == "__mp_main__" and os.environ.get(ARM_ENV) == "hardened":
     harden_every_ddp()
 
 
