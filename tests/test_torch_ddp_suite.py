@@ -30,11 +30,11 @@ SOURCE = textwrap.dedent('''
 ''')
 
 
-def _entry(stock: str, hardened: str | None, detail: str = "") -> dict:
+def _entry(stock: str, hardened: str | None, detail: str = "", ddps: int = 2) -> dict:
     arms = {"stock": {"outcome": stock, "seconds": 10.04, "detail": ""}}
     if hardened is not None:
         arms["hardened"] = {"outcome": hardened, "seconds": 12.0, "detail": detail,
-                            "ddps_hardened": 2}
+                            "ddps_hardened": ddps}
     return {"status": "runnable", "why": "", "arms": arms}
 
 
@@ -46,6 +46,7 @@ RECORD = {
         "test_b": _entry("passed", "refused", "BadInput: refused | because"),
         "test_c": _entry("passed", "failed", "GradientsNotAveraged: at step 0"),
         "test_d": _entry("failed", "failed", "RuntimeError: stock fails too"),
+        "test_no_ddp": _entry("passed", "passed", ddps=0),
         "test_gpu": {"status": "needs a GPU", "why": "skip_if_lt_x_gpu(2)", "arms": {}},
         "test_skip": {"status": "skipped by PyTorch", "why": "flaky", "arms": {}},
     },
@@ -75,8 +76,9 @@ def test_a_failure_with_badinput_is_a_refusal_and_nothing_else_is():
 
 def test_the_counts_judge_hardened_runs_of_the_tests_that_pass_stock_only():
     c = counts(RECORD)
-    assert (c["ddp_tests"], c["run"], c["stock_passed"]) == (6, 4, 3)
+    assert (c["ddp_tests"], c["run"], c["stock_passed"]) == (7, 5, 4)
     assert (c["both_passed"], c["refused"], c["hardened_not_passed"]) == (1, 1, 1)
+    assert c["passed_none_hardened"] == 1  # a pass that hardened nothing is counted apart
     assert (c["needs_gpu"], c["skipped_by_pytorch"]) == (1, 1)
 
 
@@ -85,6 +87,7 @@ def test_a_row_shows_each_arm_and_what_a_hardened_run_that_did_not_pass_said():
         "`test_a`", "passed", "10.0", "passed", "12.0", "2", ""]
     assert row("test_b", RECORD["tests"]["test_b"])[-1] == "BadInput: refused \\| because"
     assert row("test_e", _entry("passed", None))[3:5] == ["not run", "—"]
+    assert row("test_no_ddp", RECORD["tests"]["test_no_ddp"])[-1].startswith("no DDP reached")
 
 
 def test_the_rendered_block_replaces_only_the_text_between_its_markers():

@@ -32,20 +32,27 @@ def outcome(entry: dict, arm: Arm) -> str | None:
     return None if got is None else got["outcome"]
 
 
+def hardened_some(entry: dict) -> bool:
+    """Did the hardened run's ranks hand a DDP to ``harden()`` (the witness count)?"""
+    return bool((entry["arms"].get(Arm.HARDENED.value) or {}).get("ddps_hardened"))
+
+
 def counts(record: dict) -> dict[str, int]:
-    """The figures the caption states: tests run, passed stock, of those passed hardened,
-    refused and failed hardened; tests not run by reason."""
+    """The figures the caption states: tests run, passed stock; of those, passed hardened with
+    a DDP hardened, passed hardened with none built to harden (the test builds no DDP, or
+    expects DDP's constructor to raise), refused, and the rest; tests not run by reason."""
     tests = ran(record).values()
     stock_passed = [e for e in tests if outcome(e, Arm.STOCK) == Outcome.PASSED]
-    hardened = Counter(outcome(e, Arm.HARDENED) for e in stock_passed)
+    passed = [e for e in stock_passed if outcome(e, Arm.HARDENED) == Outcome.PASSED]
+    refused = [e for e in stock_passed if outcome(e, Arm.HARDENED) == Outcome.REFUSED]
     not_run = Counter(e["status"] for e in record["tests"].values()
                       if e["status"] != Status.RUNNABLE.value)
     return {"ddp_tests": len(record["tests"]), "run": len(tests),
             "stock_passed": len(stock_passed),
-            "both_passed": hardened[Outcome.PASSED.value],
-            "refused": hardened[Outcome.REFUSED.value],
-            "hardened_not_passed": len(stock_passed) - hardened[Outcome.PASSED.value]
-            - hardened[Outcome.REFUSED.value],
+            "both_passed": sum(hardened_some(e) for e in passed),
+            "passed_none_hardened": sum(not hardened_some(e) for e in passed),
+            "refused": len(refused),
+            "hardened_not_passed": len(stock_passed) - len(passed) - len(refused),
             "needs_gpu": not_run[Status.NEEDS_GPU.value],
             "skipped_by_pytorch": not_run[Status.SKIPPED_BY_PYTORCH.value]}
 
@@ -60,6 +67,8 @@ def _cells(entry: dict, arm: Arm) -> list[str]:
 def row(name: str, entry: dict) -> list[str]:
     hardened = entry["arms"].get(Arm.HARDENED.value) or {}
     said = hardened.get("detail", "") if hardened.get("outcome") != Outcome.PASSED else ""
+    if hardened and not said and not hardened_some(entry):
+        said = "no DDP reached harden(): the test builds none whose constructor returns"
     return [f"`{name}`", *_cells(entry, Arm.STOCK), *_cells(entry, Arm.HARDENED),
             str(hardened.get("ddps_hardened", "—")), said.replace("|", "\\|")]
 
@@ -71,8 +80,10 @@ def table(record: dict) -> Table:
                f"{record['world_size']} ranks, {record['host']}, {record['started'][:10]}, "
                f"git {record['git'].get(Arm.HARDENED.value, '?')[:10]}): {c['run']} of its "
                f"{c['ddp_tests']} DDP tests run without a GPU; {c['stock_passed']} pass stock, "
-               f"{c['both_passed']} of them hardened too, {c['refused']} refused by `harden()`, "
-               f"{c['hardened_not_passed']} failing hardened")
+               f"{c['both_passed']} of them hardened too with their DDPs hardened, "
+               f"{c['passed_none_hardened']} hardened too with no DDP to harden, "
+               f"{c['refused']} refused by `harden()`, {c['hardened_not_passed']} failing "
+               f"hardened")
     rows = [row(n, e) for n, e in ran(record).items()]
     return Table(caption, HEADERS, rows)
 
@@ -81,7 +92,10 @@ def render(record: dict) -> str:
     c = counts(record)
     return (f"{table(record).markdown()}\n\nNot run here: {c['needs_gpu']} DDP tests gated on "
             f"GPUs, {c['skipped_by_pytorch']} that PyTorch skips itself on this set-up "
-            f"(each named with its reason in `torch_ddp_suite/record.json`). Seconds are wall "
+            f"(each named with its reason in `torch_ddp_suite/record.json`). *DDPs hardened*: "
+            f"the DDPs the hardened run's ranks handed to `harden()`, both ranks together, "
+            f"counted as they were hardened (a pass with none is counted apart, never as "
+            f"hardened). Seconds are wall "
             f"time of one subprocess (spawn, 2 ranks, the test) on a shared host.\n")
 
 
