@@ -1,8 +1,9 @@
 """DDP's public surface beside training, after ``harden()`` with its defaults, 2 gloo ranks, each
 behaviour beside the same stock DDP job: ``static_graph=True`` and ``_set_static_graph()``,
 ``join()`` with uneven inputs, ``train()``/``eval()`` around a no-grad evaluation,
-``zero_grad(set_to_none=False)``, ``delay_all_reduce_named_params`` — each trains silent and
-bitwise as stock; ``_get_ddp_logging_data()`` answers as on stock DDP; ``register_comm_hook``
+``zero_grad(set_to_none=False)``, ``delay_all_reduce_named_params`` (with a barrier before the
+optimizer step in both arms: DDP never waits for its delayed allreduce) — each trains silent
+and bitwise as stock; ``_get_ddp_logging_data()`` answers as on stock DDP; ``register_comm_hook``
 and ``_register_builtin_comm_hook`` are refused with ``BadInput`` naming the way out, before
 DDP records anything, and work again after ``close()``. A compiled DDP
 (``torch.compile(ddp)``) trains silent with equal replicas, no warning, within float rounding
@@ -56,6 +57,10 @@ def _train(ctx, ddp: DDP, case: str) -> list[torch.Tensor]:
     with ddp.join() if case == "join()" else contextlib.nullcontext():
         for _ in range(steps):
             ddp(torch.randn(4, 8, generator=gen)).square().mean().backward()
+            if case == "delay_all_reduce_named_params":
+                dist.barrier()  # DDP drops its delayed allreduce's work (async, never waited):
+                # on gloo the optimizer could read the gradients before it lands; gloo's
+                # barrier waits for the work issued before it, in both arms alike
             opt.step()
             if case == "zero_grad(set_to_none=False)":
                 ddp.zero_grad(set_to_none=False)

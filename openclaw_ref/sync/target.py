@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from openclaw_ref.sync.attached import Unset
+from openclaw_ref.sync.attached import MISSING, Unset
 from openclaw_ref.sync.base import Guard, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence.precision import WIRE_DTYPES
@@ -81,9 +81,11 @@ def refuse_later_comm_hooks(ddp_model: DDP) -> list[Unset]:
                        "SyncConfig(wire='fp16') sends DDP's built-in one), or close() the "
                        "guard first to train with your hook unguarded")
 
+    handles = []
     for name in ("register_comm_hook", "_register_builtin_comm_hook"):
+        handles.append(Unset(ddp_model, name, ddp_model.__dict__.get(name, MISSING)))
         ddp_model.__dict__[name] = refuse
-    return [Unset(ddp_model, "register_comm_hook"), Unset(ddp_model, "_register_builtin_comm_hook")]
+    return handles
 
 
 def process_backend(group: dist.ProcessGroup, device: torch.device) -> str:

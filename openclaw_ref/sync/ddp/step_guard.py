@@ -57,7 +57,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
-from openclaw_ref.sync.attached import Unset, eager
+from openclaw_ref.sync.attached import MISSING, Unset, eager
 from openclaw_ref.sync.base import SyncConfig, Wire
 from openclaw_ref.sync.canary.row import step_digests
 from openclaw_ref.sync.canary.schedule import canary_for
@@ -141,8 +141,9 @@ class StepGuard(DDPGuard):
         if self.canary is not None:
             self.handles.append(self.canary.install())
         original = self.ddp.join_hook
+        self.handles.append(Unset(self.ddp, "join_hook", self.ddp.__dict__.get("join_hook",
+                                                                             MISSING)))
         self.ddp.join_hook = lambda **kwargs: JoinedExchange(original(**kwargs), self)
-        self.handles.append(Unset(self.ddp, "join_hook"))
 
     def _arrived(self, i: int, p: nn.Parameter, sums: bool):
         """The post-hook on the accumulator DDP hooked (it runs after DDP's own): the parameter
