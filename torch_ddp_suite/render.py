@@ -84,7 +84,7 @@ def table(record: dict) -> Table:
                f"{c['passed_none_hardened']} hardened too with no DDP to harden, "
                f"{c['refused']} refused by `harden()`, {c['hardened_not_passed']} failing "
                f"hardened")
-    rows = [row(n, e) for n, e in ran(record).items()]
+    rows = [row(n, e) for n, e in sorted(ran(record).items())]  # as the record stores them
     return Table(caption, HEADERS, rows)
 
 
