@@ -32,6 +32,7 @@ from typing import NoReturn
 import torch.distributed as dist
 from torch import nn
 
+from openclaw_ref.sync.attached import Unset, keep_off_pickles
 from openclaw_ref.sync.base import RankInfo, SyncConfig
 from openclaw_ref.sync.errors import (
     CollectiveFailed,
@@ -47,17 +48,6 @@ from openclaw_ref.sync.evidence.watchdog import Watchdog
 from openclaw_ref.sync.target import HARDENED_MARK
 
 NOT_RUN = "CloseCheckNotRun"  # Event kind: the close-time gather failed (a peer gone)
-
-
-class Unset:
-    """A removable handle that deletes an instance attribute ``harden()`` set (the class's
-    own attribute shows through again)."""
-
-    def __init__(self, obj: object, name: str) -> None:
-        self.obj, self.name = obj, name
-
-    def remove(self) -> None:
-        self.obj.__dict__.pop(self.name, None)
 
 
 class GuardBase(abc.ABC):
@@ -84,11 +74,14 @@ class GuardBase(abc.ABC):
         self.canary = None  # the compute canary (``canary.schedule``), where it runs
         self.canary_off = ""  # why there is none (``hardening.canary_interval``)
 
-    def mark(self, model: nn.Module) -> None:
+    def mark(self, model: nn.Module, *also: nn.Module) -> None:
         """``model`` is guarded by this guard until ``close()`` (``target.HARDENED_MARK``: a
-        second ``harden()`` of it is refused)."""
+        second ``harden()`` of it is refused). Called once everything is registered: from
+        then on nothing the guard attached to ``model``'s modules or to ``also``'s (the module
+        a ``replicate()`` guard hooks) travels with a pickle or a copy (``attached.py``)."""
         setattr(model, HARDENED_MARK, self)
         self.handles.append(Unset(model, HARDENED_MARK))
+        keep_off_pickles([model, *also], self.handles)
 
     # -- the watchdog and failures ------------------------------------------------------------
     def watch(self, ctx: RankInfo | None) -> None:

@@ -42,7 +42,7 @@ from openclaw_ref.sync.ddp.step_setup import refuse_unsupported, register_wire
 from openclaw_ref.sync.errors import BadInput, Event
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.guard import GuardBase
-from openclaw_ref.sync.target import bucket_sizes, validate_target
+from openclaw_ref.sync.target import bucket_sizes, refuse_later_comm_hooks, validate_target
 
 CANARY_OFF = "CanaryOff"  # Event kind: the default-on canary cannot run on this model (why)
 # the oldest torch the FSDP2 adapter (fsdp/) is tested on: tox -e torch-floor-fsdp2
@@ -130,7 +130,8 @@ def harden(ddp_model: DDP | FSDPModule, cfg: SyncConfig | None = None,
                                synchronized)
     state.ledger.count_check(True)
     state.canary_off = canary_off
-    state.mark(ddp_model)
+    state.handles.extend(refuse_later_comm_hooks(ddp_model))
+    state.mark(ddp_model, module)
     state.handles.append(register_optimizer_step_pre_hook(state.before_optimizer_step))
     if backend == "nccl" and os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:

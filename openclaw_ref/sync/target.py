@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from openclaw_ref.sync.attached import MISSING, Unset
 from openclaw_ref.sync.base import Guard, SyncConfig, Wire
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence.precision import WIRE_DTYPES
@@ -66,6 +67,25 @@ def registered_hook(ddp_model: DDP) -> str | None:
     except Exception:  # a private API; a Python hook is still caught above
         return None
     return str(name) if name else None
+
+
+def refuse_later_comm_hooks(ddp_model: DDP) -> list[Unset]:
+    """While hardened, DDP's ``register_comm_hook`` and ``_register_builtin_comm_hook`` raise
+    ``BadInput`` before DDP records anything: the refusal of a hook registered before
+    ``harden()`` (``validate_target``), in the other order — ``harden()`` cannot guard a wire it
+    does not own, and DDP takes one hook (the per-bucket guard's or the fp16 wire's own). As
+    instance attributes, whose handles ``close()`` removes (then DDP's own methods answer)."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise BadInput("this DDP model is hardened, and harden() cannot guard a comm hook it "
+                       "does not own: register no hook (for an fp16 wire, "
+                       "SyncConfig(wire='fp16') sends DDP's built-in one), or close() the "
+                       "guard first to train with your hook unguarded")
+
+    handles = []
+    for name in ("register_comm_hook", "_register_builtin_comm_hook"):
+        handles.append(Unset(ddp_model, name, ddp_model.__dict__.get(name, MISSING)))
+        ddp_model.__dict__[name] = refuse
+    return handles
 
 
 def process_backend(group: dist.ProcessGroup, device: torch.device) -> str:

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from openclaw_ref.sync.attached import eager
 from openclaw_ref.sync.canary import row as canary_row
 from openclaw_ref.sync.canary import verdict as canary_verdict
 from openclaw_ref.sync.canary.fingerprint import exchange, local_fingerprint, unequal
@@ -126,7 +127,7 @@ class Canary:
     def install(self) -> Any:
         """The forward pre-hook (with the call's keyword arguments) that notes and probes."""
         self._remember_forwards()
-        return self.guard.module.register_forward_pre_hook(self._before_forward,
+        return self.guard.module.register_forward_pre_hook(eager(self._before_forward),
                                                           with_kwargs=True)
 
     def _remember_forwards(self) -> None:

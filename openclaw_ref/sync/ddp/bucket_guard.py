@@ -63,8 +63,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from openclaw_ref.sync.attached import Appended, eager
 from openclaw_ref.sync.base import RankInfo, SyncConfig
 from openclaw_ref.sync.ddp.harden_state import HardenState
+from openclaw_ref.sync.ddp.step_setup import send_used_map
 from openclaw_ref.sync.evidence import checks
 from openclaw_ref.sync.evidence.averaged import AveragingWatch
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
@@ -201,9 +203,12 @@ def _complete_unissued(state: HardenState, ddp_model: DDP,
     """The step's buckets this rank's DDP never issued (DDP issues them in index order, so the
     issued ones are a prefix), sent as zeros by ``_unissued_allreduce``."""
     issued = state.issued_buckets()
-    for bucket in ddp_model.reducer._get_zeros_like_grad_buckets():
-        if bucket.index() not in issued:
-            _unissued_allreduce(state, bucket, why, concerned)
+    unissued = [b for b in ddp_model.reducer._get_zeros_like_grad_buckets()
+                if b.index() not in issued]
+    for bucket in unissued:
+        _unissued_allreduce(state, bucket, why, concerned)
+    if unissued:  # DDP never issued its last bucket, nor so its used-parameter map
+        send_used_map(ddp_model, state.group)
 
 
 def _unissued_step(state: HardenState, ddp_model: DDP, why: NotIssued,
@@ -232,6 +237,8 @@ def harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
     except BaseException:
         state.close()
         raise
+    # DDP's Python record of the hook (the C++ reducer keeps it, inert after close)
+    state.handles.append(Appended(ddp_model, "_comm_hooks", ddp_model._comm_hooks[-1]))
     required = checks.required_gradient_names(ddp_model.module)
     for name, p in named:
         if required is not None and name in required and p.requires_grad:
@@ -242,14 +249,18 @@ def harden_buckets(ddp_model: DDP, cfg: SyncConfig, ctx: RankInfo | None,
                                              functools.partial(_unissued_step, state, ddp_model))
 
     def wrapper_forward(module, args) -> None:
-        watch.wrapper_forward()
-        state.forward_started()
+        state.open_forward()
+
+    def module_pre_forward(module, args) -> None:
+        state.open_module_forward()
+        watch.module_pre_forward()
 
     state.complete_unissued = functools.partial(_complete_unissued, state, ddp_model)
-    state.handles.append(ddp_model.register_forward_pre_hook(wrapper_forward))
+    state.handles.append(ddp_model.register_forward_pre_hook(eager(wrapper_forward)))
+    state.handles.append(ddp_model.module.register_forward_pre_hook(eager(module_pre_forward)))
     if state.policy.pre_scales:  # opt-in pre-scale: refused under a GradScaler
         state.handles.append(register_optimizer_step_pre_hook(
             refuse_grad_scaler(state.policy, cfg.scale)))
-    state.handles.append(ddp_model.module.register_forward_hook(watch.module_forward))
+    state.handles.append(ddp_model.module.register_forward_hook(eager(watch.module_forward)))
     return state
 

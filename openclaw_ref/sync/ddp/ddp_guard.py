@@ -61,6 +61,7 @@ class DDPGuard(GuardBase):
                          or (cfg.verdict_at is VerdictAt.AUTO and self.on_cuda))
         self.step_t0 = time.perf_counter()
         self._verdict: bool | None = None  # of the last settled step, until finish_step reads it
+        self._opened = False  # the DDP object's forward pre-hook opened this forward's step
 
     @abc.abstractmethod
     def _settle(self) -> None:
@@ -75,6 +76,23 @@ class DDPGuard(GuardBase):
         step's verdict, each raised here if it is an error."""
         self._check_watchdog()
         self._settle()
+
+    def open_forward(self) -> None:
+        """A forward begins (the DDP object's forward pre-hook, ``ddp(x)``): the watchdog's
+        diagnosis and a pending verdict raised, before DDP's own pre-forward (its buffer
+        broadcast, its check that the last reduction finished); the ready-time origin."""
+        self._enter()
+        self._start_clock()
+        self._opened = True
+
+    def open_module_forward(self) -> None:
+        """The module DDP runs begins a forward (its pre-hook): the step opened here where no
+        pre-hook of the DDP object opened it — ``ddp.forward(x)`` skips the DDP object's
+        ``__call__``, ``replicate()`` has no DDP object, a forward may bypass DDP."""
+        if not self._opened:
+            self._enter()
+            self._start_clock()
+        self._opened = False
 
     def before_optimizer_step(self, optimizer, args, kwargs) -> None:
         """Optimizer step pre-hook (``harden()`` registers it for every optimizer): a step

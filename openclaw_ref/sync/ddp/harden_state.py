@@ -223,12 +223,6 @@ class HardenState(DDPGuard):
         self._device_t0 = self.device_mark()
         self._device_marks = []
 
-    def forward_started(self) -> None:
-        """Forward pre-hook of the DDP model: the ready-time origin of the next step (a
-        previous backward that never issued its last bucket is reported first)."""
-        self._enter()
-        self._start_clock()
-
     def _settle(self) -> None:
         """A step with buckets issued is judged (also a backward that never issued DDP's
         last bucket)."""

@@ -10,8 +10,10 @@ averaged, a rank's NaN, the replica digest and the ready-time skew are facts of 
 
 Per step, on every rank, with the default ``native``/``fp32`` wire (no comm hook at all) or an
 ``fp16`` wire (DDP's built-in C++ ``FP16_COMPRESS`` hook: PyTorch's ``fp16_compress_hook``):
-  1. the forward through the wrapper opens the step (ready-time origin; a step whose verdict
-     was deferred is judged first);
+  1. the forward opens the step (ready-time origin; a step whose verdict was deferred is
+     judged first), and a forward pre-hook on the module DDP runs records whether this
+     forward is DDP's own, which prepares its reducer (``averaged.ddp_forward``: ``ddp(x)``,
+     ``ddp.forward(x)``, a compiled DDP, DDP inside another wrapper alike);
   2. a hook on each gradient accumulator DDP itself hooked records that the parameter got a
      gradient — the node DDP watches, so a conversion that replaced it shows as absent;
   3. at the end of the backward's graph task (a callback queued when the backward reaches the
@@ -55,6 +57,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
+from openclaw_ref.sync.attached import MISSING, Unset, eager
 from openclaw_ref.sync.base import SyncConfig, Wire
 from openclaw_ref.sync.canary.row import step_digests
 from openclaw_ref.sync.canary.schedule import canary_for
@@ -69,7 +72,7 @@ from openclaw_ref.sync.ddp.step_setup import (
     why_unissued,
 )
 from openclaw_ref.sync.errors import ConsistencyError
-from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator
+from openclaw_ref.sync.evidence.averaged import _accumulates, _accumulator, ddp_forward
 from openclaw_ref.sync.evidence.control_counts_write import write_counts
 from openclaw_ref.sync.evidence.control_layout import (
     encode_slot,
@@ -80,7 +83,6 @@ from openclaw_ref.sync.evidence.control_layout import (
 from openclaw_ref.sync.evidence.heartbeat import STEP_EXCHANGE
 from openclaw_ref.sync.evidence.ledger import BucketRecord, CountedStep, gather_step_rows
 from openclaw_ref.sync.evidence.precision import finite_sum, nonfinite_flags
-from openclaw_ref.sync.guard import Unset
 
 
 class StepGuard(DDPGuard):
@@ -93,8 +95,9 @@ class StepGuard(DDPGuard):
                  module: nn.Module | None = None) -> None:
         super().__init__(cfg, ddp.process_group, named, synchronized)
         self.ddp = ddp
-        # the module that is forwarded, and the one whose forward pre-hook means "through the
-        # wrapper": DDP's module and DDP itself; both the user's module under replicate()
+        # the module DDP runs (its pre-hook asks whether the forward is DDP's own), and the
+        # one whose pre-hook opens the step first: DDP's module and DDP itself; both the user's
+        # module under replicate()
         self.module = module if module is not None else ddp.module
         self.entry = module if module is not None else ddp
         ignored = set(getattr(ddp, "parameters_to_ignore", ()))
@@ -112,7 +115,7 @@ class StepGuard(DDPGuard):
         self.present = bytearray(len(self.tracked))
         # this backward's sums of each rank's own gradients, taken as each is accumulated
         self.local_sums: list[torch.Tensor] = []
-        self.prepared = False  # a forward through the wrapper armed DDP's reducer
+        self.prepared = False  # DDP's own forward prepared its reducer (``ddp_forward``)
         self._task = -2  # graph task whose end runs the exchange (one per backward)
         self._pending: tuple[BucketRecord, CountedStep] | None = None
         self._sent: list[int] = []  # this step's slot and flags, for a failure gather
@@ -131,13 +134,16 @@ class StepGuard(DDPGuard):
             self.handles.append(node.register_hook(self._arrived(i, p, not as_view)))
             if as_view:  # the gradient is DDP's bucket, which it may reduce once its hook ran
                 self.handles.append(p.register_post_accumulate_grad_hook(self._summed))
-        self.handles.append(self.entry.register_forward_pre_hook(self._wrapper_forward))
-        self.handles.append(self.module.register_forward_hook(self._module_forward))
+        if self.entry is not self.module:  # DDP's __call__: the step opens before DDP's forward
+            self.handles.append(self.entry.register_forward_pre_hook(eager(self._wrapper_forward)))
+        self.handles.append(self.module.register_forward_pre_hook(eager(self._module_pre_forward)))
+        self.handles.append(self.module.register_forward_hook(eager(self._module_forward)))
         if self.canary is not None:
             self.handles.append(self.canary.install())
         original = self.ddp.join_hook
+        self.handles.append(Unset(self.ddp, "join_hook", self.ddp.__dict__.get("join_hook",
+                                                                             MISSING)))
         self.ddp.join_hook = lambda **kwargs: JoinedExchange(original(**kwargs), self)
-        self.handles.append(Unset(self.ddp, "join_hook"))
 
     def _arrived(self, i: int, p: nn.Parameter, sums: bool):
         """The post-hook on the accumulator DDP hooked (it runs after DDP's own): the parameter
@@ -159,10 +165,16 @@ class StepGuard(DDPGuard):
 
     # -- the step -------------------------------------------------------------------------------
     def _wrapper_forward(self, module, args) -> None:
-        self._enter()
-        if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
-            self.prepared = True  # DDP.forward arms its reducer for the next backward
-        self._start_clock()
+        self.open_forward()
+
+    def _module_pre_forward(self, module, args) -> None:
+        """Forward pre-hook of the module DDP runs: the step opened (where the DDP object's
+        pre-hook did not), and whether DDP's own forward prepared its reducer for the next
+        backward (``averaged.ddp_forward``: however DDP's forward was reached)."""
+        self.open_module_forward()
+        if (torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
+                and ddp_forward(self.ddp)):
+            self.prepared = True
 
     def _start_clock(self) -> None:
         """The ready-time origin: the host clock, and on CUDA an event on the current stream
@@ -199,7 +211,7 @@ class StepGuard(DDPGuard):
 
     def _exchange(self) -> None:
         """The end of the backward (callback 1): the step's facts, sent (module docstring).
-        Whether DDP reduced: it did iff a forward through the wrapper armed its reducer
+        Whether DDP reduced: it did iff DDP's own forward prepared its reducer
         (``prepared``) and every parameter it waits for got a gradient through the very
         accumulator it hooked — or it tolerates unused ones, which it marks ready at its first
         hook of the backward: none ran, none is marked."""

@@ -83,13 +83,23 @@ def queue_callback(callback) -> None:
 
 
 
+def send_used_map(ddp: DDP, group: dist.ProcessGroup) -> None:
+    """Under ``find_unused_parameters`` (a dynamic graph) DDP allreduces its map of the
+    parameters this backward used once it has issued its last bucket. A rank whose DDP did not
+    issue every bucket (a forward through ``ddp.module``, parameters replaced) sends zeros of
+    that map after its zero buckets, so that the other ranks' map allreduce completes too
+    (gloo aborts on a collective left unpaired or paired with another size)."""
+    if ddp.find_unused_parameters and not getattr(ddp, "static_graph", False):
+        dist.all_reduce(torch.zeros_like(ddp.reducer._get_local_used_map()), group=group)
+
+
 def send_unissued(ddp: DDP, prepared: bool, present: dict[int, bool], wire: Wire,
                   group: dist.ProcessGroup) -> int:
     """Zeros, in DDP's wire format, for every bucket this rank's DDP did not issue this
     backward, so that the other ranks' allreduces complete (DDP issues its buckets in index
     order, each once all its members are ready, so the issued ones are a prefix); returns the
     first such bucket's index. ``present``: id(parameter) → got a gradient, for the parameters
-    the guard tracks; ``prepared``: a forward through the wrapper armed the reducer."""
+    the guard tracks; ``prepared``: DDP's own forward prepared the reducer."""
     first = None
     issued = prepared
     for bucket in ddp.reducer._get_zeros_like_grad_buckets():
@@ -101,7 +111,10 @@ def send_unissued(ddp: DDP, prepared: bool, present: dict[int, bool], wire: Wire
         if wire is Wire.FP16:
             buffer = buffer.to(torch.float16)
         dist.all_reduce(buffer, group=group)
-    return 0 if first is None else first
+    if first is None:
+        return 0
+    send_used_map(ddp, group)
+    return first
 
 
 def why_unissued(module: nn.Module, tracked: list[tuple[str, nn.Parameter]], accumulators: list,
@@ -109,7 +122,7 @@ def why_unissued(module: nn.Module, tracked: list[tuple[str, nn.Parameter]], acc
     """Why this rank's DDP did not reduce every bucket of a backward, and the index in
     ``tracked`` of the first parameter concerned (None: not one in particular) — the evidence
     only this rank holds, which its slot carries so that every rank words the verdict alike
-    (``control.not_reduced``): no forward through the wrapper armed the reducer (the whole
+    (``control.not_reduced``): no forward of DDP's own prepared the reducer (the whole
     forward is concerned); parameters replaced after wrapping (another Parameter object under
     the name, or another gradient accumulator than the one DDP hooked, after a dtype/device
     conversion: the first replaced); else DDP waited for a parameter without a gradient (the

@@ -2,8 +2,10 @@
 
 The invariant: a backward that accumulates a gradient into a parameter DDP synchronizes, after
 a forward DDP was asked to synchronize (``require_backward_grad_sync`` set, outside
-``no_sync()``: through the wrapper, or the inner module called directly), issues at least one
-bucket through the hardened comm hook. Two published silent errors break it on every rank at
+``no_sync()``: DDP's own forward, or the inner module called directly), issues at least one
+bucket through the hardened comm hook. DDP's own forward is however it is reached (``ddp(x)``,
+``ddp.forward(x)``, a compiled DDP, another wrapper's forward calling it): ``ddp_forward``,
+asked by a forward pre-hook on ``ddp.module``. Two published silent errors break it on every rank at
 once, with no collective to disagree on: a forward through ``ddp.module`` (DDP's reducer is
 never armed) and a dtype/device conversion after wrapping (``ddp.double(); ddp.float()``,
 ``.cpu()``/``.cuda()`` as in pytorch#104336: autograd replaces the gradient accumulators DDP
@@ -22,7 +24,7 @@ towards the inputs) is silent.
 
 A parameter replaced after wrapping is seen two ways: its gradient accumulator is not the one
 DDP hooked (a conversion), or the module holds another Parameter object under its name
-(``module.w = nn.Parameter(...)``). Through the wrapper, with no parameter replaced, "no
+(``module.w = nn.Parameter(...)``). In DDP's own forward, with no parameter replaced, "no
 bucket" has one cause: this rank's DDP
 stopped before bucket 0 (a parameter of that bucket got no gradient under
 ``find_unused_parameters=False``; DDP issues buckets in index order), while the other ranks may
@@ -42,6 +44,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves
 
 from openclaw_ref.sync.errors import GradientsNotAveraged
@@ -77,6 +80,18 @@ def _accumulates(p: nn.Parameter) -> bool:
         return False
 
 
+def ddp_forward(ddp: DDP) -> bool:
+    """Is the forward now running DDP's own, the one that prepares its reducer for the backward?
+    Asked from a forward pre-hook of the module DDP runs. DDP's forward, however it is reached —
+    ``ddp(x)``, ``ddp.forward(x)`` (which skips the DDP object's ``__call__`` and so its forward
+    pre-hooks), a compiled DDP, DDP inside another wrapper's forward — first prepares its
+    reducer (``_pre_forward``), then runs its module inside ``_inside_ddp_forward``, which names
+    it ``DistributedDataParallel._active_ddp_module`` (the status dynamo's DDPOptimizer reads);
+    ``replicate()`` names its DDP so in its forward pre-hook, before it prepares the reducer. A
+    forward through ``ddp.module`` runs outside both, with nothing prepared."""
+    return DDP._active_ddp_module is ddp
+
+
 def _queue(callback: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
@@ -98,11 +113,12 @@ class AveragingWatch:
         self.unissued = unissued
         self.hooked = {id(p): _accumulator(p) for _, p in synchronized  # what DDP hooked
                        if p.requires_grad}
-        self.via_wrapper = False  # set by the DDP wrapper's forward pre-hook
+        self.via_wrapper = False  # this forward is DDP's own (``ddp_forward``)
         self.closed = False
 
-    def wrapper_forward(self) -> None:
-        self.via_wrapper = True
+    def module_pre_forward(self) -> None:
+        """From the forward pre-hook of ``ddp.module``: is this forward DDP's own?"""
+        self.via_wrapper = ddp_forward(self.ddp)
 
     def module_forward(self, module: nn.Module, args, output) -> None:
         """Forward hook of ``ddp.module``: watch the backward of an output that needs one."""
