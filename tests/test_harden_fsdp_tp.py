@@ -9,27 +9,30 @@ import warnings
 import pytest
 import torch
 
-from tests.tp_model import Bug, Plan, train
+from openclaw_ref.tp_corpus.cases import MeshShape, Plan
+from tests.tp_model import Bug, train
 
 
 def _recorded(plan: Plan, bug: Bug, hardened: bool, **kw) -> tuple[dict, set[str]]:
+    """``train``'s reply and the warnings shown meanwhile."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         reply = train(plan, bug, hardened, **kw)
     return reply, {str(w.message) for w in caught}
 
 
-def tp_task(ctx, plan: str, bug: str, shape: tuple[int, ...] = (2, 2),
+def tp_task(ctx, plan: str, bug: str, shape: str = MeshShape.TWO_D.value,
             compiled: bool = False, clip: bool = False) -> dict:
     """This rank's account of the script hardened; healthy: beside it, the same script
     without ``harden()`` run first (so that a warning torch gives once per process, at a first
     compile, falls to stock): bitwise equal, and the warnings ``harden()`` added."""
     plan, bug = Plan(plan), Bug(bug)
-    kw = {"mesh_shape": tuple(shape), "compiled": compiled, "clip": clip}
-    stock, stock_caught = _recorded(plan, bug, False, **kw) if bug is Bug.NONE else ({}, set())
+    kw = {"shape": MeshShape(shape), "compiled": compiled, "clip": clip}
+    healthy = bug is Bug.NONE and plan is not Plan.SP_WITHOUT_NORMS
+    stock, stock_caught = _recorded(plan, bug, False, **kw) if healthy else ({}, set())
     hardened, caught = _recorded(plan, bug, True, **kw)
     reply = {k: v for k, v in hardened.items() if k != "full"}
-    if bug is Bug.NONE:
+    if healthy:
         reply["added_warnings"] = sorted(caught - stock_caught)
         reply["bitwise"] = bool(hardened["full"]) and all(
             torch.equal(hardened["full"][n], stock["full"][n]) for n in stock["full"])
@@ -49,8 +52,8 @@ def _assert_healthy(replies: list[dict]) -> None:
 
 
 # what each plan's placements say is replicated over tp: (pattern, parameters), read by harden()
-OVER_TP = {Plan.SEQUENCE_PARALLEL: {"dp:2=S,tp:2=R": 6},  # the norms and w2's biases
-           Plan.PLAIN: {"dp:2=S": 6, "dp:2=S,tp:2=R": 2}}  # norms and head left out; w2.bias
+OVER_TP = {Plan.SEQUENCE_PARALLEL: {"dp:2=S,tp:2=R": 9},  # norms, w2's and inp's biases
+           Plan.PLAIN: {"dp:2=S": 8, "dp:2=S,tp:2=R": 2}}  # norms and inp left out; w2.bias
 
 
 @pytest.mark.parametrize("plan", [Plan.SEQUENCE_PARALLEL, Plan.PLAIN])
@@ -65,8 +68,8 @@ def test_a_healthy_tensor_parallel_job_trains_bitwise_without_a_warning(pools, p
 
 @pytest.mark.slow
 def test_clipping_by_the_global_norm_across_two_meshes_trains_bitwise_without_a_warning(pools):
-    _assert_healthy(pools.get(4).run(tp_task, Plan.PLAIN.value, Bug.NONE.value, (2, 2), False,
-                                     True, timeout_s=240))
+    _assert_healthy(pools.get(4).run(tp_task, Plan.PLAIN.value, Bug.NONE.value,
+                                     MeshShape.TWO_D.value, False, True, timeout_s=240))
 
 
 @pytest.mark.slow
@@ -76,16 +79,14 @@ def test_loss_parallel_trains_bitwise_without_a_warning(pools):
 
 @pytest.mark.slow
 def test_compiled_blocks_train_bitwise_without_a_warning(pools):
-    """The plain plan: torch 2.13's dynamo cannot trace a LayerNorm on a sequence-sharded
-    DTensor (SequenceParallel) on CPU, with or without harden()."""
-    _assert_healthy(pools.get(4).run(tp_task, Plan.PLAIN.value, Bug.NONE.value,
-                                     (2, 2), True, timeout_s=600))
+    _assert_healthy(pools.get(4).run(tp_task, Plan.SEQUENCE_PARALLEL.value, Bug.NONE.value,
+                                     MeshShape.TWO_D.value, True, timeout_s=600))
 
 
 @pytest.mark.slow
 def test_hsdp_by_tp_on_a_3d_mesh_trains_bitwise_without_a_warning(pools):
     replies = pools.get(8).run(tp_task, Plan.SEQUENCE_PARALLEL.value, Bug.NONE.value,
-                               (2, 2, 2), timeout_s=600)
+                               MeshShape.THREE_D.value, timeout_s=600)
     _assert_healthy(replies)
     classes = {c["pattern"]: c["beyond"] for c in replies[0]["summary"]["replicas"]}
     assert classes["replicate:2=R,shard:2=S,tp:2=R"] == ["tp"]  # the norms: over tp
@@ -93,7 +94,7 @@ def test_hsdp_by_tp_on_a_3d_mesh_trains_bitwise_without_a_warning(pools):
 
 
 NORMS = ["blocks.0.norm.weight", "blocks.0.norm.bias", "blocks.1.norm.weight",
-         "blocks.1.norm.bias"]
+         "blocks.1.norm.bias", "norm.weight", "norm.bias"]
 EVERY = [0, 1, 2, 3]  # tp groups of two: a tie in each, both ranks of a group named
 
 
@@ -102,7 +103,7 @@ def _outcomes(replies: list[dict]) -> list[tuple]:
 
 
 def test_sequence_parallel_norms_left_out_of_the_plan_are_named_not_reduced_over_tp(pools):
-    replies = _run(pools, Plan.SEQUENCE_PARALLEL, Bug.NORMS_LEFT_OUT)
+    replies = _run(pools, Plan.SP_WITHOUT_NORMS, Bug.NONE)
     assert _outcomes(replies) == [("GradientsNotAveraged", 0, EVERY, NORMS)] * 4
     assert "gradient not reduced over tp" in replies[0]["outcome"][4]
 
