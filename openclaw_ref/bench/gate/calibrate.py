@@ -166,7 +166,7 @@ def calibrate(repo: Path, out: Path, plan: CalibrationPlan,
             if record["stock_step_ms"] is None:
                 size_plants(record, plan, run)
             ran += 1
-            record["wall_s"] = round(record["wall_s"] + time.monotonic() - started, 1)
+            record["wall_s"] += time.monotonic() - started
             write_json_atomic(partial, record, compact=True)
             x = run["excess"]
             progress(f"  → {run['verdict']} after {x['jobs']} jobs ({run['stop']}): planted "
