@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing as mp
 import os
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from openclaw_ref.core.rank_start import rank_context
 from openclaw_ref.sync.base import SyncConfig
 from openclaw_ref.sync.hardening import harden
 
@@ -74,7 +74,7 @@ def _rank(rank: int, tmp: Path, how: str, wire: str) -> None:
 def _run(tmp_path: Path, how: str, wire: str) -> list[tuple[str, str, int]]:
     """Both ranks' (exception type, message, step), once rank 0 has ended by itself (its
     collective fails, or the watchdog ends it: then there is no rank0.json)."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()  # as the launcher starts ranks
     procs = [ctx.Process(target=_rank, args=(r, tmp_path, how, wire)) for r in range(2)]
     for p in procs:
         p.start()

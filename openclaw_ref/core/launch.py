@@ -2,10 +2,11 @@
 
 Two ways in, one contract:
 
-* ``RankPool(cfg)`` spawns N processes once, joins them into one process group through a
+* ``RankPool(cfg)`` starts N processes once, joins them into one process group through a
   ``TCPStore`` that the parent hosts on a loopback socket it bound to port 0 (never a fixed
-  port, never a public interface), and then runs any number of tasks on them. Tests reuse one
-  pool across cases because spawning 8 ranks costs ~12 s here. ``launch()`` is a pool used once.
+  port, never a public interface), and then runs any number of tasks on them. The ranks are
+  forked from a server that imported torch once per parent (``rank_start``): 8 ranks start in
+  ~0.06 s once it runs, ~4 s spawned. ``launch()`` is a pool used once.
 * Under ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment) ``launch()`` runs the function
   in this very process, initialised through ``env://`` — multi-node included.
 
@@ -51,6 +52,7 @@ from openclaw_ref.core.rank_process import (
     request_stacks,
     send,
 )
+from openclaw_ref.core.rank_start import StartEnvironment, rank_context
 from openclaw_ref.core.triage import FailureTriage, Report
 from openclaw_ref.sync.errors import BadInput
 from openclaw_ref.sync.evidence.heartbeat import LATE_KEY, read_late
@@ -147,8 +149,9 @@ def _device_for(cuda: bool, local_rank: int) -> torch.device:
 
 
 def _rank_main(rank: int, cfg: LaunchConfig, backend: str, port: int, conn: mpc.Connection,
-               stacks_dir: str) -> None:
-    """A spawned rank: join the group, then serve tasks until told to stop."""
+               stacks_dir: str, env: StartEnvironment) -> None:
+    """A started rank: join the group, then serve tasks until told to stop."""
+    env.apply()
     die_with_parent()
     register_stack_dump(stacks_dir, rank)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: gloo pairs on loopback too
@@ -212,11 +215,11 @@ class RankPool:
             cfg.host, port, cfg.world_size + 1, True,
             timeout=datetime.timedelta(seconds=cfg.pg_timeout_s),
             wait_for_workers=False, master_listen_fd=listener.detach())
-        ctx = mp.get_context("spawn")
+        ctx, env = rank_context(), StartEnvironment()
         for rank in range(cfg.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             p = ctx.Process(target=_rank_main, args=(rank, cfg, self.backend, port, child_end,
-                                                         self._stacks_dir),
+                                                         self._stacks_dir, env),
                             name=f"openclaw-rank{rank}", daemon=True)
             p.start()
             child_end.close()

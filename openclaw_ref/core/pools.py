@@ -1,8 +1,10 @@
 """One live rank pool per world size, shared by a whole comparison or a whole test session.
 
-Spawning ranks is the dominant cost here (8 gloo ranks ≈ 12 s on 2 cores), so a pool is made
-once per world size and reused. A pool that saw a failure is killed by ``RankPool`` itself and
-replaced on the next request; the caller never holds a broken pool.
+A pool's ranks keep their process group and whatever their tasks imported, so a pool is made
+once per world size and reused (starting one is cheap since ranks fork from a warm server,
+``rank_start``; joining it, importing a task's modules and warming up are not). A pool that
+saw a failure is killed by ``RankPool`` itself and replaced on the next request; the caller
+never holds a broken pool.
 """
 
 from __future__ import annotations
