@@ -1,8 +1,8 @@
 """How the launcher starts rank processes: forked from a server that imported torch once.
 
 Why: a spawned rank is a fresh interpreter that imports torch (~1 s of a core here) before it
-can join its group, and a pool is started again after every failure it reports — the fault
-tests and the conformance fault matrix start hundreds. ``multiprocessing``'s ``forkserver``
+can join its group, and a pool is started by every ``launch()`` and CLI run and again after
+every failure it reports (each fault case of a matrix). ``multiprocessing``'s ``forkserver``
 pays the imports once per parent process: the server is itself a fresh interpreter (so it
 forks with no threads, no process group, no CUDA context — what makes ``fork`` unsafe), it
 imports ``PRELOAD``, and each rank is a fork of it.
@@ -14,8 +14,8 @@ Invariants a rank relies on, the same as under ``spawn``:
     inherited ones before anything reads or writes them;
   - it dies with its parent: the server exits when the parent's end of its pipe closes, and
     each rank dies with the server (``PR_SET_PDEATHSIG``, set by the rank);
-  - the code it runs is the code on disk when the server started: a parent that edits the
-    package mid-run (nobody does) would need a new interpreter.
+  - the modules in ``PRELOAD`` (and what they import) are as they were on disk when the
+    server started, like the parent's own; a task's other modules are read when it arrives.
 Elsewhere than Linux, and where ``forkserver`` is missing, ranks are spawned.
 """
 
