@@ -223,7 +223,9 @@ def _from_failure(out: CaseOutcome, failure: BaseException, died: Sequence[int])
         out.outcome = "hang-timeout" if timed_out else "crash"
         out.kind, out.ranks, out.detail = text.split(":")[0], [failure.rank], text[:300]
         others = sorted(set(died) - {failure.rank})
-        if others and "by peer" in text:  # the reporter only saw its peer vanish
+        # the blamed rank reported (it has a traceback) and only saw its peer vanish; a silent
+        # death is blamed with none, and a sibling's echo quoted in its summary says "by peer"
+        if others and failure.traceback_text and "by peer" in text:
             out.kind, out.ranks = "peer died", others
             out.detail = f"rank {failure.rank}: {text[:200]}; ranks {others} exited first"
     else:
