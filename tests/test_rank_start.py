@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
 from openclaw_ref.core.launch import LaunchConfig, RankPool
-from openclaw_ref.core.rank_start import PRELOAD
 from tests.helpers import ROOT
 
 SCRIPT = ROOT / "tests" / "rank_start_script.py"
@@ -23,8 +23,8 @@ def variable_and_parent(ctx, name: str) -> tuple[str | None, int]:
     return os.environ.get(name), os.getppid()
 
 
-def preloaded(ctx) -> list[str]:
-    return [m for m in PRELOAD if m in sys.modules]
+def parent_pid(ctx) -> int:
+    return os.getppid()
 
 
 def test_a_rank_sees_the_parents_environment_as_of_its_start_not_the_servers(monkeypatch):
@@ -41,8 +41,13 @@ def test_a_rank_sees_the_parents_environment_as_of_its_start_not_the_servers(mon
     assert server == server_again != os.getpid(), "both pools forked from one server"
 
 
-def test_a_forked_rank_holds_the_preloaded_modules_before_its_task_arrives(pools):
-    assert pools.get(2).run(preloaded) == [list(PRELOAD)] * 2
+def test_the_server_the_ranks_fork_from_has_torch_loaded_before_any_rank_exists(pools):
+    """Read from the server's own memory map: a rank's ``sys.modules`` cannot tell, since
+    unpickling its task imports torch anyway."""
+    servers = set(pools.get(2).run(parent_pid))
+    assert len(servers) == 1 and os.getpid() not in servers
+    maps = Path(f"/proc/{servers.pop()}/maps").read_text()
+    assert "libtorch_cpu" in maps
 
 
 def test_a_ranks_output_goes_where_the_parents_went_when_the_rank_started(tmp_path):

@@ -5,8 +5,8 @@ Two ways in, one contract:
 * ``RankPool(cfg)`` starts N processes once, joins them into one process group through a
   ``TCPStore`` that the parent hosts on a loopback socket it bound to port 0 (never a fixed
   port, never a public interface), and then runs any number of tasks on them. The ranks are
-  forked from a server that imported torch once per parent (``rank_start``): 8 ranks start in
-  ~0.06 s once it runs, ~4 s spawned. ``launch()`` is a pool used once.
+  forked from a server that imported torch once per parent (``rank_start``), so starting them
+  costs no interpreter start each. ``launch()`` is a pool used once.
 * Under ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment) ``launch()`` runs the function
   in this very process, initialised through ``env://`` — multi-node included.
 
